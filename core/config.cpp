@@ -1,0 +1,277 @@
+#include "core/config.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+#include <toml.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace autostage::core {
+
+const std::vector<OptionSpec>& optionTable() {
+  using T = OptionType;
+  static const std::vector<OptionSpec> table = {
+      // Logging
+      {"log_level", T::String, "info", "level of every logger: trace, debug, info, warn, error, off"},
+      {"log_levels", T::String, "", "per-logger levels overriding log_level, e.g. `Profiler=debug,Comm=warn`"},
+      {"log_all_ranks", T::Bool, "false", "print info lines on every rank, not only rank 0"},
+      // Planning (decomposer)
+      {"decomposer", T::String, "dp", "planner: dp, data_parallel, uniform or param_balanced"},
+      {"max_blocks", T::Int, "256", "coarsen the graph to at most this many blocks before the stage search"},
+      {"partition_num", T::Int, "0", "force this many pipeline stages (0: let the planner choose)"},
+      {"pipeline_num", T::Int, "0", "force this many micro-batches (0: let the planner choose)"},
+      {"min_pipeline", T::Int, "1", "smallest micro-batch count the planner tries"},
+      {"max_pipeline", T::Int, "32", "largest micro-batch count the planner tries (powers of two)"},
+      {"schedule", T::String, "auto", "pipeline schedule: gpipe, 1f1b or auto (planner chooses)"},
+      {"mem_limit_gb", T::Float, "0", "device memory to plan for in GiB (0: the device's own memory)"},
+      {"mem_margin", T::Float, "0.1", "fraction of device memory kept free as a safety margin"},
+      {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)"},
+      // Communication fallbacks used when only one rank exists to measure with
+      {"comm_bandwidth", T::Float, "10e9", "point-to-point bandwidth in bytes/s when it cannot be measured"},
+      {"allreduce_bandwidth", T::Float, "10e9", "allreduce bus bandwidth in bytes/s when it cannot be measured"},
+      {"comm_latency", T::Float, "20e-6", "per-message latency in seconds when it cannot be measured"},
+  };
+  return table;
+}
+
+std::string optionTypeName(OptionType type) {
+  switch (type) {
+    case OptionType::Bool: return "bool";
+    case OptionType::Int: return "int";
+    case OptionType::Float: return "float";
+    case OptionType::String: return "string";
+  }
+  return "string";
+}
+
+std::string optionTableMarkdown() {
+  std::ostringstream out;
+  out << "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& o : optionTable())
+    out << "| `" << o.key << "` | " << optionTypeName(o.type) << " | `" << o.defaultValue
+        << "` | " << o.doc << " |\n";
+  return out.str();
+}
+
+namespace {
+
+const OptionSpec* findOption(const std::string& key) {
+  for (const auto& o : optionTable())
+    if (o.key == key) return &o;
+  return nullptr;
+}
+
+std::string knownKeys() {
+  std::string out;
+  for (const auto& o : optionTable()) out += (out.empty() ? "" : ", ") + o.key;
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+OptionValue parseText(const OptionSpec& spec, const std::string& raw, const std::string& origin) {
+  std::string text = trim(raw);
+  auto bad = [&]() -> ConfigError {
+    return ConfigError("option '" + spec.key + "' from " + origin + ": value '" + raw +
+                       "' is not a " + optionTypeName(spec.type) + " (" + spec.doc + ")");
+  };
+  switch (spec.type) {
+    case OptionType::Bool: {
+      std::string lower;
+      for (char c : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (lower == "true" || lower == "1" || lower == "yes" || lower == "on") return true;
+      if (lower == "false" || lower == "0" || lower == "no" || lower == "off") return false;
+      throw bad();
+    }
+    case OptionType::Int: {
+      char* end = nullptr;
+      long long v = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end) throw bad();
+      return static_cast<int64_t>(v);
+    }
+    case OptionType::Float: {
+      char* end = nullptr;
+      double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end) throw bad();
+      return v;
+    }
+    case OptionType::String:
+      return text.size() >= 2 && text.front() == '"' && text.back() == '"'
+                 ? text.substr(1, text.size() - 2)
+                 : text;
+  }
+  throw bad();
+}
+
+std::string valueText(const OptionValue& v) {
+  struct Printer {
+    std::string operator()(bool b) const { return b ? "true" : "false"; }
+    std::string operator()(int64_t i) const { return std::to_string(i); }
+    std::string operator()(double d) const {
+      std::ostringstream out;
+      out << d;
+      return out.str();
+    }
+    std::string operator()(const std::string& s) const { return '"' + s + '"'; }
+  };
+  return std::visit(Printer{}, v);
+}
+
+}  // namespace
+
+Config::Config() {
+  for (const auto& o : optionTable()) entries_[o.key] = {parseText(o, o.defaultValue, "default"), "default"};
+}
+
+Config Config::load() {
+  Config config;
+  const char* dir = std::getenv("AUTOSTAGE_CONF_DIR");
+  const char* home = std::getenv("HOME");
+  std::string path = dir ? std::string(dir) + "/config.toml"
+                         : std::string(home ? home : ".") + "/.autostage/config.toml";
+  std::ifstream file(path);
+  if (file) {
+    std::stringstream text;
+    text << file.rdbuf();
+    config.applyToml(text.str(), path);
+  }
+  std::map<std::string, std::string> environment;
+  for (char** e = environ; e && *e; ++e) {
+    std::string entry = *e;
+    size_t eq = entry.find('=');
+    if (eq != std::string::npos) environment[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  config.applyEnvironment(environment);
+  return config;
+}
+
+void Config::applyToml(const std::string& text, const std::string& origin) {
+  std::istringstream in(text);
+  toml::value doc;
+  try {
+    doc = toml::parse(in, origin);
+  } catch (const std::exception& e) {
+    throw ConfigError("config file " + origin + " is not valid TOML: " + e.what());
+  }
+  for (const auto& [key, value] : doc.as_table()) {
+    const OptionSpec* spec = findOption(key);
+    if (!spec) {
+      warn("unknown option '" + key + "' in " + origin + " is ignored; known options: " + knownKeys());
+      continue;
+    }
+    auto wrongType = [&, &key = key] {
+      return ConfigError("option '" + key + "' in " + origin + " has value " +
+                         toml::format(value) + " but must be a " + optionTypeName(spec->type) +
+                         " (" + spec->doc + ")");
+    };
+    switch (spec->type) {
+      case OptionType::Bool:
+        if (!value.is_boolean()) throw wrongType();
+        setValue(key, value.as_boolean(), origin);
+        break;
+      case OptionType::Int:
+        if (!value.is_integer()) throw wrongType();
+        setValue(key, static_cast<int64_t>(value.as_integer()), origin);
+        break;
+      case OptionType::Float:
+        if (value.is_integer()) setValue(key, static_cast<double>(value.as_integer()), origin);
+        else if (value.is_floating()) setValue(key, value.as_floating(), origin);
+        else throw wrongType();
+        break;
+      case OptionType::String:
+        if (!value.is_string()) throw wrongType();
+        setValue(key, value.as_string().str, origin);
+        break;
+    }
+  }
+}
+
+void Config::applyEnvironment(const std::map<std::string, std::string>& environment) {
+  const std::string prefix = "AUTOSTAGE_";
+  for (const auto& [name, value] : environment) {
+    if (name.rfind(prefix, 0) != 0 || name == "AUTOSTAGE_CONF_DIR") continue;
+    std::string key;
+    for (char c : name.substr(prefix.size()))
+      key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (findOption(key)) set(key, value, "env " + name);
+    else warn("unknown environment variable " + name + " is ignored; known options: " + knownKeys());
+  }
+}
+
+void Config::set(const std::string& key, const std::string& text, const std::string& origin) {
+  const OptionSpec* spec = findOption(key);
+  if (!spec) throw ConfigError("unknown option '" + key + "' (from " + origin + "); known options: " + knownKeys());
+  entries_[key] = {parseText(*spec, text, origin), origin};
+}
+
+void Config::setValue(const std::string& key, const OptionValue& value, const std::string& origin) {
+  const OptionSpec* spec = findOption(key);
+  if (!spec) throw ConfigError("unknown option '" + key + "' (from " + origin + "); known options: " + knownKeys());
+  OptionValue v = value;
+  if (spec->type == OptionType::Float && std::holds_alternative<int64_t>(v))
+    v = static_cast<double>(std::get<int64_t>(v));
+  bool ok = (spec->type == OptionType::Bool && std::holds_alternative<bool>(v)) ||
+            (spec->type == OptionType::Int && std::holds_alternative<int64_t>(v)) ||
+            (spec->type == OptionType::Float && std::holds_alternative<double>(v)) ||
+            (spec->type == OptionType::String && std::holds_alternative<std::string>(v));
+  if (!ok)
+    throw ConfigError("option '" + key + "' (from " + origin + ") got " + valueText(value) +
+                      " but must be a " + optionTypeName(spec->type) + " (" + spec->doc + ")");
+  entries_[key] = {v, origin};
+}
+
+const Config::Entry& Config::entry(const std::string& key, OptionType type) const {
+  const OptionSpec* spec = findOption(key);
+  AUTOSTAGE_CHECK_AS(ConfigError, spec, "unknown option '", key, "'; known options: ", knownKeys());
+  AUTOSTAGE_INTERNAL_ASSERT(spec->type == type, "option '", key, "' is a ",
+                            optionTypeName(spec->type), ", read as ", optionTypeName(type));
+  return entries_.at(key);
+}
+
+bool Config::getBool(const std::string& key) const { return std::get<bool>(entry(key, OptionType::Bool).value); }
+int64_t Config::getInt(const std::string& key) const { return std::get<int64_t>(entry(key, OptionType::Int).value); }
+double Config::getFloat(const std::string& key) const { return std::get<double>(entry(key, OptionType::Float).value); }
+std::string Config::getString(const std::string& key) const {
+  return std::get<std::string>(entry(key, OptionType::String).value);
+}
+
+std::string Config::origin(const std::string& key) const {
+  auto it = entries_.find(key);
+  AUTOSTAGE_CHECK_AS(ConfigError, it != entries_.end(), "unknown option '", key, "'");
+  return it->second.origin;
+}
+
+void Config::warn(const std::string& message) {
+  warnings_.push_back(message);
+  logger("Process")->warn(message);
+}
+
+std::string Config::toString() const {
+  std::ostringstream out;
+  for (const auto& o : optionTable()) {
+    const Entry& e = entries_.at(o.key);
+    out << o.key << " = " << valueText(e.value) << "  (" << e.origin << ")\n";
+  }
+  return out.str();
+}
+
+Config& globalConfig() {
+  static Config config = [] {
+    Config loaded = Config::load();
+    return loaded;
+  }();
+  static const bool logConfigured = (applyLogConfig(), true);
+  (void)logConfigured;
+  return config;
+}
+
+}  // namespace autostage::core

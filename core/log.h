@@ -1,0 +1,28 @@
+#pragma once
+// Named loggers, printed as `[Name] [level] message` like RaNNC's partition logs.
+//
+// One logger per component: Process, Module, Profiler, Decomposer, DPStaging, Runtime, Comm,
+// ParamStorage (others are created on first use). Levels come from the config keys `log_level`
+// (all loggers) and `log_levels` (`Name=level,...`). In a multi-rank run only rank 0 prints below
+// `warn` unless `log_all_ranks` is set; other ranks prefix their lines with `rankN`.
+
+#include <memory>
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+namespace autostage::core {
+
+// The logger for a component, created with the configured level and pattern on first use.
+std::shared_ptr<spdlog::logger> logger(const std::string& name);
+
+// Tells logging which rank this process is (call once after MPI is up); re-applies levels.
+void setLogRank(int rank, int worldSize);
+
+// Re-reads levels from the global config for every existing logger.
+void applyLogConfig();
+
+// Parses `trace|debug|info|warn|error|critical|off`; throws ConfigError naming the bad value.
+spdlog::level::level_enum parseLogLevel(const std::string& text, const std::string& key);
+
+}  // namespace autostage::core

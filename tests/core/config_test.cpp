@@ -1,0 +1,56 @@
+#include "core/config.h"
+
+#include <catch2/catch.hpp>
+
+#include "core/error.h"
+
+using namespace autostage;
+using namespace autostage::core;
+
+TEST_CASE("defaults come from the option table", "[core]") {
+  Config c;
+  REQUIRE(c.getString("log_level") == "info");
+  REQUIRE(c.getInt("max_blocks") == 256);
+  REQUIRE(c.getFloat("mem_margin") == Approx(0.1));
+  REQUIRE(c.origin("max_blocks") == "default");
+  for (const auto& o : optionTable()) REQUIRE(c.toString().find(o.key + " = ") != std::string::npos);
+}
+
+TEST_CASE("TOML file, then environment, then explicit set", "[core]") {
+  Config c;
+  c.applyToml("max_blocks = 64\nmem_margin = 1\nlog_all_ranks = true\n", "test.toml");
+  REQUIRE(c.getInt("max_blocks") == 64);
+  REQUIRE(c.getFloat("mem_margin") == 1.0);  // an integer is accepted for a float
+  REQUIRE(c.getBool("log_all_ranks"));
+  REQUIRE(c.origin("max_blocks") == "test.toml");
+  c.applyEnvironment({{"AUTOSTAGE_MAX_BLOCKS", "32"}, {"PATH", "/bin"}});
+  REQUIRE(c.getInt("max_blocks") == 32);
+  REQUIRE(c.origin("max_blocks") == "env AUTOSTAGE_MAX_BLOCKS");
+  c.set("max_blocks", "16");
+  REQUIRE(c.getInt("max_blocks") == 16);
+}
+
+TEST_CASE("unknown keys warn, wrong types fail naming key, value and type", "[core]") {
+  Config c;
+  c.applyToml("no_such_key = 3\n", "f.toml");
+  REQUIRE(c.warnings().size() == 1);
+  REQUIRE_THAT(c.warnings()[0], Catch::Contains("no_such_key") && Catch::Contains("f.toml"));
+  c.applyEnvironment({{"AUTOSTAGE_BOGUS", "1"}, {"AUTOSTAGE_CONF_DIR", "/tmp"}});
+  REQUIRE(c.warnings().size() == 2);
+  REQUIRE_THAT(c.warnings()[1], Catch::Contains("AUTOSTAGE_BOGUS"));
+
+  REQUIRE_THROWS_AS(c.applyToml("max_blocks = \"many\"\n", "f.toml"), ConfigError);
+  REQUIRE_THROWS_WITH(c.applyToml("max_blocks = \"many\"\n", "f.toml"),
+                      Catch::Contains("max_blocks") && Catch::Contains("many") && Catch::Contains("int"));
+  REQUIRE_THROWS_WITH(c.applyEnvironment({{"AUTOSTAGE_MEM_MARGIN", "lots"}}),
+                      Catch::Contains("mem_margin") && Catch::Contains("lots") && Catch::Contains("float"));
+  REQUIRE_THROWS_WITH(c.set("log_all_ranks", "maybe"), Catch::Contains("bool"));
+  REQUIRE_THROWS_WITH(c.set("nope", "1"), Catch::Contains("unknown option 'nope'"));
+  REQUIRE_THROWS_WITH(c.applyToml("max_blocks = [", "f.toml"), Catch::Contains("not valid TOML"));
+  REQUIRE(c.getInt("max_blocks") == 256);  // failed loads changed nothing
+}
+
+TEST_CASE("markdown table lists every option", "[core]") {
+  std::string md = optionTableMarkdown();
+  for (const auto& o : optionTable()) REQUIRE(md.find("`" + o.key + "`") != std::string::npos);
+}
