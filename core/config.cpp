@@ -162,10 +162,13 @@ void Config::applyToml(const std::string& text, const std::string& origin) {
   } catch (const std::exception& e) {
     throw ConfigError("config file " + origin + " is not valid TOML: " + e.what());
   }
+  // Apply to a copy so a bad value leaves this config as it was.
+  Config updated = *this;
+  std::vector<std::string> unknown;
   for (const auto& [key, value] : doc.as_table()) {
     const OptionSpec* spec = findOption(key);
     if (!spec) {
-      warn("unknown option '" + key + "' in " + origin + " is ignored; known options: " + knownKeys());
+      unknown.push_back(key);
       continue;
     }
     auto wrongType = [&, &key = key] {
@@ -176,23 +179,26 @@ void Config::applyToml(const std::string& text, const std::string& origin) {
     switch (spec->type) {
       case OptionType::Bool:
         if (!value.is_boolean()) throw wrongType();
-        setValue(key, value.as_boolean(), origin);
+        updated.setValue(key, value.as_boolean(), origin);
         break;
       case OptionType::Int:
         if (!value.is_integer()) throw wrongType();
-        setValue(key, static_cast<int64_t>(value.as_integer()), origin);
+        updated.setValue(key, static_cast<int64_t>(value.as_integer()), origin);
         break;
       case OptionType::Float:
-        if (value.is_integer()) setValue(key, static_cast<double>(value.as_integer()), origin);
-        else if (value.is_floating()) setValue(key, value.as_floating(), origin);
+        if (value.is_integer()) updated.setValue(key, static_cast<double>(value.as_integer()), origin);
+        else if (value.is_floating()) updated.setValue(key, value.as_floating(), origin);
         else throw wrongType();
         break;
       case OptionType::String:
         if (!value.is_string()) throw wrongType();
-        setValue(key, value.as_string().str, origin);
+        updated.setValue(key, value.as_string().str, origin);
         break;
     }
   }
+  *this = std::move(updated);
+  for (const auto& key : unknown)
+    warn("unknown option '" + key + "' in " + origin + " is ignored; known options: " + knownKeys());
 }
 
 void Config::applyEnvironment(const std::map<std::string, std::string>& environment) {

@@ -47,7 +47,9 @@ TEST_CASE("unknown keys warn, wrong types fail naming key, value and type", "[co
   REQUIRE_THROWS_WITH(c.set("log_all_ranks", "maybe"), Catch::Contains("bool"));
   REQUIRE_THROWS_WITH(c.set("nope", "1"), Catch::Contains("unknown option 'nope'"));
   REQUIRE_THROWS_WITH(c.applyToml("max_blocks = [", "f.toml"), Catch::Contains("not valid TOML"));
-  REQUIRE(c.getInt("max_blocks") == 256);  // failed loads changed nothing
+  REQUIRE_THROWS_AS(c.applyToml("max_pipeline = 8\nmin_pipeline = \"x\"\n", "f.toml"), ConfigError);
+  REQUIRE(c.getInt("max_blocks") == 256);  // failed loads changed nothing,
+  REQUIRE(c.getInt("max_pipeline") == 32);  // not even the valid key before the bad one
 }
 
 TEST_CASE("markdown table lists every option", "[core]") {

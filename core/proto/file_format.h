@@ -1,0 +1,40 @@
+#pragma once
+// Framed, versioned, hashed files for every autostage format (graph, profile, cluster spec,
+// deployment). See Note [File validation].
+//
+// writeFramedFile writes to `path + ".tmp-<pid>"` and renames it over `path`, so a crash or a
+// full disk never leaves a half-written file under the real name; the old file survives a failed
+// write. readFramedFile throws FormatError saying which check failed: missing file, not an
+// autostage file, truncated/corrupted, wrong kind, unsupported version, hash mismatch.
+
+#include <cstdint>
+#include <string>
+
+namespace autostage::core {
+
+struct FramedPayload {
+  std::string kind;
+  uint32_t formatVersion = 0;
+  std::string writerVersion;
+  std::string payload;
+};
+
+// Wraps `payload` and writes it atomically. Throws FormatError if the file cannot be written.
+void writeFramedFile(const std::string& path, const std::string& kind, uint32_t formatVersion,
+                     const std::string& payload);
+// Encodes without writing (for tests and for sending over the wire).
+std::string encodeFramed(const std::string& kind, uint32_t formatVersion, const std::string& payload);
+
+// Reads and validates; `expectedKind` and `supportedVersion` must match exactly.
+FramedPayload readFramedFile(const std::string& path, const std::string& expectedKind,
+                             uint32_t supportedVersion);
+FramedPayload decodeFramed(const std::string& bytes, const std::string& expectedKind,
+                           uint32_t supportedVersion, const std::string& origin);
+
+// Parses a payload into a protobuf message, turning failure into a FormatError naming `origin`.
+template <typename Message>
+Message parsePayload(const FramedPayload& framed, const std::string& origin);
+
+}  // namespace autostage::core
+
+#include "core/proto/file_format_inl.h"
