@@ -1,0 +1,70 @@
+#pragma once
+// The planner's answer: which nodes form which stage, on which ranks, with how many micro-batches
+// and which schedule, plus the routes of every value crossing a stage boundary. Produced by
+// decomposer/, executed by staging/, serialised by core/proto (deployment_file.h). Plain data.
+//
+// Note [Routes]
+// A route carries one BATCH/LOSS value from the stage that produces it (or from the batch feeder,
+// producerStage == kFeederStage, for model inputs) to every other stage that reads it, and to the
+// caller when it is a graph output. Gradients flow along the same route in reverse when the value
+// is a floating-point tensor that depends on parameters. PARAM/CONST values never travel: every
+// stage that needs a parameter holds it (tied parameters used by several stages have their
+// gradients summed across those stages).
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/ir/value.h"
+
+namespace autostage::core {
+
+constexpr int kFeederStage = -1;
+
+struct StageDeployment {
+  int id = 0;
+  std::string name;            // RaNNC-style `STAGE_<firstBlock>_<lastBlock>`
+  std::vector<NodeId> nodes;   // ascending node ids; a convex subset of the graph
+  std::vector<int> ranks;      // replica i runs on ranks[i]; ranks.size() is the replica count
+  bool recompute = false;      // keep only stage inputs in forward, recompute in backward
+  // Predictions at the per-replica micro-batch size.
+  double forwardSeconds = 0;
+  double backwardSeconds = 0;
+  double allreduceSeconds = 0;
+  int64_t inputBytes = 0;
+  int64_t outputBytes = 0;
+  int64_t paramBytes = 0;
+  int64_t activationBytes = 0;  // held by the schedule at its peak
+  int64_t optimizerBytes = 0;
+  int64_t commBufferBytes = 0;
+  int64_t totalMemoryBytes = 0;  // per device
+  int replicaCount() const { return static_cast<int>(ranks.size()); }
+  bool operator==(const StageDeployment& o) const;
+};
+
+struct Route {
+  ValueId value = -1;
+  int producerStage = kFeederStage;
+  std::vector<int> consumerStages;  // ascending; empty when only the caller reads it
+  bool graphOutput = false;         // returned to the caller
+  bool carriesGradient = false;     // gradient flows back along this route
+  bool operator==(const Route& o) const;
+};
+
+struct Deployment {
+  std::string graphHash;
+  int worldSize = 1;
+  int64_t deviceMemory = 0;  // bytes per device planned for
+  int64_t batchSize = 0;     // global batch
+  int microBatchCount = 1;
+  std::string schedule = "gpipe";  // "gpipe" or "1f1b"
+  std::string decomposer = "dp";
+  std::vector<StageDeployment> stages;  // in pipeline order
+  std::vector<Route> routes;
+  std::map<std::string, std::string> options;  // effective planner options as text
+  double predictedIterationSeconds = 0;
+  bool operator==(const Deployment& o) const;
+};
+
+}  // namespace autostage::core
