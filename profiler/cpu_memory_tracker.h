@@ -1,0 +1,40 @@
+#pragma once
+// Counts CPU tensor memory: a wrapper around LibTorch's CPU allocator, installed once per process
+// with c10::SetCPUAllocator, that keeps current and peak bytes of the storages allocated through it.
+//
+// Contract: install() is idempotent and thread-safe; allocations made before install() are not
+// counted (their frees are not either). Counters are process-wide (all threads).
+
+#include <atomic>
+#include <cstdint>
+
+#include <c10/core/Allocator.h>
+
+namespace autostage::profiler {
+
+class CpuMemoryTracker final : public c10::Allocator {
+ public:
+  // The process-wide tracker, installed as the CPU allocator on first call.
+  static CpuMemoryTracker& install();
+
+  int64_t currentBytes() const { return current_.load(); }
+  int64_t peakBytes() const { return peak_.load(); }
+  // Starts a new peak window at the current usage.
+  void resetPeak() { peak_.store(current_.load()); }
+  // Number of allocations served (to assert that something was measured).
+  int64_t allocationCount() const { return allocations_.load(); }
+
+  c10::DataPtr allocate(size_t bytes) const override;
+
+ private:
+  explicit CpuMemoryTracker(c10::Allocator* base) : base_(base) {}
+  static void release(void* context);
+  void add(int64_t bytes) const;
+
+  c10::Allocator* base_;
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
+  mutable std::atomic<int64_t> allocations_{0};
+};
+
+}  // namespace autostage::profiler
