@@ -63,6 +63,7 @@ class TomlReader {
       const auto& known = knownKeys();
       if (std::find(known.begin(), known.end(), key) == known.end()) unknown.push_back(key);
     }
+    std::sort(unknown.begin(), unknown.end());  // the TOML table is unordered
     AUTOSTAGE_CHECK_AS(ConfigError, unknown.empty(), "cluster spec ", origin_, ": unknown key(s) ",
                        joined(unknown), "; known keys: ", joined(knownKeys()));
     readString("device_kind", &spec->deviceKind);
