@@ -6,9 +6,8 @@
 #include <cstdio>
 #include <limits>
 #include <sstream>
-#include <vector>
-
 #include <toml.hpp>
+#include <vector>
 
 #include "core/error.h"
 
@@ -16,9 +15,14 @@ namespace autostage::core {
 namespace {
 
 const std::vector<std::string>& knownKeys() {
-  static const std::vector<std::string> keys = {
-      "device_kind",          "devices",   "devices_per_node", "memory_per_device",
-      "intra_node_bandwidth", "inter_node_bandwidth", "latency", "peak_flops"};
+  static const std::vector<std::string> keys = {"device_kind",
+                                                "devices",
+                                                "devices_per_node",
+                                                "memory_per_device",
+                                                "intra_node_bandwidth",
+                                                "inter_node_bandwidth",
+                                                "latency",
+                                                "peak_flops"};
   return keys;
 }
 
@@ -39,15 +43,23 @@ struct ByteUnit {
   int64_t multiplier;
 };
 constexpr ByteUnit kByteUnits[] = {
-    {"", 1},          {"B", 1},          {"KB", 1000},         {"MB", 1000000},
-    {"GB", 1000000000}, {"TB", 1000000000000}, {"KiB", int64_t(1) << 10}, {"MiB", int64_t(1) << 20},
-    {"GiB", int64_t(1) << 30}, {"TiB", int64_t(1) << 40},
+    {"", 1},
+    {"B", 1},
+    {"KB", 1000},
+    {"MB", 1000000},
+    {"GB", 1000000000},
+    {"TB", 1000000000000},
+    {"KiB", int64_t(1) << 10},
+    {"MiB", int64_t(1) << 20},
+    {"GiB", int64_t(1) << 30},
+    {"TiB", int64_t(1) << 40},
 };
 
 bool equalsIgnoreCase(const std::string& a, const char* b) {
   size_t i = 0;
   for (; i < a.size() && b[i]; ++i)
-    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i])))
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i])))
       return false;
   return i == a.size() && !b[i];
 }
@@ -82,7 +94,8 @@ class TomlReader {
     auto it = table.find(key);
     return it == table.end() ? nullptr : &it->second;
   }
-  ConfigError wrongType(const std::string& key, const toml::value& value, const char* expected) const {
+  ConfigError wrongType(const std::string& key, const toml::value& value,
+                        const char* expected) const {
     return ConfigError("cluster spec " + origin_ + ": key '" + key + "' has value " +
                        toml::format(value) + " but must be " + expected);
   }
@@ -104,16 +117,22 @@ class TomlReader {
   void readFloat(const std::string& key, double* out) const {
     const toml::value* v = find(key);
     if (!v) return;
-    if (v->is_integer()) *out = static_cast<double>(v->as_integer());
-    else if (v->is_floating()) *out = v->as_floating();
-    else throw wrongType(key, *v, "a number");
+    if (v->is_integer())
+      *out = static_cast<double>(v->as_integer());
+    else if (v->is_floating())
+      *out = v->as_floating();
+    else
+      throw wrongType(key, *v, "a number");
   }
   void readBytes(const std::string& key, int64_t* out) const {
     const toml::value* v = find(key);
     if (!v) return;
-    if (v->is_integer()) *out = v->as_integer();
-    else if (v->is_string()) *out = parseByteSize(v->as_string().str, "'" + key + "' in " + origin_);
-    else throw wrongType(key, *v, "an integer byte count or a size string like \"40GiB\"");
+    if (v->is_integer())
+      *out = v->as_integer();
+    else if (v->is_string())
+      *out = parseByteSize(v->as_string().str, "'" + key + "' in " + origin_);
+    else
+      throw wrongType(key, *v, "an integer byte count or a size string like \"40GiB\"");
   }
 
   const toml::value& doc_;
@@ -132,7 +151,8 @@ void ClusterSpec::validate() const {
                      "), got ", devicesPerNode);
   AUTOSTAGE_CHECK_AS(ConfigError, memoryPerDevice > 0,
                      "cluster spec: memory_per_device must be positive (bytes, or a string like "
-                     "\"40GiB\"), got ", memoryPerDevice);
+                     "\"40GiB\"), got ",
+                     memoryPerDevice);
   checkPositive(intraNodeBandwidth, "intra_node_bandwidth", "number of bytes/s");
   checkPositive(interNodeBandwidth, "inter_node_bandwidth", "number of bytes/s");
   AUTOSTAGE_CHECK_AS(ConfigError, latencySeconds >= 0 && std::isfinite(latencySeconds),
@@ -143,10 +163,11 @@ void ClusterSpec::validate() const {
 
 std::string ClusterSpec::toString() const {
   std::ostringstream out;
-  out << "device_kind=" << deviceKind << " devices=" << devices << " (" << nodes()
-      << " nodes x " << devicesPerNode << ") memory_per_device=" << formatBytes(double(memoryPerDevice))
-      << " intra_node_bandwidth=" << intraNodeBandwidth << " B/s inter_node_bandwidth="
-      << interNodeBandwidth << " B/s latency=" << latencySeconds << " s peak_flops=" << peakFlops;
+  out << "device_kind=" << deviceKind << " devices=" << devices << " (" << nodes() << " nodes x "
+      << devicesPerNode << ") memory_per_device=" << formatBytes(double(memoryPerDevice))
+      << " intra_node_bandwidth=" << intraNodeBandwidth
+      << " B/s inter_node_bandwidth=" << interNodeBandwidth << " B/s latency=" << latencySeconds
+      << " s peak_flops=" << peakFlops;
   return out.str();
 }
 
@@ -186,7 +207,8 @@ int64_t parseByteSize(const std::string& text, const std::string& what) {
   while (pos < end && text[pos] == ' ') ++pos;
   while (end > pos && text[end - 1] == ' ') --end;
   size_t numberStart = pos;
-  while (pos < end && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.')) ++pos;
+  while (pos < end && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.'))
+    ++pos;
   std::string number = text.substr(numberStart, pos - numberStart);
   if (number.empty() || number == "." || number.find('.') != number.rfind('.'))
     throw bad("expected a non-negative number first");

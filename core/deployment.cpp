@@ -6,10 +6,9 @@ bool StageDeployment::operator==(const StageDeployment& o) const {
   return id == o.id && name == o.name && nodes == o.nodes && ranks == o.ranks &&
          recompute == o.recompute && forwardSeconds == o.forwardSeconds &&
          backwardSeconds == o.backwardSeconds && allreduceSeconds == o.allreduceSeconds &&
-         inputBytes == o.inputBytes && outputBytes == o.outputBytes &&
-         paramBytes == o.paramBytes && activationBytes == o.activationBytes &&
-         optimizerBytes == o.optimizerBytes && commBufferBytes == o.commBufferBytes &&
-         totalMemoryBytes == o.totalMemoryBytes;
+         inputBytes == o.inputBytes && outputBytes == o.outputBytes && paramBytes == o.paramBytes &&
+         activationBytes == o.activationBytes && optimizerBytes == o.optimizerBytes &&
+         commBufferBytes == o.commBufferBytes && totalMemoryBytes == o.totalMemoryBytes;
 }
 
 bool Route::operator==(const Route& o) const {

@@ -18,7 +18,8 @@ ClusterSpec fromProto(const proto::ClusterSpec& message);
 
 // Framed bytes; decode validates (ConfigError naming `origin` and the bad field).
 std::string encodeClusterSpec(const ClusterSpec& spec);
-ClusterSpec decodeClusterSpec(const std::string& bytes, const std::string& origin = "cluster bytes");
+ClusterSpec decodeClusterSpec(const std::string& bytes,
+                              const std::string& origin = "cluster bytes");
 
 // Validates first (ConfigError), then writes atomically.
 void saveClusterSpec(const ClusterSpec& spec, const std::string& path);

@@ -20,23 +20,26 @@ constexpr std::pair<DType, proto::DType> kDTypes[] = {
     {DType::Bool, proto::DTYPE_BOOL},
 };
 constexpr std::pair<TypeKind, proto::TypeKind> kKinds[] = {
-    {TypeKind::Tensor, proto::TYPE_KIND_TENSOR},     {TypeKind::Int, proto::TYPE_KIND_INT},
-    {TypeKind::Float, proto::TYPE_KIND_FLOAT},       {TypeKind::Bool, proto::TYPE_KIND_BOOL},
-    {TypeKind::String, proto::TYPE_KIND_STRING},     {TypeKind::Device, proto::TYPE_KIND_DEVICE},
-    {TypeKind::None, proto::TYPE_KIND_NONE},         {TypeKind::List, proto::TYPE_KIND_LIST},
-    {TypeKind::Tuple, proto::TYPE_KIND_TUPLE},       {TypeKind::Optional, proto::TYPE_KIND_OPTIONAL},
+    {TypeKind::Tensor, proto::TYPE_KIND_TENSOR}, {TypeKind::Int, proto::TYPE_KIND_INT},
+    {TypeKind::Float, proto::TYPE_KIND_FLOAT},   {TypeKind::Bool, proto::TYPE_KIND_BOOL},
+    {TypeKind::String, proto::TYPE_KIND_STRING}, {TypeKind::Device, proto::TYPE_KIND_DEVICE},
+    {TypeKind::None, proto::TYPE_KIND_NONE},     {TypeKind::List, proto::TYPE_KIND_LIST},
+    {TypeKind::Tuple, proto::TYPE_KIND_TUPLE},   {TypeKind::Optional, proto::TYPE_KIND_OPTIONAL},
     {TypeKind::Other, proto::TYPE_KIND_OTHER},
 };
 constexpr std::pair<ValueClass, proto::ValueClass> kClasses[] = {
-    {ValueClass::Batch, proto::VALUE_CLASS_BATCH}, {ValueClass::Param, proto::VALUE_CLASS_PARAM},
-    {ValueClass::Const, proto::VALUE_CLASS_CONST}, {ValueClass::Loss, proto::VALUE_CLASS_LOSS},
+    {ValueClass::Batch, proto::VALUE_CLASS_BATCH},
+    {ValueClass::Param, proto::VALUE_CLASS_PARAM},
+    {ValueClass::Const, proto::VALUE_CLASS_CONST},
+    {ValueClass::Loss, proto::VALUE_CLASS_LOSS},
 };
 
 template <typename Core, typename Proto, size_t N>
 Proto toProtoEnum(const std::pair<Core, Proto> (&table)[N], Core value) {
   for (const auto& [core, encoded] : table)
     if (core == value) return encoded;
-  AUTOSTAGE_INTERNAL_ASSERT(false, "enum value ", static_cast<int>(value), " has no proto encoding.");
+  AUTOSTAGE_INTERNAL_ASSERT(false, "enum value ", static_cast<int>(value),
+                            " has no proto encoding.");
   return table[0].second;
 }
 
@@ -101,11 +104,16 @@ Type Decoder::type(const proto::Type& message, const std::string& where) const {
   switch (kind) {
     case TypeKind::Tensor:
       return tensorFromProto(message, fromProtoEnum(kDTypes, message.dtype(), "dtype", where));
-    case TypeKind::List: return Type::list(std::move(elements[0]));
-    case TypeKind::Optional: return Type::optional(std::move(elements[0]));
-    case TypeKind::Tuple: return Type::tuple(std::move(elements));
-    case TypeKind::Other: return Type::other(message.other_name());
-    default: return Type::scalar(kind);
+    case TypeKind::List:
+      return Type::list(std::move(elements[0]));
+    case TypeKind::Optional:
+      return Type::optional(std::move(elements[0]));
+    case TypeKind::Tuple:
+      return Type::tuple(std::move(elements));
+    case TypeKind::Other:
+      return Type::other(message.other_name());
+    default:
+      return Type::scalar(kind);
   }
 }
 
@@ -138,13 +146,17 @@ void attributeToProto(const Attribute& attribute, proto::Attribute* out) {
 
 AttributeValue Decoder::attribute(const proto::Attribute& message, const std::string& where) const {
   switch (message.value_case()) {
-    case proto::Attribute::kIntValue: return message.int_value();
-    case proto::Attribute::kDoubleValue: return message.double_value();
-    case proto::Attribute::kStringValue: return message.string_value();
+    case proto::Attribute::kIntValue:
+      return message.int_value();
+    case proto::Attribute::kDoubleValue:
+      return message.double_value();
+    case proto::Attribute::kStringValue:
+      return message.string_value();
     case proto::Attribute::kInts:
       return std::vector<int64_t>(message.ints().items().begin(), message.ints().items().end());
     case proto::Attribute::kDoubles:
-      return std::vector<double>(message.doubles().items().begin(), message.doubles().items().end());
+      return std::vector<double>(message.doubles().items().begin(),
+                                 message.doubles().items().end());
     case proto::Attribute::kStrings:
       return std::vector<std::string>(message.strings().items().begin(),
                                       message.strings().items().end());
@@ -155,7 +167,8 @@ AttributeValue Decoder::attribute(const proto::Attribute& message, const std::st
       t.bytes = message.tensor().data();
       return t;
     }
-    case proto::Attribute::VALUE_NOT_SET: break;
+    case proto::Attribute::VALUE_NOT_SET:
+      break;
   }
   fail(where, " has no value (or one of a kind this build does not know)");
 }
@@ -242,7 +255,8 @@ class GraphBuilder {
     }
     std::vector<Attribute> attributes;
     for (const proto::Attribute& a : n.attributes())
-      attributes.push_back({a.name(), decoder_.attribute(a, where + " attribute '" + a.name() + "'")});
+      attributes.push_back(
+          {a.name(), decoder_.attribute(a, where + " attribute '" + a.name() + "'")});
     NodeId id = graph_.addNode(n.kind(), inputs, types, std::move(attributes), n.scope(), names);
     graph_.setBody(id, n.body());
     for (int i = 0; i < n.outputs_size(); ++i) {
@@ -293,7 +307,8 @@ Graph fromProto(const proto::Graph& message, const std::string& origin) {
 std::string encodeGraph(const Graph& graph) {
   std::string payload;
   AUTOSTAGE_CHECK_AS(FormatError, toProto(graph).SerializeToString(&payload), "graph '",
-                     graph.name(), "' cannot be serialized (protobuf messages are limited to 2 GiB;",
+                     graph.name(),
+                     "' cannot be serialized (protobuf messages are limited to 2 GiB;",
                      " move large constants out of the graph)");
   return encodeFramed(kGraphFileKind, kGraphFormatVersion, payload);
 }
@@ -305,9 +320,10 @@ Graph decodeGraph(const std::string& bytes, const std::string& origin) {
 
 void saveGraph(const Graph& graph, const std::string& path) {
   std::string payload;
-  AUTOSTAGE_CHECK_AS(FormatError, toProto(graph).SerializeToString(&payload), "graph '",
-                     graph.name(), "' cannot be serialized to '", path,
-                     "' (protobuf messages are limited to 2 GiB; move large constants out of the graph)");
+  AUTOSTAGE_CHECK_AS(
+      FormatError, toProto(graph).SerializeToString(&payload), "graph '", graph.name(),
+      "' cannot be serialized to '", path,
+      "' (protobuf messages are limited to 2 GiB; move large constants out of the graph)");
   writeFramedFile(path, kGraphFileKind, kGraphFormatVersion, payload);
 }
 
