@@ -1,0 +1,28 @@
+#include "core/deployment.h"
+
+namespace autostage::core {
+
+bool StageDeployment::operator==(const StageDeployment& o) const {
+  return id == o.id && name == o.name && nodes == o.nodes && ranks == o.ranks &&
+         recompute == o.recompute && forwardSeconds == o.forwardSeconds &&
+         backwardSeconds == o.backwardSeconds && allreduceSeconds == o.allreduceSeconds &&
+         inputBytes == o.inputBytes && outputBytes == o.outputBytes && paramBytes == o.paramBytes &&
+         activationBytes == o.activationBytes && optimizerBytes == o.optimizerBytes &&
+         commBufferBytes == o.commBufferBytes && totalMemoryBytes == o.totalMemoryBytes;
+}
+
+bool Route::operator==(const Route& o) const {
+  return value == o.value && producerStage == o.producerStage &&
+         consumerStages == o.consumerStages && graphOutput == o.graphOutput &&
+         carriesGradient == o.carriesGradient;
+}
+
+bool Deployment::operator==(const Deployment& o) const {
+  return graphHash == o.graphHash && worldSize == o.worldSize && deviceMemory == o.deviceMemory &&
+         batchSize == o.batchSize && microBatchCount == o.microBatchCount &&
+         schedule == o.schedule && decomposer == o.decomposer && stages == o.stages &&
+         routes == o.routes && options == o.options &&
+         predictedIterationSeconds == o.predictedIterationSeconds;
+}
+
+}  // namespace autostage::core

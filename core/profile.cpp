@@ -1,0 +1,25 @@
+#include "core/profile.h"
+
+namespace autostage::core {
+
+bool NodeProfile::operator==(const NodeProfile& o) const {
+  return node == o.node && forwardSeconds == o.forwardSeconds &&
+         backwardSeconds == o.backwardSeconds && outputBytes == o.outputBytes &&
+         activationBytes == o.activationBytes && workingBytes == o.workingBytes &&
+         paramBytes == o.paramBytes && maxBatch == o.maxBatch && failure == o.failure;
+}
+
+bool CommProfile::operator==(const CommProfile& o) const {
+  return p2pIntraNode == o.p2pIntraNode && p2pInterNode == o.p2pInterNode &&
+         allreduceIntraNode == o.allreduceIntraNode && allreduceInterNode == o.allreduceInterNode &&
+         measured == o.measured;
+}
+
+bool GraphProfile::operator==(const GraphProfile& o) const {
+  return graphHash == o.graphHash && deviceKind == o.deviceKind && dtype == o.dtype &&
+         estimated == o.estimated && calibration == o.calibration &&
+         calibrationError == o.calibrationError && batchSizes == o.batchSizes && nodes == o.nodes &&
+         comm == o.comm;
+}
+
+}  // namespace autostage::core
