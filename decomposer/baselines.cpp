@@ -15,7 +15,8 @@ using Cuts = std::vector<std::pair<int, int>>;
 
 // Evaluates `cuts` with equal replica counts over every micro-batch count, schedule and recompute
 // flag; keeps the fastest feasible plan in `best`.
-void tryCuts(const PlanRequest& request, const Cuts& cuts, Plan& best, double& bestSeconds) {
+void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestSeconds) {
+  const PlanRequest& request = model.request();
   const int stages = static_cast<int>(cuts.size());
   const int replicas = request.devices / stages;
   if (replicas < 1) return;
@@ -29,7 +30,7 @@ void tryCuts(const PlanRequest& request, const Cuts& cuts, Plan& best, double& b
         plan.schedule = schedule;
         for (int s = 0; s < stages; ++s)
           plan.stages.push_back({cuts[s].first, cuts[s].second, r, s * r, recompute});
-        PlanEvaluation e = evaluatePlan(request, plan);
+        PlanEvaluation e = evaluatePlanWith(model, plan);
         if (e.feasible && e.iterationSeconds < bestSeconds) {
           bestSeconds = e.iterationSeconds;
           best = plan;
@@ -48,7 +49,8 @@ Plan bestOverStageCounts(const PlanRequest& request, const std::string& name, Ma
   if (request.options.partitionNum > 0) lo = hi = request.options.partitionNum;
   Plan best;
   double bestSeconds = std::numeric_limits<double>::infinity();
-  for (int stages = lo; stages <= hi; ++stages) tryCuts(request, makeCuts(stages), best, bestSeconds);
+  CostModel model(request);
+  for (int stages = lo; stages <= hi; ++stages) tryCuts(model, makeCuts(stages), best, bestSeconds);
   AUTOSTAGE_CHECK_AS(PlanError, bestSeconds < std::numeric_limits<double>::infinity(),
                      "decomposer ", name, ": ", infeasibleMessage(request));
   best.decomposer = name;

@@ -140,15 +140,15 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
     e.allreduceSeconds = link.seconds(2.0 * (r - 1) / r * range.paramBytes);
   }
   e.optimizerBytes = request_.options.optParamFactor * range.paramBytes;
-  e.heldMicroBatches = schedule == Schedule::GPipe ? microBatches
-                                                   : std::min(microBatches, choice.stagesAfter + 1);
+  e.heldMicroBatches = heldMicroBatches(schedule, microBatches, choice.stagesAfter);
   const double act = range.activationBytes.at(mb);
-  e.activationBytes = choice.recompute ? e.heldMicroBatches * e.inputBytes + act
-                                       : e.heldMicroBatches * act;
+  e.bytesPerHeldMicroBatch = choice.recompute ? e.inputBytes : act;
+  e.activationBytes = e.heldMicroBatches * e.bytesPerHeldMicroBatch + (choice.recompute ? act : 0);
   e.workingBytes = range.workingBytes.at(mb);
   e.commBufferBytes = 2 * (e.inputBytes + e.outputBytes);
-  e.totalMemoryBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + e.activationBytes +
-                       e.workingBytes + e.commBufferBytes;
+  e.baseMemoryBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + (choice.recompute ? act : 0) +
+                      e.workingBytes + e.commBufferBytes;
+  e.totalMemoryBytes = e.baseMemoryBytes + e.heldMicroBatches * e.bytesPerHeldMicroBatch;
   return e;
 }
 

@@ -18,6 +18,7 @@
 //     act(mb); a recomputing stage holds only its input per micro-batch plus one act(mb)
 //   + working(mb) + communication buffers 2 * (input + output bytes at mb).
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -60,6 +61,7 @@ struct StageChoice {
   int stagesAfter = 0;
 };
 
+// Holds a reference to the request, which must outlive it.
 class CostModel {
  public:
   explicit CostModel(const PlanRequest& request);
@@ -74,6 +76,10 @@ class CostModel {
   StageEstimate stage(const RangeTotals& range, const StageChoice& choice, int microBatches,
                       Schedule schedule) const;
   bool sameNode(int rankA, int rankB) const;
+  // Micro-batches whose activations a stage holds at its peak.
+  static int heldMicroBatches(Schedule schedule, int microBatches, int stagesAfter) {
+    return schedule == Schedule::GPipe ? microBatches : std::min(microBatches, stagesAfter + 1);
+  }
   static double iterationSeconds(double sumStage, double maxStage, double maxAllreduce,
                                  int microBatches) {
     return sumStage + (microBatches - 1) * maxStage + maxAllreduce;
@@ -84,5 +90,8 @@ class CostModel {
   RangeIndex ranges_;
   double memoryLimit_;
 };
+
+// evaluatePlan with a model already built for the request (saves rebuilding the range index).
+PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan);
 
 }  // namespace autostage::decomposer

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "decomposer/baselines.h"
 #include "decomposer/cost_model.h"
 
 namespace autostage::decomposer {
@@ -35,32 +36,23 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // A partial plan for a suffix of the blocks. `previous*` point to the label it extends.
 struct Label {
   double sum = 0, maxStage = 0, maxAllreduce = 0;
+  int stages = 0;  // stages in the suffix, capped (see SuffixSearch::kCap_)
   int previousCell = -1, previousLabel = -1;
   int replicaUnits = 0;
   bool recompute = false;
 };
-
-bool dominates(const Label& a, const Label& b) {
-  return a.sum <= b.sum && a.maxStage <= b.maxStage && a.maxAllreduce <= b.maxAllreduce;
-}
-
-// Inserts unless dominated; drops the labels the new one dominates.
-void insertLabel(std::vector<Label>& cell, const Label& label) {
-  for (const Label& l : cell)
-    if (dominates(l, label)) return;
-  cell.erase(std::remove_if(cell.begin(), cell.end(), [&](const Label& l) { return dominates(label, l); }),
-             cell.end());
-  cell.push_back(label);
-}
 
 struct Best {
   double seconds = kInf;
   Plan plan;
 };
 
-// One DP run for a fixed micro-batch count and schedule. Cells are indexed by
-// (first block of the suffix a, device units used by the suffix u, stages in the suffix k capped
-// at kCap); a decreases monotonically along transitions, so cells at a are final when visited.
+// Note [Label dominance]
+// Two labels of one cell (same first block, same devices used) have the same futures. A is at
+// least as good as B for every future when (1) it leaves the earlier stages no more activation to
+// hold (fewer stages after them for 1f1b; equal counts when partition_num is forced) and (2)
+//   A.sum + (M-1) * max(0, A.maxStage - B.maxStage) + max(0, A.maxAllreduce - B.maxAllreduce) <= B.sum,
+// since a future adds the same stage times to both and max(a, x) - max(b, x) <= max(0, a - b).
 class SuffixSearch {
  public:
   SuffixSearch(const CostModel& model, int microBatches, Schedule schedule, Best& best)
@@ -74,23 +66,27 @@ class SuffixSearch {
                               : (schedule == Schedule::OneFOneB ? std::max(0, microBatches - 1) : 0);
     for (int r : replicaCandidates(units_))
       if (model.microBatchPerReplica(microBatches, r * unit_) > 0) replicas_.push_back(r);
-    cells_.resize(static_cast<size_t>(blocks_ + 1) * (units_ + 1) * (kCap_ + 1));
-    prefixLowerBound_ = computePrefixLowerBound();
+    cells_.resize(static_cast<size_t>(blocks_ + 1) * (units_ + 1));
+    computeLowerBounds();
   }
 
-  // Long function by necessity: the DP's three nested choices share the source cell's labels.
+  // Whether this micro-batch count can beat the best plan so far at all.
+  bool promising() const {
+    return !replicas_.empty() &&
+           prefixLowerBound_[blocks_] + (microBatches_ - 1) * maxStageLowerBound_ < best_.seconds;
+  }
+
   void run() {
-    cells_[cellIndex(blocks_, 0, 0)].push_back(Label{});
+    cells_[cellIndex(blocks_, 0)].push_back(Label{});
+    std::vector<RangeTotals> ranges(blocks_);
     for (int a = blocks_; a > 0; --a) {
+      for (int first = 0; first < a; ++first) ranges[first] = model_.ranges().range(first, a - 1);
       for (int u = 0; u <= units_; ++u) {
-        for (int k = 0; k <= kCap_; ++k) {
-          const int source = cellIndex(a, u, k);
-          if (cells_[source].empty()) continue;
-          if (forcedStages_ > 0 && k >= forcedStages_) continue;
-          for (int r : replicas_) {
-            if (u + r > units_) break;
-            for (bool recompute : {false, true}) extend(source, a, u, k, r, recompute);
-          }
+        const int source = cellIndex(a, u);
+        if (cells_[source].empty()) continue;
+        for (int r : replicas_) {
+          if (u + r > units_) break;
+          for (bool recompute : {false, true}) extend(ranges, source, a, u, r, recompute);
         }
       }
     }
@@ -98,57 +94,80 @@ class SuffixSearch {
   }
 
  private:
-  int cellIndex(int a, int u, int k) const { return (a * (units_ + 1) + u) * (kCap_ + 1) + k; }
+  int cellIndex(int a, int u) const { return a * (units_ + 1) + u; }
 
-  // Lower bound on the summed stage time of blocks [0, a): compute at the smallest micro-batch.
-  std::vector<double> computePrefixLowerBound() const {
-    std::vector<double> bound(blocks_ + 1, 0);
-    if (replicas_.empty()) return bound;
-    double mb = static_cast<double>(model_.microBatchPerReplica(microBatches_, replicas_.back() * unit_));
+  // prefixLowerBound_[a]: summed compute of blocks [0, a) at the smallest micro-batch (every
+  // stage time is at least its compute). maxStageLowerBound_: sum_s r_s t_s >= (B/M) * per-sample
+  // compute of all blocks and sum_s r_s <= devices, so some stage takes at least that / devices.
+  void computeLowerBounds() {
+    prefixLowerBound_.assign(blocks_ + 1, 0);
+    const double mb = static_cast<double>(model_.microBatchPerReplica(microBatches_, units_ * unit_));
+    double perSample = 0;
     for (int b = 0; b < blocks_; ++b) {
       RangeTotals t = model_.ranges().range(b, b);
-      bound[b + 1] = bound[b] + t.forwardSeconds.at(mb) + t.backwardSeconds.at(mb);
+      prefixLowerBound_[b + 1] = prefixLowerBound_[b] + t.forwardSeconds.at(mb) + t.backwardSeconds.at(mb);
+      perSample += t.forwardSeconds.perSample + t.backwardSeconds.perSample;
     }
-    return bound;
+    maxStageLowerBound_ = static_cast<double>(request_.batchSize) / microBatches_ * perSample / request_.devices;
   }
 
-  // Prepends stages [first, a-1] for every first < a to the labels of `source`.
-  void extend(int source, int a, int u, int k, int r, bool recompute) {
-    const int nextK = std::min(k + 1, kCap_);
+  bool dominates(const Label& a, const Label& b) const {
+    if (forcedStages_ > 0 ? a.stages != b.stages : a.stages > b.stages) return false;
+    return a.sum + (microBatches_ - 1) * std::max(0.0, a.maxStage - b.maxStage) +
+               std::max(0.0, a.maxAllreduce - b.maxAllreduce) <= b.sum;
+  }
+
+  void insert(std::vector<Label>& cell, const Label& label) const {
+    for (const Label& l : cell)
+      if (dominates(l, label)) return;
+    cell.erase(std::remove_if(cell.begin(), cell.end(), [&](const Label& l) { return dominates(label, l); }),
+               cell.end());
+    cell.push_back(label);
+  }
+
+  // Prepends stages [first, a-1] for every first < a, with r units, to the labels of `source`.
+  void extend(const std::vector<RangeTotals>& ranges, int source, int a, int u, int r, bool recompute) {
+    const std::vector<Label>& labels = cells_[source];
+    int fewestStages = kCap_;
+    double smallestSum = kInf;
+    for (const Label& l : labels) fewestStages = std::min(fewestStages, l.stages), smallestSum = std::min(smallestSum, l.sum);
     const int firstRank = request_.devices - (u + r) * unit_;
     const double limit = model_.memoryLimit();
     for (int first = a - 1; first >= 0; --first) {
-      StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, k};
-      RangeTotals range = model_.ranges().range(first, a - 1);
-      StageEstimate e = model_.stage(range, choice, microBatches_, schedule_);
-      // Everything but the communication buffers grows as the stage grows: stop there.
-      if (e.totalMemoryBytes - e.commBufferBytes > limit) break;
-      if (e.totalMemoryBytes > limit) continue;
-      const int target = cellIndex(first, u + r, nextK);
-      const size_t labelCount = cells_[source].size();
-      for (size_t i = 0; i < labelCount; ++i) {
-        const Label& from = cells_[source][i];
+      StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, fewestStages};
+      StageEstimate e = model_.stage(ranges[first], choice, microBatches_, schedule_);
+      // Parameters, activations and working memory only grow as the stage grows, and so does its
+      // compute time: stop when either rules out every label.
+      const double growing = e.totalMemoryBytes - e.commBufferBytes -
+                             (recompute ? e.heldMicroBatches * e.bytesPerHeldMicroBatch : 0);
+      if (growing > limit) break;
+      if (smallestSum + (microBatches_ - 1) * (e.forwardSeconds + e.backwardSeconds) >= best_.seconds) break;
+      const int target = cellIndex(first, u + r);
+      for (size_t i = 0; i < labels.size(); ++i) {
+        const Label& from = labels[i];
+        const int held = CostModel::heldMicroBatches(schedule_, microBatches_, from.stages);
+        if (e.baseMemoryBytes + held * e.bytesPerHeldMicroBatch > limit) continue;
         Label next{from.sum + e.stageSeconds, std::max(from.maxStage, e.stageSeconds),
-                   std::max(from.maxAllreduce, e.allreduceSeconds), source, static_cast<int>(i),
-                   r, recompute};
+                   std::max(from.maxAllreduce, e.allreduceSeconds), std::min(from.stages + 1, kCap_),
+                   source, static_cast<int>(i), r, recompute};
+        if (forcedStages_ > 0 && from.stages + 1 > forcedStages_) continue;
         double bound = CostModel::iterationSeconds(next.sum + prefixLowerBound_[first],
-                                                   next.maxStage, next.maxAllreduce, microBatches_);
+                                                   std::max(next.maxStage, maxStageLowerBound_),
+                                                   next.maxAllreduce, microBatches_);
         if (bound >= best_.seconds) continue;
-        insertLabel(cells_[target], next);
+        insert(cells_[target], next);
       }
     }
   }
 
   void collect() {
     for (int u = 1; u <= units_; ++u) {
-      for (int k = 0; k <= kCap_; ++k) {
-        if (forcedStages_ > 0 && k != forcedStages_) continue;
-        const int cell = cellIndex(0, u, k);
-        for (size_t i = 0; i < cells_[cell].size(); ++i) {
-          const Label& l = cells_[cell][i];
-          double seconds = CostModel::iterationSeconds(l.sum, l.maxStage, l.maxAllreduce, microBatches_);
-          if (seconds < best_.seconds) best_ = {seconds, reconstruct(cell, static_cast<int>(i))};
-        }
+      const int cell = cellIndex(0, u);
+      for (size_t i = 0; i < cells_[cell].size(); ++i) {
+        const Label& l = cells_[cell][i];
+        if (forcedStages_ > 0 && l.stages != forcedStages_) continue;
+        double seconds = CostModel::iterationSeconds(l.sum, l.maxStage, l.maxAllreduce, microBatches_);
+        if (seconds < best_.seconds) best_ = {seconds, reconstruct(cell, static_cast<int>(i))};
       }
     }
   }
@@ -160,16 +179,14 @@ class SuffixSearch {
     int block = 0;
     while (cells_[cell][label].previousCell >= 0) {
       const Label& l = cells_[cell][label];
-      const int sourceBlock = l.previousCell / ((units_ + 1) * (kCap_ + 1));
-      StagePlan stage{block, sourceBlock - 1, l.replicaUnits * unit_, 0, l.recompute};
-      plan.stages.push_back(stage);
+      const int sourceBlock = l.previousCell / (units_ + 1);
+      plan.stages.push_back({block, sourceBlock - 1, l.replicaUnits * unit_, 0, l.recompute});
       block = sourceBlock;
       cell = l.previousCell;
       label = l.previousLabel;
     }
-    int used = 0;
-    for (const StagePlan& s : plan.stages) used += s.replicaCount;
-    int rank = request_.devices - used;
+    int rank = request_.devices;
+    for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
     for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
     return plan;
   }
@@ -183,19 +200,44 @@ class SuffixSearch {
   std::vector<int> replicas_;
   std::vector<std::vector<Label>> cells_;
   std::vector<double> prefixLowerBound_;
+  double maxStageLowerBound_ = 0;
 };
+
+// The best baseline plan, moved onto the DP's rank layout (ending at the last rank), as the first
+// incumbent: the search then only keeps partial plans that can beat it.
+Best seedFromBaselines(const PlanRequest& request, const CostModel& model) {
+  Best best;
+  using Planner = Plan (*)(const PlanRequest&);
+  std::vector<Planner> planners{planUniform, planParamBalanced};
+  if (request.options.partitionNum <= 1) planners.push_back(planDataParallel);
+  for (Planner planner : planners) {
+    Plan plan;
+    try {
+      plan = planner(request);
+    } catch (const PlanError&) {
+      continue;
+    }
+    int rank = request.devices;
+    for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
+    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
+    PlanEvaluation e = evaluatePlanWith(model, plan);
+    if (e.feasible && e.iterationSeconds < best.seconds) best = {e.iterationSeconds, plan};
+  }
+  return best;
+}
 
 }  // namespace
 
 Plan planDynamicProgramming(const PlanRequest& request) {
   request.validate();
   CostModel model(request);
-  Best best;
+  Best best = seedFromBaselines(request, model);
   auto log = core::logger("DPStaging");
   auto start = std::chrono::steady_clock::now();
   for (int microBatches : request.options.microBatchCandidates()) {
     for (Schedule schedule : request.options.scheduleCandidates()) {
-      SuffixSearch(model, microBatches, schedule, best).run();
+      SuffixSearch search(model, microBatches, schedule, best);
+      if (search.promising()) search.run();
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (elapsed > 2.0)
         log->info("Searching: pipeline={} schedule={} done after {:.1f} s, best so far {:.6f} s",

@@ -45,10 +45,15 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
 }  // namespace
 
 PlanEvaluation evaluatePlan(const PlanRequest& request, const Plan& plan) {
+  CostModel model(request);
+  return evaluatePlanWith(model, plan);
+}
+
+PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
+  const PlanRequest& request = model.request();
   PlanEvaluation result;
   result.problem = shapeProblem(request, plan);
   if (!result.problem.empty()) return result;
-  CostModel model(request);
   const int stageCount = static_cast<int>(plan.stages.size());
   double sum = 0, maxStage = 0, maxAllreduce = 0;
   std::ostringstream memoryProblems;

@@ -117,6 +117,9 @@ struct StageEstimate {
   double workingBytes = 0, commBufferBytes = 0;
   double totalMemoryBytes = 0;
   int heldMicroBatches = 0;
+  // totalMemoryBytes = baseMemoryBytes + heldMicroBatches * bytesPerHeldMicroBatch.
+  double baseMemoryBytes = 0;
+  double bytesPerHeldMicroBatch = 0;
 };
 
 struct PlanEvaluation {
