@@ -73,7 +73,8 @@ class SuffixSearch {
   // Whether this micro-batch count can beat the best plan so far at all.
   bool promising() const {
     return !replicas_.empty() &&
-           prefixLowerBound_[blocks_] + (microBatches_ - 1) * maxStageLowerBound_ < best_.seconds;
+           CostModel::iterationSeconds(prefixSumBound(blocks_, units_), prefixMaxBound(blocks_, units_), 0,
+                                       microBatches_) < best_.seconds;
   }
 
   void run() {
@@ -96,19 +97,31 @@ class SuffixSearch {
  private:
   int cellIndex(int a, int u) const { return a * (units_ + 1) + u; }
 
-  // prefixLowerBound_[a]: summed compute of blocks [0, a) at the smallest micro-batch (every
-  // stage time is at least its compute). maxStageLowerBound_: sum_s r_s t_s >= (B/M) * per-sample
-  // compute of all blocks and sum_s r_s <= devices, so some stage takes at least that / devices.
+  // Lower bounds for the blocks [0, a) still to place on at most `units` units: each of their
+  // stages runs micro-batches of at least ceil(B / (M * units * unit)) samples, so their summed
+  // time is at least their compute at that size; and sum_s r_s t_s >= (B / M) * their per-sample
+  // compute with sum_s r_s <= units * unit, so one of them takes at least that / (units * unit).
   void computeLowerBounds() {
-    prefixLowerBound_.assign(blocks_ + 1, 0);
-    const double mb = static_cast<double>(model_.microBatchPerReplica(microBatches_, units_ * unit_));
-    double perSample = 0;
+    prefixFixed_.assign(blocks_ + 1, 0);
+    prefixPerSample_.assign(blocks_ + 1, 0);
     for (int b = 0; b < blocks_; ++b) {
       RangeTotals t = model_.ranges().range(b, b);
-      prefixLowerBound_[b + 1] = prefixLowerBound_[b] + t.forwardSeconds.at(mb) + t.backwardSeconds.at(mb);
-      perSample += t.forwardSeconds.perSample + t.backwardSeconds.perSample;
+      prefixFixed_[b + 1] = prefixFixed_[b] + t.forwardSeconds.fixed + t.backwardSeconds.fixed;
+      prefixPerSample_[b + 1] = prefixPerSample_[b] + t.forwardSeconds.perSample + t.backwardSeconds.perSample;
     }
-    maxStageLowerBound_ = static_cast<double>(request_.batchSize) / microBatches_ * perSample / request_.devices;
+  }
+
+  double prefixSumBound(int a, int units) const {
+    if (a == 0) return 0;
+    if (units == 0) return kInf;
+    const double mb = static_cast<double>(model_.microBatchPerReplica(microBatches_, units * unit_));
+    return prefixFixed_[a] + prefixPerSample_[a] * mb;
+  }
+
+  double prefixMaxBound(int a, int units) const {
+    if (a == 0) return 0;
+    if (units == 0) return kInf;
+    return static_cast<double>(request_.batchSize) / microBatches_ * prefixPerSample_[a] / (units * unit_);
   }
 
   bool dominates(const Label& a, const Label& b) const {
@@ -133,6 +146,7 @@ class SuffixSearch {
     for (const Label& l : labels) fewestStages = std::min(fewestStages, l.stages), smallestSum = std::min(smallestSum, l.sum);
     const int firstRank = request_.devices - (u + r) * unit_;
     const double limit = model_.memoryLimit();
+    const double globalMaxBound = prefixMaxBound(blocks_, units_);
     for (int first = a - 1; first >= 0; --first) {
       StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, fewestStages};
       StageEstimate e = model_.stage(ranges[first], choice, microBatches_, schedule_);
@@ -143,6 +157,9 @@ class SuffixSearch {
       if (growing > limit) break;
       if (smallestSum + (microBatches_ - 1) * (e.forwardSeconds + e.backwardSeconds) >= best_.seconds) break;
       const int target = cellIndex(first, u + r);
+      const double prefixSum = prefixSumBound(first, units_ - u - r);
+      const double prefixMax = std::max(globalMaxBound, prefixMaxBound(first, units_ - u - r));
+      if (prefixSum == kInf) continue;
       for (size_t i = 0; i < labels.size(); ++i) {
         const Label& from = labels[i];
         const int held = CostModel::heldMicroBatches(schedule_, microBatches_, from.stages);
@@ -151,8 +168,7 @@ class SuffixSearch {
                    std::max(from.maxAllreduce, e.allreduceSeconds), std::min(from.stages + 1, kCap_),
                    source, static_cast<int>(i), r, recompute};
         if (forcedStages_ > 0 && from.stages + 1 > forcedStages_) continue;
-        double bound = CostModel::iterationSeconds(next.sum + prefixLowerBound_[first],
-                                                   std::max(next.maxStage, maxStageLowerBound_),
+        double bound = CostModel::iterationSeconds(next.sum + prefixSum, std::max(next.maxStage, prefixMax),
                                                    next.maxAllreduce, microBatches_);
         if (bound >= best_.seconds) continue;
         insert(cells_[target], next);
@@ -199,9 +215,17 @@ class SuffixSearch {
   int blocks_ = 0, unit_ = 1, units_ = 1, forcedStages_ = 0, kCap_ = 0;
   std::vector<int> replicas_;
   std::vector<std::vector<Label>> cells_;
-  std::vector<double> prefixLowerBound_;
-  double maxStageLowerBound_ = 0;
+  std::vector<double> prefixFixed_, prefixPerSample_;  // fwd + bwd compute of blocks [0, a)
 };
+
+// Note [Schedule choice]
+// In the cost model gpipe and 1f1b take the same time and 1f1b never holds more activations, so
+// with schedule=auto a 1f1b plan is always at least as good: only 1f1b is searched. A forced
+// schedule is searched as given.
+std::vector<Schedule> searchedSchedules(const PlanOptions& options) {
+  if (options.schedule == "auto") return {Schedule::OneFOneB};
+  return options.scheduleCandidates();
+}
 
 // The best baseline plan, moved onto the DP's rank layout (ending at the last rank), as the first
 // incumbent: the search then only keeps partial plans that can beat it.
@@ -234,8 +258,11 @@ Plan planDynamicProgramming(const PlanRequest& request) {
   Best best = seedFromBaselines(request, model);
   auto log = core::logger("DPStaging");
   auto start = std::chrono::steady_clock::now();
-  for (int microBatches : request.options.microBatchCandidates()) {
-    for (Schedule schedule : request.options.scheduleCandidates()) {
+  // Large micro-batch counts first: they usually win, and a good incumbent prunes the rest.
+  std::vector<int> microBatchCounts = request.options.microBatchCandidates();
+  std::reverse(microBatchCounts.begin(), microBatchCounts.end());
+  for (int microBatches : microBatchCounts) {
+    for (Schedule schedule : searchedSchedules(request.options)) {
       SuffixSearch search(model, microBatches, schedule, best);
       if (search.promising()) search.run();
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
