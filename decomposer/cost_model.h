@@ -10,7 +10,10 @@
 //   sendB = p2p(cut before the stage at mb)  (gradients back; none for the first stage)
 //   stage time t = F + Bw + sendF + sendB    (a transfer occupies its sender)
 //   allreduce AR = lat + 2(r-1)/r * paramBytes / bw (0 when r == 1), after the pipeline flushes
-//   iteration T = sum_s t_s + (M - 1) * max_s t_s + max_s AR_s
+//   iteration T = sum_s t_s + (M - 1) * period + max_s AR_s, where the steady-state period is
+//     1f1b:  max_s t_s                                   (stages alternate forward and backward)
+//     gpipe: max_s (F + sendF)_s + max_s (Bw + sendB)_s  (all forwards, then all backwards: two
+//            flow shops of identical jobs, each of makespan sum + (M - 1) * max)
 // A p2p transfer is intra-node when the sender's ranks and the neighbouring rank of the next
 // (previous) stage lie on one node; an allreduce is intra-node when its ranks lie on one node.
 // Memory per device: params + grads + opt_param_factor * params
@@ -20,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "decomposer/plan.h"
@@ -80,9 +84,13 @@ class CostModel {
   static int heldMicroBatches(Schedule schedule, int microBatches, int stagesAfter) {
     return schedule == Schedule::GPipe ? microBatches : std::min(microBatches, stagesAfter + 1);
   }
-  static double iterationSeconds(double sumStage, double maxStage, double maxAllreduce,
-                                 int microBatches) {
-    return sumStage + (microBatches - 1) * maxStage + maxAllreduce;
+  // The two per-stage times whose maxima add up to the steady-state period (see the Note).
+  static std::pair<double, double> periodParts(const StageEstimate& e, Schedule schedule) {
+    if (schedule == Schedule::OneFOneB) return {e.stageSeconds, 0.0};
+    return {e.forwardSeconds + e.sendForwardSeconds, e.backwardSeconds + e.sendBackwardSeconds};
+  }
+  static double iterationSeconds(double sumStage, double period, double maxAllreduce, int microBatches) {
+    return sumStage + (microBatches - 1) * period + maxAllreduce;
   }
 
  private:

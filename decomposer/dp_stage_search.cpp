@@ -35,7 +35,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // A partial plan for a suffix of the blocks. `previous*` point to the label it extends.
 struct Label {
-  double sum = 0, maxStage = 0, maxAllreduce = 0;
+  double sum = 0, maxFirst = 0, maxSecond = 0, maxAllreduce = 0;  // see CostModel::periodParts
   int stages = 0;  // stages in the suffix, capped (see SuffixSearch::kCap_)
   int previousCell = -1, previousLabel = -1;
   int replicaUnits = 0;
@@ -51,7 +51,8 @@ struct Best {
 // Two labels of one cell (same first block, same devices used) have the same futures. A is at
 // least as good as B for every future when (1) it leaves the earlier stages no more activation to
 // hold (fewer stages after them for 1f1b; equal counts when partition_num is forced) and (2)
-//   A.sum + (M-1) * max(0, A.maxStage - B.maxStage) + max(0, A.maxAllreduce - B.maxAllreduce) <= B.sum,
+//   A.sum + (M-1) * (max(0, A.maxFirst - B.maxFirst) + max(0, A.maxSecond - B.maxSecond))
+//         + max(0, A.maxAllreduce - B.maxAllreduce) <= B.sum,
 // since a future adds the same stage times to both and max(a, x) - max(b, x) <= max(0, a - b).
 class SuffixSearch {
  public:
@@ -126,8 +127,8 @@ class SuffixSearch {
 
   bool dominates(const Label& a, const Label& b) const {
     if (forcedStages_ > 0 ? a.stages != b.stages : a.stages > b.stages) return false;
-    return a.sum + (microBatches_ - 1) * std::max(0.0, a.maxStage - b.maxStage) +
-               std::max(0.0, a.maxAllreduce - b.maxAllreduce) <= b.sum;
+    const double period = std::max(0.0, a.maxFirst - b.maxFirst) + std::max(0.0, a.maxSecond - b.maxSecond);
+    return a.sum + (microBatches_ - 1) * period + std::max(0.0, a.maxAllreduce - b.maxAllreduce) <= b.sum;
   }
 
   void insert(std::vector<Label>& cell, const Label& label) const {
@@ -157,6 +158,7 @@ class SuffixSearch {
       if (growing > limit) break;
       if (smallestSum + (microBatches_ - 1) * (e.forwardSeconds + e.backwardSeconds) >= best_.seconds) break;
       const int target = cellIndex(first, u + r);
+      const std::pair<double, double> parts = CostModel::periodParts(e, schedule_);
       const double prefixSum = prefixSumBound(first, units_ - u - r);
       const double prefixMax = std::max(globalMaxBound, prefixMaxBound(first, units_ - u - r));
       if (prefixSum == kInf) continue;
@@ -164,12 +166,13 @@ class SuffixSearch {
         const Label& from = labels[i];
         const int held = CostModel::heldMicroBatches(schedule_, microBatches_, from.stages);
         if (e.baseMemoryBytes + held * e.bytesPerHeldMicroBatch > limit) continue;
-        Label next{from.sum + e.stageSeconds, std::max(from.maxStage, e.stageSeconds),
-                   std::max(from.maxAllreduce, e.allreduceSeconds), std::min(from.stages + 1, kCap_),
-                   source, static_cast<int>(i), r, recompute};
+        Label next{from.sum + e.stageSeconds, std::max(from.maxFirst, parts.first),
+                   std::max(from.maxSecond, parts.second), std::max(from.maxAllreduce, e.allreduceSeconds),
+                   std::min(from.stages + 1, kCap_), source, static_cast<int>(i), r, recompute};
         if (forcedStages_ > 0 && from.stages + 1 > forcedStages_) continue;
-        double bound = CostModel::iterationSeconds(next.sum + prefixSum, std::max(next.maxStage, prefixMax),
-                                                   next.maxAllreduce, microBatches_);
+        double bound = CostModel::iterationSeconds(
+            next.sum + prefixSum, std::max(next.maxFirst + next.maxSecond, prefixMax), next.maxAllreduce,
+            microBatches_);
         if (bound >= best_.seconds) continue;
         insert(cells_[target], next);
       }
@@ -182,7 +185,7 @@ class SuffixSearch {
       for (size_t i = 0; i < cells_[cell].size(); ++i) {
         const Label& l = cells_[cell][i];
         if (forcedStages_ > 0 && l.stages != forcedStages_) continue;
-        double seconds = CostModel::iterationSeconds(l.sum, l.maxStage, l.maxAllreduce, microBatches_);
+        double seconds = CostModel::iterationSeconds(l.sum, l.maxFirst + l.maxSecond, l.maxAllreduce, microBatches_);
         if (seconds < best_.seconds) best_ = {seconds, reconstruct(cell, static_cast<int>(i))};
       }
     }
@@ -219,7 +222,8 @@ class SuffixSearch {
 };
 
 // Note [Schedule choice]
-// In the cost model gpipe and 1f1b take the same time and 1f1b never holds more activations, so
+// In the cost model gpipe never takes less time than 1f1b (max F' + max B' >= max (F' + B')) and
+// never holds fewer activations, so
 // with schedule=auto a 1f1b plan is always at least as good: only 1f1b is searched. A forced
 // schedule is searched as given.
 std::vector<Schedule> searchedSchedules(const PlanOptions& options) {

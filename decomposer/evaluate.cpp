@@ -55,7 +55,7 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
   result.problem = shapeProblem(request, plan);
   if (!result.problem.empty()) return result;
   const int stageCount = static_cast<int>(plan.stages.size());
-  double sum = 0, maxStage = 0, maxAllreduce = 0;
+  double sum = 0, maxFirst = 0, maxSecond = 0, maxAllreduce = 0;
   std::ostringstream memoryProblems;
   for (int s = 0; s < stageCount; ++s) {
     const StagePlan& st = plan.stages[s];
@@ -63,7 +63,9 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
                        stageCount - 1 - s};
     StageEstimate e = model.stage(choice, plan.microBatchCount, plan.schedule);
     sum += e.stageSeconds;
-    maxStage = std::max(maxStage, e.stageSeconds);
+    auto [first, second] = CostModel::periodParts(e, plan.schedule);
+    maxFirst = std::max(maxFirst, first);
+    maxSecond = std::max(maxSecond, second);
     maxAllreduce = std::max(maxAllreduce, e.allreduceSeconds);
     result.peakMemoryBytes = std::max(result.peakMemoryBytes, e.totalMemoryBytes);
     if (e.totalMemoryBytes > model.memoryLimit())
@@ -71,9 +73,10 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
                      << model.memoryLimit() << "; ";
     result.stages.push_back(e);
   }
-  result.pipelineSeconds = sum + (plan.microBatchCount - 1) * maxStage;
+  result.pipelineSeconds = sum + (plan.microBatchCount - 1) * (maxFirst + maxSecond);
   result.allreduceSeconds = maxAllreduce;
-  result.iterationSeconds = CostModel::iterationSeconds(sum, maxStage, maxAllreduce, plan.microBatchCount);
+  result.iterationSeconds = CostModel::iterationSeconds(sum, maxFirst + maxSecond, maxAllreduce,
+                                                        plan.microBatchCount);
   result.problem = memoryProblems.str();
   result.feasible = result.problem.empty();
   return result;

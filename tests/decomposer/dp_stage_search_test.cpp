@@ -56,7 +56,7 @@ class Exhaustive {
   void score(int devicesUsed) {
     const int count = static_cast<int>(stages_.size());
     if (request_.options.partitionNum > 0 && count != request_.options.partitionNum) return;
-    double sum = 0, maxStage = 0, maxAllreduce = 0;
+    double sum = 0, maxForward = 0, maxBackward = 0, maxStage = 0, maxAllreduce = 0;
     int rank = request_.devices - devicesUsed;
     for (int s = 0; s < count; ++s) {
       const Stage& st = stages_[s];
@@ -66,10 +66,15 @@ class Exhaustive {
       if (e.totalMemoryBytes > model_.memoryLimit()) return;
       sum += e.stageSeconds;
       maxStage = std::max(maxStage, e.stageSeconds);
+      maxForward = std::max(maxForward, e.forwardSeconds + e.sendForwardSeconds);
+      maxBackward = std::max(maxBackward, e.backwardSeconds + e.sendBackwardSeconds);
       maxAllreduce = std::max(maxAllreduce, e.allreduceSeconds);
       rank += st.replicas;
     }
-    best_ = std::min(best_, sum + (microBatches_ - 1) * maxStage + maxAllreduce);
+    // Steady state: 1f1b alternates, so the slowest stage sets the pace; gpipe runs all forwards
+    // and then all backwards, each paced by its own slowest stage.
+    double period = schedule_ == Schedule::OneFOneB ? maxStage : maxForward + maxBackward;
+    best_ = std::min(best_, sum + (microBatches_ - 1) * period + maxAllreduce);
   }
 
   const PlanRequest& request_;

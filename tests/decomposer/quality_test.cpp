@@ -63,9 +63,11 @@ TEST_CASE("DP beats uniform and param_balanced by 1.2x on a memory-tight GPT", "
   const double dpTime = dp.simulation.iterationSeconds;
   REQUIRE(uniform.simulation.iterationSeconds >= 1.2 * dpTime);
   REQUIRE(balanced.simulation.iterationSeconds >= 1.2 * dpTime);
-  // Every plan fits the memory the simulator sees.
-  for (const PlanResult* r : {&dp, &uniform, &balanced})
+  // Every plan fits the memory the simulator sees, and estimate and simulation agree within 5%.
+  for (const PlanResult* r : {&dp, &uniform, &balanced}) {
     REQUIRE(r->simulation.peakMemory() <= r->blocking.request.memoryLimit());
+    REQUIRE(r->simulation.iterationSeconds == Approx(r->evaluation.iterationSeconds).epsilon(0.05));
+  }
 }
 
 TEST_CASE("DP is never worse than data parallelism when that fits", "[decomposer]") {
@@ -78,6 +80,7 @@ TEST_CASE("DP is never worse than data parallelism when that fits", "[decomposer
       INFO("memory " << gib << " GiB, batch " << batch);
       REQUIRE(dp.evaluation.iterationSeconds <= dataParallel.evaluation.iterationSeconds);
       REQUIRE(dp.simulation.iterationSeconds <= dataParallel.simulation.iterationSeconds * 1.0001);
+      REQUIRE(dp.simulation.iterationSeconds == Approx(dp.evaluation.iterationSeconds).epsilon(0.05));
     }
   }
 }
