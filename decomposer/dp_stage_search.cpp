@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "decomposer/baselines.h"
 #include "decomposer/cost_model.h"
+#include "decomposer/dp_bounds.h"
+#include "decomposer/request_merge.h"
 
 namespace autostage::decomposer {
 
@@ -68,13 +71,13 @@ class SuffixSearch {
     for (int r : replicaCandidates(units_))
       if (model.microBatchPerReplica(microBatches, r * unit_) > 0) replicas_.push_back(r);
     cells_.resize(static_cast<size_t>(blocks_ + 1) * (units_ + 1));
-    computeLowerBounds();
+    bounds_ = std::make_unique<PrefixBounds>(model, microBatches, schedule, unit_, units_, replicas_);
   }
 
   // Whether this micro-batch count can beat the best plan so far at all.
   bool promising() const {
     return !replicas_.empty() &&
-           CostModel::iterationSeconds(prefixSumBound(blocks_, units_), prefixMaxBound(blocks_, units_), 0,
+           CostModel::iterationSeconds(bounds_->sum(blocks_, units_), bounds_->max(blocks_, units_), 0,
                                        microBatches_) < best_.seconds;
   }
 
@@ -98,33 +101,6 @@ class SuffixSearch {
  private:
   int cellIndex(int a, int u) const { return a * (units_ + 1) + u; }
 
-  // Lower bounds for the blocks [0, a) still to place on at most `units` units: each of their
-  // stages runs micro-batches of at least ceil(B / (M * units * unit)) samples, so their summed
-  // time is at least their compute at that size; and sum_s r_s t_s >= (B / M) * their per-sample
-  // compute with sum_s r_s <= units * unit, so one of them takes at least that / (units * unit).
-  void computeLowerBounds() {
-    prefixFixed_.assign(blocks_ + 1, 0);
-    prefixPerSample_.assign(blocks_ + 1, 0);
-    for (int b = 0; b < blocks_; ++b) {
-      RangeTotals t = model_.ranges().range(b, b);
-      prefixFixed_[b + 1] = prefixFixed_[b] + t.forwardSeconds.fixed + t.backwardSeconds.fixed;
-      prefixPerSample_[b + 1] = prefixPerSample_[b] + t.forwardSeconds.perSample + t.backwardSeconds.perSample;
-    }
-  }
-
-  double prefixSumBound(int a, int units) const {
-    if (a == 0) return 0;
-    if (units == 0) return kInf;
-    const double mb = static_cast<double>(model_.microBatchPerReplica(microBatches_, units * unit_));
-    return prefixFixed_[a] + prefixPerSample_[a] * mb;
-  }
-
-  double prefixMaxBound(int a, int units) const {
-    if (a == 0) return 0;
-    if (units == 0) return kInf;
-    return static_cast<double>(request_.batchSize) / microBatches_ * prefixPerSample_[a] / (units * unit_);
-  }
-
   bool dominates(const Label& a, const Label& b) const {
     if (forcedStages_ > 0 ? a.stages != b.stages : a.stages > b.stages) return false;
     const double period = std::max(0.0, a.maxFirst - b.maxFirst) + std::max(0.0, a.maxSecond - b.maxSecond);
@@ -147,7 +123,7 @@ class SuffixSearch {
     for (const Label& l : labels) fewestStages = std::min(fewestStages, l.stages), smallestSum = std::min(smallestSum, l.sum);
     const int firstRank = request_.devices - (u + r) * unit_;
     const double limit = model_.memoryLimit();
-    const double globalMaxBound = prefixMaxBound(blocks_, units_);
+    const double globalMaxBound = bounds_->max(blocks_, units_);
     for (int first = a - 1; first >= 0; --first) {
       StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, fewestStages};
       StageEstimate e = model_.stage(ranges[first], choice, microBatches_, schedule_);
@@ -159,8 +135,8 @@ class SuffixSearch {
       if (smallestSum + (microBatches_ - 1) * (e.forwardSeconds + e.backwardSeconds) >= best_.seconds) break;
       const int target = cellIndex(first, u + r);
       const std::pair<double, double> parts = CostModel::periodParts(e, schedule_);
-      const double prefixSum = prefixSumBound(first, units_ - u - r);
-      const double prefixMax = std::max(globalMaxBound, prefixMaxBound(first, units_ - u - r));
+      const double prefixSum = bounds_->sum(first, units_ - u - r);
+      const double prefixMax = std::max(globalMaxBound, bounds_->max(first, units_ - u - r));
       if (prefixSum == kInf) continue;
       for (size_t i = 0; i < labels.size(); ++i) {
         const Label& from = labels[i];
@@ -218,7 +194,7 @@ class SuffixSearch {
   int blocks_ = 0, unit_ = 1, units_ = 1, forcedStages_ = 0, kCap_ = 0;
   std::vector<int> replicas_;
   std::vector<std::vector<Label>> cells_;
-  std::vector<double> prefixFixed_, prefixPerSample_;  // fwd + bwd compute of blocks [0, a)
+  std::unique_ptr<PrefixBounds> bounds_;  // Note [Prefix bounds] in dp_bounds.h
 };
 
 // Note [Schedule choice]
@@ -254,27 +230,60 @@ Best seedFromBaselines(const PlanRequest& request, const CostModel& model) {
   return best;
 }
 
+
+// Runs the search for every micro-batch count and schedule, improving `best`.
+void searchAll(const CostModel& model, Best& best, bool logProgress) {
+  const PlanOptions& options = model.request().options;
+  auto log = core::logger("DPStaging");
+  auto start = std::chrono::steady_clock::now();
+  // Large micro-batch counts first: they usually win, and a good incumbent prunes the rest.
+  std::vector<int> microBatchCounts = options.microBatchCandidates();
+  std::reverse(microBatchCounts.begin(), microBatchCounts.end());
+  for (int microBatches : microBatchCounts) {
+    for (Schedule schedule : searchedSchedules(options)) {
+      SuffixSearch search(model, microBatches, schedule, best);
+      if (search.promising()) search.run();
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (logProgress && elapsed > 2.0)
+        log->info("Searching: pipeline={} schedule={} done after {:.1f} s, best so far {:.6f} s",
+                  microBatches, scheduleName(schedule), elapsed, best.seconds);
+    }
+  }
+}
+
+// Note [First plan]
+// The search prunes with the best plan found so far, so a good first plan makes it much faster.
+// It comes from the baselines, then from the same search over the request merged to 32, 64, ...
+// blocks (a plan of a merged request is a plan of the full one), each level seeding the next; the
+// full search then only keeps partial plans that can beat it, and stays exact.
+constexpr int kFirstMergedBlocks = 32;
+
+Best firstPlan(const PlanRequest& request, const CostModel& model) {
+  Best best = seedFromBaselines(request, model);
+  const int blocks = static_cast<int>(request.blocks.size());
+  for (int level = kFirstMergedBlocks; 2 * level <= blocks; level *= 2) {
+    MergedRequest merged = mergeRequestBlocks(request, level);
+    CostModel mergedModel(merged.request);
+    Best coarse;
+    if (best.seconds < kInf) {  // carry the incumbent's value; its plan may not fit this level
+      coarse.seconds = best.seconds;
+    }
+    searchAll(mergedModel, coarse, false);
+    if (coarse.plan.stages.empty()) continue;
+    Plan plan = expandPlan(merged, coarse.plan);
+    PlanEvaluation e = evaluatePlanWith(model, plan);
+    if (e.feasible && e.iterationSeconds < best.seconds) best = {e.iterationSeconds, plan};
+  }
+  return best;
+}
+
 }  // namespace
 
 Plan planDynamicProgramming(const PlanRequest& request) {
   request.validate();
   CostModel model(request);
-  Best best = seedFromBaselines(request, model);
-  auto log = core::logger("DPStaging");
-  auto start = std::chrono::steady_clock::now();
-  // Large micro-batch counts first: they usually win, and a good incumbent prunes the rest.
-  std::vector<int> microBatchCounts = request.options.microBatchCandidates();
-  std::reverse(microBatchCounts.begin(), microBatchCounts.end());
-  for (int microBatches : microBatchCounts) {
-    for (Schedule schedule : searchedSchedules(request.options)) {
-      SuffixSearch search(model, microBatches, schedule, best);
-      if (search.promising()) search.run();
-      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (elapsed > 2.0)
-        log->info("Searching: pipeline={} schedule={} done after {:.1f} s, best so far {:.6f} s",
-                  microBatches, scheduleName(schedule), elapsed, best.seconds);
-    }
-  }
+  Best best = firstPlan(request, model);
+  searchAll(model, best, true);
   AUTOSTAGE_CHECK_AS(PlanError, best.seconds < kInf, infeasibleMessage(request));
   best.plan.decomposer = "dp";
   best.plan.predictedSeconds = best.seconds;
