@@ -54,7 +54,7 @@ PlanResult planGraph(const core::Graph& graph, const core::GraphProfile& profile
                      const core::ClusterSpec& cluster, int64_t batchSize, const PlanOptions& options) {
   auto start = std::chrono::steady_clock::now();
   auto log = core::logger("Decomposer");
-  log->debug("Planner options: {}", options.toString());
+  log->info("Planner options: {}", options.toString());
   PlanResult result;
   result.blocking = makeBlocking(graph, profile, cluster, batchSize, options);
   const PlanRequest& request = result.blocking.request;
