@@ -9,8 +9,14 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Compute time of stage [first, last] with r devices, or infinity when it cannot fit in memory
-// even recomputed and holding the fewest micro-batches; sets `stop` when no longer stage can fit.
+// The faster of the intra- and inter-node links, for sends whose placement is not known yet.
+core::LinkCost fasterLink(const core::LinkCost& a, const core::LinkCost& b) {
+  return {std::min(a.latencySeconds, b.latencySeconds), std::max(a.bytesPerSecond, b.bytesPerSecond)};
+}
+
+// Compute plus send time of stage [first, last] with r devices over the faster link, or infinity
+// when it cannot fit in memory even recomputed and holding the fewest micro-batches; sets `stop`
+// when no longer stage can fit.
 double frugalStageTime(const CostModel& model, const RangeTotals& range, int first, int last, int r,
                        int microBatches, Schedule schedule, bool* stop) {
   double best = kInf, growing = kInf;
@@ -19,9 +25,12 @@ double frugalStageTime(const CostModel& model, const RangeTotals& range, int fir
     StageEstimate e = model.stage(range, choice, microBatches, schedule);
     growing = std::min(growing, e.totalMemoryBytes - e.commBufferBytes -
                                     (recompute ? e.heldMicroBatches * e.bytesPerHeldMicroBatch : 0));
-    if (e.totalMemoryBytes <= model.memoryLimit())
-      best = std::min(best, range.forwardSeconds.at(static_cast<double>(e.microBatchPerReplica)) +
-                                range.backwardSeconds.at(static_cast<double>(e.microBatchPerReplica)));
+    if (e.totalMemoryBytes > model.memoryLimit()) continue;
+    const core::CommProfile& comm = model.request().comm;
+    const core::LinkCost link = fasterLink(comm.p2pIntraNode, comm.p2pInterNode);
+    const double mb = static_cast<double>(e.microBatchPerReplica);
+    best = std::min(best, range.forwardSeconds.at(mb) + range.backwardSeconds.at(mb) +
+                              link.seconds(e.outputBytes) + link.seconds(e.inputBytes));
   }
   *stop = growing > model.memoryLimit();
   return best;

@@ -3,10 +3,10 @@
 //
 // For blocks [0, a) placed on at most `units` device units, over every split into stages with
 // replica counts from the search's candidates that fit in memory in their most frugal setting:
-//   sum(a, units): the smallest summed compute time of the stages,
-//   max(a, units): the smallest compute time of the slowest stage.
-// Each is minimised on its own, so each bounds every real plan from below (a stage's time is at
-// least its compute; sends only add).
+//   sum(a, units): the smallest summed time of the stages,
+//   max(a, units): the smallest time of the slowest stage,
+// where a stage's time counts its compute and its sends over the faster of the two links. Each is
+// minimised on its own, so each bounds every real plan from below.
 
 #include <vector>
 
