@@ -1,0 +1,160 @@
+// plan_scaling: planning time (grouping + coarsening + search + deployment; the synthetic graph
+// and its profile are built before the clock starts) and peak RSS for BERT-shaped graphs of about
+// 1k, 10k and 100k IR nodes on 8, 64 and 1024 devices, plus the 96-layer BERT on 32 devices.
+// Each case runs in a forked child so its peak RSS is its own; a case over --timeout seconds is
+// reported as such. Prints a table, or one JSON object per case with --json.
+//
+//   plan_scaling [--json] [--timeout SECONDS] [--max-nodes N] [--target-only]
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "decomposer/planner.h"
+#include "decomposer/synthetic.h"
+
+using namespace autostage;
+using namespace autostage::decomposer;
+
+namespace {
+
+struct Case {
+  std::string label;
+  TransformerShape shape;
+  int devices;
+  int64_t batch;
+};
+
+struct Outcome {
+  double planSeconds = -1;
+  double planCpuSeconds = -1;  // this process's CPU time over the same span (the machine is shared)
+  int nodes = 0, blocks = 0, stages = 0, microBatches = 0;
+  double iterationMs = 0;
+  char error[160] = "";
+};
+
+Outcome runCase(const Case& c) {
+  Outcome o;
+  SyntheticModel m = syntheticTransformer(c.shape, DeviceModel{});
+  m.profile.comm.p2pIntraNode = m.profile.comm.allreduceIntraNode = {5e-6, 150e9};
+  m.profile.comm.p2pInterNode = m.profile.comm.allreduceInterNode = {2e-5, 12.5e9};
+  core::ClusterSpec cluster;
+  cluster.devices = c.devices;
+  cluster.devicesPerNode = 8;
+  cluster.memoryPerDevice = int64_t{40} << 30;
+  o.nodes = static_cast<int>(m.graph.nodeCount());
+  try {
+    const std::clock_t cpuStart = std::clock();
+    PlanResult r = planGraph(m.graph, m.profile, cluster, c.batch, PlanOptions{});
+    // planSeconds excludes the simulation planGraph runs after the deployment; so does this,
+    // approximately: the simulation of a few stages is negligible.
+    o.planCpuSeconds = static_cast<double>(std::clock() - cpuStart) / CLOCKS_PER_SEC;
+    o.planSeconds = r.planSeconds;
+    o.blocks = r.blocking.blockCount();
+    o.stages = static_cast<int>(r.plan.stages.size());
+    o.microBatches = r.plan.microBatchCount;
+    o.iterationMs = r.evaluation.iterationSeconds * 1e3;
+  } catch (const Error& e) {
+    std::snprintf(o.error, sizeof o.error, "%s", e.what());
+  }
+  return o;
+}
+
+// Runs the case in a child; returns its outcome and peak RSS in MiB (-1 on timeout or crash).
+Outcome runIsolated(const Case& c, int timeoutSeconds, double* rssMiB) {
+  int fds[2];
+  if (pipe(fds) != 0) std::abort();
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    alarm(static_cast<unsigned>(timeoutSeconds));
+    Outcome o = runCase(c);
+    ssize_t written = write(fds[1], &o, sizeof o);
+    _exit(written == static_cast<ssize_t>(sizeof o) ? 0 : 1);
+  }
+  close(fds[1]);
+  Outcome o;
+  ssize_t got = read(fds[0], &o, sizeof o);
+  close(fds[0]);
+  int status = 0;
+  struct rusage usage {};
+  wait4(pid, &status, 0, &usage);
+  *rssMiB = usage.ru_maxrss / 1024.0;
+  if (got != static_cast<ssize_t>(sizeof o)) {
+    o = Outcome{};
+    std::snprintf(o.error, sizeof o.error, "%s", WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM
+                                                     ? "timeout" : "child failed");
+  }
+  return o;
+}
+
+Case bertCase(int targetNodes, int devices) {
+  Case c;
+  c.shape.hidden = 1024;
+  c.shape.heads = 16;
+  c.shape.sequence = 512;
+  c.shape.layers = std::max(1, (targetNodes - 20) / 76);
+  c.devices = devices;
+  c.batch = std::max<int64_t>(64, 2 * devices);
+  c.label = "bert~" + std::to_string(targetNodes / 1000) + "k";
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false, targetOnly = false;
+  int timeout = 600, maxNodes = 100000;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json")) json = true;
+    else if (!std::strcmp(argv[i], "--target-only")) targetOnly = true;
+    else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--max-nodes") && i + 1 < argc) maxNodes = std::atoi(argv[++i]);
+    else {
+      std::fprintf(stderr, "usage: plan_scaling [--json] [--timeout S] [--max-nodes N] [--target-only]\n");
+      return 2;
+    }
+  }
+  std::vector<Case> cases;
+  Case target;
+  target.label = "bert-96L-2048";
+  target.shape.layers = 96;
+  target.shape.hidden = 2048;
+  target.shape.heads = 32;
+  target.shape.sequence = 512;
+  target.devices = 32;
+  target.batch = 256;
+  cases.push_back(target);
+  if (!targetOnly)
+    for (int nodes : {1000, 10000, 100000})
+      for (int devices : {8, 64, 1024})
+        if (nodes <= maxNodes) cases.push_back(bertCase(nodes, devices));
+  if (!json)
+    std::printf("%-14s %7s %7s %6s %6s %6s %4s %12s %10s %10s %9s\n", "case", "layers", "nodes", "devs",
+                "batch", "blocks", "stg", "iter_ms", "plan_s", "plan_cpu_s", "rss_MiB");
+  for (const Case& c : cases) {
+    double rss = -1;
+    Outcome o = runIsolated(c, timeout, &rss);
+    if (json) {
+      std::printf("{\"case\": \"%s\", \"layers\": %d, \"nodes\": %d, \"devices\": %d, \"batch\": %lld, "
+                  "\"blocks\": %d, \"stages\": %d, \"micro_batches\": %d, \"predicted_iteration_ms\": %.3f, "
+                  "\"plan_seconds\": %.3f, \"plan_cpu_seconds\": %.3f, \"peak_rss_mib\": %.1f, \"error\": \"%s\"}\n",
+                  c.label.c_str(), c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch),
+                  o.blocks, o.stages, o.microBatches, o.iterationMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
+    } else {
+      std::printf("%-14s %7d %7d %6d %6lld %6d %4d %12.2f %10.3f %10.3f %9.1f %s\n", c.label.c_str(),
+                  c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch), o.blocks, o.stages,
+                  o.iterationMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}

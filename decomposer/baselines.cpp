@@ -1,0 +1,121 @@
+// Baselines and the planStages dispatcher.
+#include "decomposer/baselines.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+#include "decomposer/cost_model.h"
+#include "decomposer/dp_stage_search.h"
+
+namespace autostage::decomposer {
+namespace {
+
+using Cuts = std::vector<std::pair<int, int>>;
+
+// Evaluates `cuts` with equal replica counts over every micro-batch count, schedule and recompute
+// flag; keeps the fastest feasible plan in `best`.
+void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestSeconds) {
+  const PlanRequest& request = model.request();
+  const int stages = static_cast<int>(cuts.size());
+  const int replicas = request.devices / stages;
+  if (replicas < 1) return;
+  for (int microBatches : request.options.microBatchCandidates()) {
+    int r = static_cast<int>(std::min<int64_t>(replicas, request.batchSize / microBatches));
+    if (r < 1) continue;
+    for (Schedule schedule : request.options.scheduleCandidates()) {
+      for (bool recompute : {false, true}) {
+        Plan plan;
+        plan.microBatchCount = microBatches;
+        plan.schedule = schedule;
+        for (int s = 0; s < stages; ++s)
+          plan.stages.push_back({cuts[s].first, cuts[s].second, r, s * r, recompute});
+        PlanEvaluation e = evaluatePlanWith(model, plan);
+        if (e.feasible && e.iterationSeconds < bestSeconds) {
+          bestSeconds = e.iterationSeconds;
+          best = plan;
+          best.predictedSeconds = e.iterationSeconds;
+        }
+      }
+    }
+  }
+}
+
+template <typename MakeCuts>
+Plan bestOverStageCounts(const PlanRequest& request, const std::string& name, MakeCuts makeCuts) {
+  request.validate();
+  const int blocks = static_cast<int>(request.blocks.size());
+  int lo = 1, hi = std::min(blocks, request.devices);
+  if (request.options.partitionNum > 0) lo = hi = request.options.partitionNum;
+  Plan best;
+  double bestSeconds = std::numeric_limits<double>::infinity();
+  CostModel model(request);
+  for (int stages = lo; stages <= hi; ++stages) tryCuts(model, makeCuts(stages), best, bestSeconds);
+  AUTOSTAGE_CHECK_AS(PlanError, bestSeconds < std::numeric_limits<double>::infinity(),
+                     "decomposer ", name, ": ", infeasibleMessage(request));
+  best.decomposer = name;
+  return best;
+}
+
+}  // namespace
+
+Cuts uniformCuts(int blocks, int stages) {
+  Cuts cuts;
+  int first = 0;
+  for (int s = 0; s < stages; ++s) {
+    int count = blocks / stages + (s < blocks % stages ? 1 : 0);
+    cuts.push_back({first, first + count - 1});
+    first += count;
+  }
+  return cuts;
+}
+
+Cuts paramBalancedCuts(const PlanRequest& request, int stages) {
+  RangeIndex index(request);
+  const int blocks = index.blockCount();
+  std::vector<double> prefix(blocks + 1, 0);
+  for (int b = 0; b < blocks; ++b) prefix[b + 1] = prefix[b] + index.range(b, b).paramBytes;
+  Cuts cuts;
+  int first = 0;
+  for (int s = 0; s < stages; ++s) {
+    int last = blocks - 1;
+    if (s + 1 < stages) {
+      const double target = prefix[blocks] * (s + 1) / stages;
+      last = first;
+      // Leave one block for each later stage; otherwise take blocks until the target is reached.
+      while (last < blocks - (stages - s) && prefix[last + 1] < target) ++last;
+    }
+    cuts.push_back({first, last});
+    first = last + 1;
+  }
+  return cuts;
+}
+
+Plan planDataParallel(const PlanRequest& request) {
+  PlanRequest single = request;
+  single.options.partitionNum = 1;
+  const int blocks = static_cast<int>(request.blocks.size());
+  return bestOverStageCounts(single, "data_parallel",
+                             [&](int) { return Cuts{{0, blocks - 1}}; });
+}
+
+Plan planUniform(const PlanRequest& request) {
+  const int blocks = static_cast<int>(request.blocks.size());
+  return bestOverStageCounts(request, "uniform", [&](int s) { return uniformCuts(blocks, s); });
+}
+
+Plan planParamBalanced(const PlanRequest& request) {
+  return bestOverStageCounts(request, "param_balanced",
+                             [&](int s) { return paramBalancedCuts(request, s); });
+}
+
+Plan planStages(const PlanRequest& request) {
+  request.validate();
+  const std::string& name = request.options.decomposer;
+  if (name == "data_parallel") return planDataParallel(request);
+  if (name == "uniform") return planUniform(request);
+  if (name == "param_balanced") return planParamBalanced(request);
+  return planDynamicProgramming(request);
+}
+
+}  // namespace autostage::decomposer

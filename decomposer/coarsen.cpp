@@ -1,0 +1,188 @@
+// Group costs, cuts and the greedy merge; see coarsen.h and Note [Merge order].
+#include "decomposer/coarsen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <queue>
+
+#include "core/error.h"
+
+namespace autostage::decomposer {
+namespace {
+
+core::LinearCost& operator+=(core::LinearCost& a, const core::LinearCost& b) {
+  a.fixed += b.fixed;
+  a.perSample += b.perSample;
+  return a;
+}
+
+struct GroupCosts {
+  std::vector<BlockCost> costs;  // one per group; cutBytesAfter = cut after the group
+};
+
+GroupCosts groupCosts(const core::Graph& graph, const core::GraphProfile& profile,
+                      const std::vector<AtomicGroup>& groups) {
+  GroupCosts result;
+  for (const AtomicGroup& g : groups) {
+    BlockCost c;
+    const core::Node& main = graph.node(g.main);
+    c.name = main.scope.empty() ? main.kind : main.scope;
+    // PARAM/CONST nodes carry no batch-dependent cost (core/profile.h): the main node's profile
+    // is the group's.
+    const core::NodeProfile& p = profile.nodes[g.main];
+    c.forwardSeconds = p.forwardSeconds;
+    c.backwardSeconds = p.backwardSeconds;
+    c.activationBytes = p.activationBytes;
+    c.workingBytes = p.workingBytes;
+    result.costs.push_back(c);
+  }
+  // Cuts: a BATCH value produced in group p and last read in group q > p crosses cuts p..q-1.
+  std::vector<int> groupOf(graph.nodeCount(), -1);
+  for (size_t i = 0; i < groups.size(); ++i) groupOf[groups[i].main] = static_cast<int>(i);
+  std::vector<core::LinearCost> delta(groups.size() + 1);
+  for (const core::Value& v : graph.values()) {
+    if (v.producer == core::kNoNode || groupOf[v.producer] < 0) continue;
+    int p = groupOf[v.producer], q = p;
+    for (const core::Use& u : v.uses) q = std::max(q, groupOf[u.node]);
+    if (q == p) continue;
+    core::LinearCost bytes = valueBytes(graph, profile, v.id);
+    delta[p] += bytes;
+    delta[q] += core::LinearCost{-bytes.fixed, -bytes.perSample};
+  }
+  core::LinearCost running;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    running += delta[i];
+    result.costs[i].cutBytesAfter = running;
+  }
+  return result;
+}
+
+// Doubly linked blocks merged through a lazy priority queue of boundary scores.
+std::vector<int> mergeGroups(const std::vector<BlockCost>& groups, int maxBlocks, double batch) {
+  const int n = static_cast<int>(groups.size());
+  std::vector<double> weight(n), cut(n);
+  double smallestCut = INFINITY;
+  for (int i = 0; i < n; ++i) {
+    weight[i] = groups[i].forwardSeconds.at(batch) + groups[i].backwardSeconds.at(batch) + 1e-12;
+    cut[i] = groups[i].cutBytesAfter.at(batch) + 1.0;
+    if (i + 1 < n) smallestCut = std::min(smallestCut, cut[i]);
+  }
+  std::vector<int> next(n), prev(n), version(n, 0);
+  std::vector<char> alive(n, 1);
+  for (int i = 0; i < n; ++i) next[i] = i + 1, prev[i] = i - 1;
+  // Block i is identified by its first group; its last group is next[i] - 1.
+  auto score = [&](int i) {
+    double ratio = smallestCut / cut[next[i] - 1];
+    return (weight[i] + weight[next[i]]) * ratio * ratio;
+  };
+  using Entry = std::tuple<double, int, int>;  // score, block, version
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> queue;
+  for (int i = 0; i + 1 < n; ++i) queue.push({score(i), i, 0});
+  int blocks = n;
+  while (blocks > maxBlocks && !queue.empty()) {
+    auto [s, i, v] = queue.top();
+    queue.pop();
+    if (!alive[i] || v != version[i] || next[i] >= n) continue;
+    int j = next[i];
+    weight[i] += weight[j];
+    alive[j] = 0;
+    next[i] = next[j];
+    if (next[j] < n) prev[next[j]] = i;
+    --blocks;
+    if (next[i] < n) queue.push({score(i), i, ++version[i]});
+    if (prev[i] >= 0) queue.push({score(prev[i]), prev[i], ++version[prev[i]]});
+  }
+  std::vector<int> firsts;
+  for (int i = 0; i < n; i = next[i]) firsts.push_back(i);
+  firsts.push_back(n);
+  return firsts;
+}
+
+// Bytes of a parameter input from its type; 0 when the type does not say.
+double paramBytes(const core::Graph& graph, core::ValueId v) {
+  int64_t bytes = graph.value(v).type.bytes();
+  return bytes > 0 ? static_cast<double>(bytes) : 0.0;
+}
+
+void fillBlocks(const core::Graph& graph, const core::GraphProfile& profile, Blocking& b,
+                const std::vector<BlockCost>& groupCost) {
+  std::map<core::ValueId, std::vector<int>> users;  // param input -> blocks using it
+  bool typedParams = false;
+  for (int blk = 0; blk < b.blockCount(); ++blk) {
+    BlockCost c;
+    const int first = b.blockFirstGroup[blk], end = b.blockFirstGroup[blk + 1];
+    c.name = groupCost[first].name;
+    for (int g = first; g < end; ++g) {
+      const BlockCost& gc = groupCost[g];
+      c.forwardSeconds += gc.forwardSeconds;
+      c.backwardSeconds += gc.backwardSeconds;
+      c.activationBytes += gc.activationBytes;
+      c.workingBytes.fixed = std::max(c.workingBytes.fixed, gc.workingBytes.fixed);
+      c.workingBytes.perSample = std::max(c.workingBytes.perSample, gc.workingBytes.perSample);
+      for (core::ValueId p : b.groups[g].params) {
+        auto& list = users[p];
+        if (list.empty() || list.back() != blk) list.push_back(blk);
+        typedParams = typedParams || paramBytes(graph, p) > 0;
+      }
+    }
+    c.cutBytesAfter = groupCost[end - 1].cutBytesAfter;
+    for (char& ch : c.name)
+      if (ch == ' ' || ch == '\t' || ch == '\n') ch = '_';
+    b.request.blocks.push_back(c);
+  }
+  if (!typedParams) {  // fall back to the profile's per-group parameter bytes
+    for (int blk = 0; blk < b.blockCount(); ++blk)
+      for (int g = b.blockFirstGroup[blk]; g < b.blockFirstGroup[blk + 1]; ++g)
+        b.request.blocks[blk].paramBytes += static_cast<double>(profile.nodes[b.groups[g].main].paramBytes);
+    return;
+  }
+  for (const auto& [param, blocks] : users) {
+    double bytes = paramBytes(graph, param);
+    if (blocks.size() == 1) b.request.blocks[blocks[0]].paramBytes += bytes;
+    else if (bytes > 0) b.request.sharedParams.push_back({bytes, blocks});
+  }
+}
+
+}  // namespace
+
+core::LinearCost valueBytes(const core::Graph& graph, const core::GraphProfile& profile, core::ValueId id) {
+  const core::Value& v = graph.value(id);
+  const core::Type& t = v.type;
+  int64_t bytes = t.bytes();
+  if (bytes >= 0 && t.isTensor()) {
+    if (t.shape().empty() || t.shape()[0] <= 0) return {static_cast<double>(bytes), 0};
+    return {0, static_cast<double>(bytes) / static_cast<double>(t.shape()[0])};
+  }
+  if (!t.isTensor() || v.producer == core::kNoNode) return {8, 0};  // small messages
+  const core::Node& producer = graph.node(v.producer);
+  const core::LinearCost& out = profile.nodes[v.producer].outputBytes;
+  double share = 1.0 / static_cast<double>(producer.outputs.size());
+  return {out.fixed * share, out.perSample * share};
+}
+
+std::vector<core::NodeId> Blocking::stageNodes(int firstBlock, int lastBlock) const {
+  std::vector<core::NodeId> nodes;
+  for (int g = blockFirstGroup[firstBlock]; g < blockFirstGroup[lastBlock + 1]; ++g) {
+    nodes.push_back(groups[g].main);
+    nodes.insert(nodes.end(), groups[g].attached.begin(), groups[g].attached.end());
+  }
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  return nodes;
+}
+
+Blocking buildBlocking(const core::Graph& graph, const core::GraphProfile& profile, int maxBlocks,
+                       double referenceBatch) {
+  AUTOSTAGE_CHECK_AS(PlanError, profile.nodes.size() == graph.nodeCount(), "profile has ",
+                     profile.nodes.size(), " node entries but graph '", graph.name(), "' has ",
+                     graph.nodeCount(), " nodes; profile the same graph (hash ", graph.hash(), ")");
+  Blocking b;
+  b.groups = atomicGroups(graph);
+  GroupCosts costs = groupCosts(graph, profile, b.groups);
+  b.blockFirstGroup = mergeGroups(costs.costs, std::max(1, maxBlocks), referenceBatch);
+  fillBlocks(graph, profile, b, costs.costs);
+  return b;
+}
+
+}  // namespace autostage::decomposer

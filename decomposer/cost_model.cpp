@@ -1,0 +1,155 @@
+// The shared cost model; see Note [Pipeline cost model] in cost_model.h.
+#include "decomposer/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace autostage::decomposer {
+namespace {
+
+constexpr int kMaxParamTableBlocks = 2048;
+
+core::LinearCost operator+(core::LinearCost a, const core::LinearCost& b) {
+  return {a.fixed + b.fixed, a.perSample + b.perSample};
+}
+core::LinearCost operator-(core::LinearCost a, const core::LinearCost& b) {
+  return {a.fixed - b.fixed, a.perSample - b.perSample};
+}
+
+std::vector<std::vector<double>> sparseTable(const std::vector<double>& values) {
+  std::vector<std::vector<double>> table{values};
+  for (size_t width = 2; width <= values.size(); width *= 2) {
+    const auto& prev = table.back();
+    std::vector<double> level(values.size() - width + 1);
+    for (size_t i = 0; i < level.size(); ++i) level[i] = std::max(prev[i], prev[i + width / 2]);
+    table.push_back(std::move(level));
+  }
+  return table;
+}
+
+}  // namespace
+
+RangeIndex::RangeIndex(const PlanRequest& request)
+    : blockCount_(static_cast<int>(request.blocks.size())), shared_(&request.sharedParams) {
+  const int n = blockCount_;
+  forward_.assign(n + 1, {});
+  backward_.assign(n + 1, {});
+  activation_.assign(n + 1, {});
+  ownParams_.assign(n + 1, 0);
+  std::vector<double> wf(n), wp(n);
+  for (int i = 0; i < n; ++i) {
+    const BlockCost& b = request.blocks[i];
+    forward_[i + 1] = forward_[i] + b.forwardSeconds;
+    backward_[i + 1] = backward_[i] + b.backwardSeconds;
+    activation_[i + 1] = activation_[i] + b.activationBytes;
+    ownParams_[i + 1] = ownParams_[i] + b.paramBytes;
+    wf[i] = b.workingBytes.fixed;
+    wp[i] = b.workingBytes.perSample;
+    cutAfter_.push_back(b.cutBytesAfter);
+  }
+  workingFixed_ = sparseTable(wf);
+  workingPerSample_ = sparseTable(wp);
+  if (n > kMaxParamTableBlocks || request.sharedParams.empty()) return;
+  // paramTable_[a * n + b]: shared bytes used by [a, b]. A parameter whose first use at or after
+  // a is block f counts for every b >= f: add at f, then prefix-sum over b.
+  paramTable_.assign(static_cast<size_t>(n) * n, 0);
+  for (int a = 0; a < n; ++a) {
+    double* row = &paramTable_[static_cast<size_t>(a) * n];
+    for (const SharedParam& p : request.sharedParams) {
+      auto it = std::lower_bound(p.blocks.begin(), p.blocks.end(), a);
+      if (it != p.blocks.end()) row[*it] += p.bytes;
+    }
+    for (int b = a + 1; b < n; ++b) row[b] += row[b - 1];
+  }
+}
+
+double RangeIndex::rangeMax(const std::vector<std::vector<double>>& table, int first, int last) const {
+  int length = last - first + 1, level = 0;
+  while ((2 << level) <= length) ++level;
+  return std::max(table[level][first], table[level][last - (1 << level) + 1]);
+}
+
+double RangeIndex::paramBytes(int first, int last) const {
+  double own = ownParams_[last + 1] - ownParams_[first];
+  if (!paramTable_.empty()) return own + paramTable_[static_cast<size_t>(first) * blockCount_ + last];
+  for (const SharedParam& p : *shared_) {
+    auto it = std::lower_bound(p.blocks.begin(), p.blocks.end(), first);
+    if (it != p.blocks.end() && *it <= last) own += p.bytes;
+  }
+  return own;
+}
+
+RangeTotals RangeIndex::range(int first, int last) const {
+  AUTOSTAGE_INTERNAL_ASSERT(0 <= first && first <= last && last < blockCount_, "block range [",
+                            first, ", ", last, "] outside 0..", blockCount_ - 1);
+  RangeTotals r;
+  r.forwardSeconds = forward_[last + 1] - forward_[first];
+  r.backwardSeconds = backward_[last + 1] - backward_[first];
+  r.activationBytes = activation_[last + 1] - activation_[first];
+  r.workingBytes = {rangeMax(workingFixed_, first, last), rangeMax(workingPerSample_, first, last)};
+  r.hasPrevious = first > 0;
+  r.hasNext = last + 1 < blockCount_;
+  if (r.hasPrevious) r.cutIn = cutAfter_[first - 1];
+  if (r.hasNext) r.cutOut = cutAfter_[last];
+  r.paramBytes = paramBytes(first, last);
+  return r;
+}
+
+CostModel::CostModel(const PlanRequest& request)
+    : request_(request), ranges_(request), memoryLimit_(request.memoryLimit()) {}
+
+int64_t CostModel::microBatchPerReplica(int microBatches, int replicaCount) const {
+  int64_t share = static_cast<int64_t>(microBatches) * replicaCount;
+  if (share > request_.batchSize) return 0;
+  return (request_.batchSize + share - 1) / share;
+}
+
+bool CostModel::sameNode(int rankA, int rankB) const {
+  return rankA / request_.devicesPerNode == rankB / request_.devicesPerNode;
+}
+
+StageEstimate CostModel::stage(const StageChoice& choice, int microBatches, Schedule schedule) const {
+  return stage(ranges_.range(choice.firstBlock, choice.lastBlock), choice, microBatches, schedule);
+}
+
+StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choice,
+                               int microBatches, Schedule schedule) const {
+  const core::CommProfile& comm = request_.comm;
+  const int r = choice.replicaCount, first = choice.firstRank;
+  StageEstimate e;
+  e.microBatchPerReplica = microBatchPerReplica(microBatches, r);
+  const double mb = static_cast<double>(e.microBatchPerReplica);
+  e.forwardSeconds = range.forwardSeconds.at(mb);
+  e.backwardSeconds = range.backwardSeconds.at(mb) + (choice.recompute ? e.forwardSeconds : 0);
+  e.inputBytes = range.hasPrevious ? range.cutIn.at(mb) : 0;
+  e.outputBytes = range.hasNext ? range.cutOut.at(mb) : 0;
+  if (range.hasNext) {
+    const auto& link = sameNode(first, first + r) ? comm.p2pIntraNode : comm.p2pInterNode;
+    e.sendForwardSeconds = link.seconds(e.outputBytes);
+  }
+  if (range.hasPrevious) {
+    const auto& link = sameNode(first - 1, first + r - 1) ? comm.p2pIntraNode : comm.p2pInterNode;
+    e.sendBackwardSeconds = link.seconds(e.inputBytes);
+  }
+  e.stageSeconds = e.forwardSeconds + e.backwardSeconds + e.sendForwardSeconds + e.sendBackwardSeconds;
+  e.paramBytes = e.gradientBytes = range.paramBytes;
+  if (r > 1) {
+    const auto& link = sameNode(first, first + r - 1) ? comm.allreduceIntraNode : comm.allreduceInterNode;
+    e.allreduceSeconds = link.seconds(2.0 * (r - 1) / r * range.paramBytes);
+  }
+  e.optimizerBytes = request_.options.optParamFactor * range.paramBytes;
+  e.heldMicroBatches = heldMicroBatches(schedule, microBatches, choice.stagesAfter);
+  const double act = range.activationBytes.at(mb);
+  e.bytesPerHeldMicroBatch = choice.recompute ? e.inputBytes : act;
+  e.activationBytes = e.heldMicroBatches * e.bytesPerHeldMicroBatch + (choice.recompute ? act : 0);
+  e.workingBytes = range.workingBytes.at(mb);
+  e.commBufferBytes = 2 * (e.inputBytes + e.outputBytes);
+  e.baseMemoryBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + (choice.recompute ? act : 0) +
+                      e.workingBytes + e.commBufferBytes;
+  e.totalMemoryBytes = e.baseMemoryBytes + e.heldMicroBatches * e.bytesPerHeldMicroBatch;
+  return e;
+}
+
+}  // namespace autostage::decomposer

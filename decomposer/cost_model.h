@@ -1,0 +1,105 @@
+#pragma once
+// The one cost model shared by the DP planner, the evaluator, the baselines and the simulator.
+//
+// Note [Pipeline cost model]
+// A stage covers blocks [first, last] and is replicated on ranks [firstRank, firstRank + r).
+// Stages sit on ascending rank ranges in pipeline order. With M micro-batches of the global batch
+// B, each replica runs micro-batches of mb = ceil(B / (M r)) samples (the largest share).
+//   forward  F = sum fwd(mb);   backward Bw = sum bwd(mb) (+ F when recomputing)
+//   sendF = p2p(cut after the stage at mb)   (none for the last stage)
+//   sendB = p2p(cut before the stage at mb)  (gradients back; none for the first stage)
+//   stage time t = F + Bw + sendF + sendB    (a transfer occupies its sender)
+//   allreduce AR = lat + 2(r-1)/r * paramBytes / bw (0 when r == 1), after the pipeline flushes
+//   iteration T = sum_s t_s + (M - 1) * period + max_s AR_s, where the steady-state period is
+//     1f1b:  max_s t_s                                   (stages alternate forward and backward)
+//     gpipe: max_s (F + sendF)_s + max_s (Bw + sendB)_s  (all forwards, then all backwards: two
+//            flow shops of identical jobs, each of makespan sum + (M - 1) * max)
+// A p2p transfer is intra-node when the sender's ranks and the neighbouring rank of the next
+// (previous) stage lie on one node; an allreduce is intra-node when its ranks lie on one node.
+// Memory per device: params + grads + opt_param_factor * params
+//   + activations held: all M micro-batches (gpipe) or min(M, stages after + 1) (1f1b), each
+//     act(mb); a recomputing stage holds only its input per micro-batch plus one act(mb)
+//   + working(mb) + communication buffers 2 * (input + output bytes at mb).
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "decomposer/plan.h"
+
+namespace autostage::decomposer {
+
+// Sums over a contiguous block range, O(1) per query after O(n) (or O(n^2) params) setup.
+struct RangeTotals {
+  core::LinearCost forwardSeconds, backwardSeconds, activationBytes, workingBytes;
+  core::LinearCost cutIn, cutOut;  // cut before the first block / after the last block
+  double paramBytes = 0;           // distinct parameters used by the range
+  bool hasPrevious = false, hasNext = false;
+};
+
+class RangeIndex {
+ public:
+  explicit RangeIndex(const PlanRequest& request);
+  RangeTotals range(int first, int last) const;
+  int blockCount() const { return blockCount_; }
+
+ private:
+  double paramBytes(int first, int last) const;
+  double rangeMax(const std::vector<std::vector<double>>& table, int first, int last) const;
+
+  int blockCount_ = 0;
+  std::vector<core::LinearCost> forward_, backward_, activation_;  // prefix sums, size n + 1
+  std::vector<std::vector<double>> workingFixed_, workingPerSample_;  // sparse tables
+  std::vector<core::LinearCost> cutAfter_;
+  std::vector<double> ownParams_;    // prefix sums of block-only parameter bytes
+  std::vector<double> paramTable_;   // n x n shared-parameter bytes (empty for large n)
+  const std::vector<SharedParam>* shared_ = nullptr;
+};
+
+// Where a stage is and how it runs; `stagesAfter` is the number of stages following it.
+struct StageChoice {
+  int firstBlock = 0, lastBlock = 0;
+  int replicaCount = 1, firstRank = 0;
+  bool recompute = false;
+  int stagesAfter = 0;
+};
+
+// Holds a reference to the request, which must outlive it.
+class CostModel {
+ public:
+  explicit CostModel(const PlanRequest& request);
+
+  const PlanRequest& request() const { return request_; }
+  const RangeIndex& ranges() const { return ranges_; }
+  double memoryLimit() const { return memoryLimit_; }
+
+  // Per-replica micro-batch size; 0 when M * r exceeds the global batch (no sample per replica).
+  int64_t microBatchPerReplica(int microBatches, int replicaCount) const;
+  StageEstimate stage(const StageChoice& choice, int microBatches, Schedule schedule) const;
+  StageEstimate stage(const RangeTotals& range, const StageChoice& choice, int microBatches,
+                      Schedule schedule) const;
+  bool sameNode(int rankA, int rankB) const;
+  // Micro-batches whose activations a stage holds at its peak.
+  static int heldMicroBatches(Schedule schedule, int microBatches, int stagesAfter) {
+    return schedule == Schedule::GPipe ? microBatches : std::min(microBatches, stagesAfter + 1);
+  }
+  // The two per-stage times whose maxima add up to the steady-state period (see the Note).
+  static std::pair<double, double> periodParts(const StageEstimate& e, Schedule schedule) {
+    if (schedule == Schedule::OneFOneB) return {e.stageSeconds, 0.0};
+    return {e.forwardSeconds + e.sendForwardSeconds, e.backwardSeconds + e.sendBackwardSeconds};
+  }
+  static double iterationSeconds(double sumStage, double period, double maxAllreduce, int microBatches) {
+    return sumStage + (microBatches - 1) * period + maxAllreduce;
+  }
+
+ private:
+  const PlanRequest& request_;
+  RangeIndex ranges_;
+  double memoryLimit_;
+};
+
+// evaluatePlan with a model already built for the request (saves rebuilding the range index).
+PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan);
+
+}  // namespace autostage::decomposer

@@ -1,0 +1,31 @@
+#pragma once
+// Lower bounds that let the DP stage search prune (Note [Prefix bounds]).
+//
+// For blocks [0, a) placed on at most `units` device units, over every split into stages with
+// replica counts from the search's candidates that fit in memory in their most frugal setting:
+//   sum(a, units): the smallest summed time of the stages,
+//   max(a, units): the smallest time of the slowest stage,
+// where a stage's time counts its compute and its sends over the faster of the two links. Each is
+// minimised on its own, so each bounds every real plan from below.
+
+#include <vector>
+
+#include "decomposer/cost_model.h"
+
+namespace autostage::decomposer {
+
+class PrefixBounds {
+ public:
+  // `replicaUnits` ascending; a replica count is replicaUnits[i] * unit devices.
+  PrefixBounds(const CostModel& model, int microBatches, Schedule schedule, int unit, int units,
+               const std::vector<int>& replicaUnits);
+  double sum(int blocks, int units) const { return sum_[index(blocks, units)]; }
+  double max(int blocks, int units) const { return max_[index(blocks, units)]; }
+
+ private:
+  size_t index(int blocks, int units) const { return static_cast<size_t>(blocks) * (units_ + 1) + units; }
+  int units_;
+  std::vector<double> sum_, max_;
+};
+
+}  // namespace autostage::decomposer

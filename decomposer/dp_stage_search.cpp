@@ -1,0 +1,293 @@
+// The exact DP over the block sequence; see Note [DP search space] in dp_stage_search.h and
+// Note [Pipeline cost model] in cost_model.h.
+#include "decomposer/dp_stage_search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <memory>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "decomposer/baselines.h"
+#include "decomposer/cost_model.h"
+#include "decomposer/dp_bounds.h"
+#include "decomposer/request_merge.h"
+
+namespace autostage::decomposer {
+
+int deviceUnit(int devices) {
+  int unit = 1;
+  while (devices / unit > 64) unit *= 2;
+  return unit;
+}
+
+std::vector<int> replicaCandidates(int units) {
+  std::vector<int> result;
+  for (int r = 1; r <= units; ++r) {
+    bool powerOfTwo = (r & (r - 1)) == 0;
+    bool threeTimesPower = r % 3 == 0 && ((r / 3) & (r / 3 - 1)) == 0;
+    if (units <= 16 || r <= 8 || powerOfTwo || threeTimesPower || r == units) result.push_back(r);
+  }
+  return result;
+}
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A partial plan for a suffix of the blocks. `previous*` point to the label it extends.
+struct Label {
+  double sum = 0, maxFirst = 0, maxSecond = 0, maxAllreduce = 0;  // see CostModel::periodParts
+  int stages = 0;  // stages in the suffix, capped (see SuffixSearch::kCap_)
+  int previousCell = -1, previousLabel = -1;
+  int replicaUnits = 0;
+  bool recompute = false;
+};
+
+struct Best {
+  double seconds = kInf;
+  Plan plan;
+};
+
+// Note [Label dominance]
+// Two labels of one cell (same first block, same devices used) have the same futures. A is at
+// least as good as B for every future when (1) it leaves the earlier stages no more activation to
+// hold (fewer stages after them for 1f1b; equal counts when partition_num is forced) and (2)
+//   A.sum + (M-1) * (max(0, A.maxFirst - B.maxFirst) + max(0, A.maxSecond - B.maxSecond))
+//         + max(0, A.maxAllreduce - B.maxAllreduce) <= B.sum,
+// since a future adds the same stage times to both and max(a, x) - max(b, x) <= max(0, a - b).
+class SuffixSearch {
+ public:
+  SuffixSearch(const CostModel& model, int microBatches, Schedule schedule, Best& best)
+      : model_(model), request_(model.request()), microBatches_(microBatches), schedule_(schedule),
+        best_(best) {
+    blocks_ = model.ranges().blockCount();
+    unit_ = deviceUnit(request_.devices);
+    units_ = request_.devices / unit_;
+    forcedStages_ = request_.options.partitionNum;
+    kCap_ = forcedStages_ > 0 ? forcedStages_
+                              : (schedule == Schedule::OneFOneB ? std::max(0, microBatches - 1) : 0);
+    for (int r : replicaCandidates(units_))
+      if (model.microBatchPerReplica(microBatches, r * unit_) > 0) replicas_.push_back(r);
+    cells_.resize(static_cast<size_t>(blocks_ + 1) * (units_ + 1));
+    bounds_ = std::make_unique<PrefixBounds>(model, microBatches, schedule, unit_, units_, replicas_);
+  }
+
+  // Whether this micro-batch count can beat the best plan so far at all.
+  bool promising() const {
+    return !replicas_.empty() &&
+           CostModel::iterationSeconds(bounds_->sum(blocks_, units_), bounds_->max(blocks_, units_), 0,
+                                       microBatches_) < best_.seconds;
+  }
+
+  void run() {
+    cells_[cellIndex(blocks_, 0)].push_back(Label{});
+    std::vector<RangeTotals> ranges(blocks_);
+    for (int a = blocks_; a > 0; --a) {
+      for (int first = 0; first < a; ++first) ranges[first] = model_.ranges().range(first, a - 1);
+      for (int u = 0; u <= units_; ++u) {
+        const int source = cellIndex(a, u);
+        if (cells_[source].empty()) continue;
+        for (int r : replicas_) {
+          if (u + r > units_) break;
+          for (bool recompute : {false, true}) extend(ranges, source, a, u, r, recompute);
+        }
+      }
+    }
+    collect();
+  }
+
+ private:
+  int cellIndex(int a, int u) const { return a * (units_ + 1) + u; }
+
+  bool dominates(const Label& a, const Label& b) const {
+    if (forcedStages_ > 0 ? a.stages != b.stages : a.stages > b.stages) return false;
+    const double period = std::max(0.0, a.maxFirst - b.maxFirst) + std::max(0.0, a.maxSecond - b.maxSecond);
+    return a.sum + (microBatches_ - 1) * period + std::max(0.0, a.maxAllreduce - b.maxAllreduce) <= b.sum;
+  }
+
+  void insert(std::vector<Label>& cell, const Label& label) const {
+    for (const Label& l : cell)
+      if (dominates(l, label)) return;
+    cell.erase(std::remove_if(cell.begin(), cell.end(), [&](const Label& l) { return dominates(label, l); }),
+               cell.end());
+    cell.push_back(label);
+  }
+
+  // Prepends stages [first, a-1] for every first < a, with r units, to the labels of `source`.
+  void extend(const std::vector<RangeTotals>& ranges, int source, int a, int u, int r, bool recompute) {
+    const std::vector<Label>& labels = cells_[source];
+    int fewestStages = kCap_;
+    double smallestSum = kInf;
+    for (const Label& l : labels) fewestStages = std::min(fewestStages, l.stages), smallestSum = std::min(smallestSum, l.sum);
+    const int firstRank = request_.devices - (u + r) * unit_;
+    const double limit = model_.memoryLimit();
+    const double globalMaxBound = bounds_->max(blocks_, units_);
+    for (int first = a - 1; first >= 0; --first) {
+      StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, fewestStages};
+      StageEstimate e = model_.stage(ranges[first], choice, microBatches_, schedule_);
+      // Parameters, activations and working memory only grow as the stage grows, and so does its
+      // compute time: stop when either rules out every label.
+      const double growing = e.totalMemoryBytes - e.commBufferBytes -
+                             (recompute ? e.heldMicroBatches * e.bytesPerHeldMicroBatch : 0);
+      if (growing > limit) break;
+      if (smallestSum + (microBatches_ - 1) * (e.forwardSeconds + e.backwardSeconds) >= best_.seconds) break;
+      const int target = cellIndex(first, u + r);
+      const std::pair<double, double> parts = CostModel::periodParts(e, schedule_);
+      const double prefixSum = bounds_->sum(first, units_ - u - r);
+      const double prefixMax = std::max(globalMaxBound, bounds_->max(first, units_ - u - r));
+      if (prefixSum == kInf) continue;
+      for (size_t i = 0; i < labels.size(); ++i) {
+        const Label& from = labels[i];
+        const int held = CostModel::heldMicroBatches(schedule_, microBatches_, from.stages);
+        if (e.baseMemoryBytes + held * e.bytesPerHeldMicroBatch > limit) continue;
+        Label next{from.sum + e.stageSeconds, std::max(from.maxFirst, parts.first),
+                   std::max(from.maxSecond, parts.second), std::max(from.maxAllreduce, e.allreduceSeconds),
+                   std::min(from.stages + 1, kCap_), source, static_cast<int>(i), r, recompute};
+        if (forcedStages_ > 0 && from.stages + 1 > forcedStages_) continue;
+        double bound = CostModel::iterationSeconds(
+            next.sum + prefixSum, std::max(next.maxFirst + next.maxSecond, prefixMax), next.maxAllreduce,
+            microBatches_);
+        if (bound >= best_.seconds) continue;
+        insert(cells_[target], next);
+      }
+    }
+  }
+
+  void collect() {
+    for (int u = 1; u <= units_; ++u) {
+      const int cell = cellIndex(0, u);
+      for (size_t i = 0; i < cells_[cell].size(); ++i) {
+        const Label& l = cells_[cell][i];
+        if (forcedStages_ > 0 && l.stages != forcedStages_) continue;
+        double seconds = CostModel::iterationSeconds(l.sum, l.maxFirst + l.maxSecond, l.maxAllreduce, microBatches_);
+        if (seconds < best_.seconds) best_ = {seconds, reconstruct(cell, static_cast<int>(i))};
+      }
+    }
+  }
+
+  Plan reconstruct(int cell, int label) const {
+    Plan plan;
+    plan.microBatchCount = microBatches_;
+    plan.schedule = schedule_;
+    int block = 0;
+    while (cells_[cell][label].previousCell >= 0) {
+      const Label& l = cells_[cell][label];
+      const int sourceBlock = l.previousCell / (units_ + 1);
+      plan.stages.push_back({block, sourceBlock - 1, l.replicaUnits * unit_, 0, l.recompute});
+      block = sourceBlock;
+      cell = l.previousCell;
+      label = l.previousLabel;
+    }
+    int rank = request_.devices;
+    for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
+    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
+    return plan;
+  }
+
+  const CostModel& model_;
+  const PlanRequest& request_;
+  const int microBatches_;
+  const Schedule schedule_;
+  Best& best_;
+  int blocks_ = 0, unit_ = 1, units_ = 1, forcedStages_ = 0, kCap_ = 0;
+  std::vector<int> replicas_;
+  std::vector<std::vector<Label>> cells_;
+  std::unique_ptr<PrefixBounds> bounds_;  // Note [Prefix bounds] in dp_bounds.h
+};
+
+// Note [Schedule choice]
+// In the cost model gpipe never takes less time than 1f1b (max F' + max B' >= max (F' + B')) and
+// never holds fewer activations, so
+// with schedule=auto a 1f1b plan is always at least as good: only 1f1b is searched. A forced
+// schedule is searched as given.
+std::vector<Schedule> searchedSchedules(const PlanOptions& options) {
+  if (options.schedule == "auto") return {Schedule::OneFOneB};
+  return options.scheduleCandidates();
+}
+
+// The best baseline plan, moved onto the DP's rank layout (ending at the last rank), as the first
+// incumbent: the search then only keeps partial plans that can beat it.
+Best seedFromBaselines(const PlanRequest& request, const CostModel& model) {
+  Best best;
+  using Planner = Plan (*)(const PlanRequest&);
+  std::vector<Planner> planners{planUniform, planParamBalanced};
+  if (request.options.partitionNum <= 1) planners.push_back(planDataParallel);
+  for (Planner planner : planners) {
+    Plan plan;
+    try {
+      plan = planner(request);
+    } catch (const PlanError&) {
+      continue;
+    }
+    int rank = request.devices;
+    for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
+    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
+    PlanEvaluation e = evaluatePlanWith(model, plan);
+    if (e.feasible && e.iterationSeconds < best.seconds) best = {e.iterationSeconds, plan};
+  }
+  return best;
+}
+
+
+// Runs the search for every micro-batch count and schedule, improving `best`.
+void searchAll(const CostModel& model, Best& best, bool logProgress) {
+  const PlanOptions& options = model.request().options;
+  auto log = core::logger("DPStaging");
+  auto start = std::chrono::steady_clock::now();
+  // Large micro-batch counts first: they usually win, and a good incumbent prunes the rest.
+  std::vector<int> microBatchCounts = options.microBatchCandidates();
+  std::reverse(microBatchCounts.begin(), microBatchCounts.end());
+  for (int microBatches : microBatchCounts) {
+    for (Schedule schedule : searchedSchedules(options)) {
+      SuffixSearch search(model, microBatches, schedule, best);
+      if (search.promising()) search.run();
+      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (logProgress && elapsed > 2.0)
+        log->info("Searching: pipeline={} schedule={} done after {:.1f} s, best so far {:.6f} s",
+                  microBatches, scheduleName(schedule), elapsed, best.seconds);
+    }
+  }
+}
+
+// Note [First plan]
+// The search prunes with the best plan found so far, so a good first plan makes it much faster.
+// It comes from the baselines, then from the same search over the request merged to 32, 64, ...
+// blocks (a plan of a merged request is a plan of the full one), each level seeding the next; the
+// full search then only keeps partial plans that can beat it, and stays exact.
+constexpr int kFirstMergedBlocks = 32;
+
+Best firstPlan(const PlanRequest& request, const CostModel& model) {
+  Best best = seedFromBaselines(request, model);
+  const int blocks = static_cast<int>(request.blocks.size());
+  for (int level = kFirstMergedBlocks; 2 * level <= blocks; level *= 2) {
+    MergedRequest merged = mergeRequestBlocks(request, level);
+    CostModel mergedModel(merged.request);
+    Best coarse;
+    if (best.seconds < kInf) {  // carry the incumbent's value; its plan may not fit this level
+      coarse.seconds = best.seconds;
+    }
+    searchAll(mergedModel, coarse, false);
+    if (coarse.plan.stages.empty()) continue;
+    Plan plan = expandPlan(merged, coarse.plan);
+    PlanEvaluation e = evaluatePlanWith(model, plan);
+    if (e.feasible && e.iterationSeconds < best.seconds) best = {e.iterationSeconds, plan};
+  }
+  return best;
+}
+
+}  // namespace
+
+Plan planDynamicProgramming(const PlanRequest& request) {
+  request.validate();
+  CostModel model(request);
+  Best best = firstPlan(request, model);
+  searchAll(model, best, true);
+  AUTOSTAGE_CHECK_AS(PlanError, best.seconds < kInf, infeasibleMessage(request));
+  best.plan.decomposer = "dp";
+  best.plan.predictedSeconds = best.seconds;
+  return best.plan;
+}
+
+}  // namespace autostage::decomposer

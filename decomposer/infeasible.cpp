@@ -1,0 +1,57 @@
+// The "no feasible plan" message: what memory would be needed and which options to change.
+#include <algorithm>
+#include <sstream>
+
+#include "decomposer/cost_model.h"
+#include "decomposer/dp_stage_search.h"
+
+namespace autostage::decomposer {
+namespace {
+
+// Smallest memory block `b` needs as a stage of its own over every replica count, micro-batch
+// count and recompute setting, holding a single micro-batch (a lower bound for any stage with b).
+double smallestBlockMemory(const CostModel& model, int b) {
+  const PlanRequest& request = model.request();
+  double best = -1;
+  for (int microBatches : request.options.microBatchCandidates()) {
+    for (int r = 1; r <= request.devices; ++r) {
+      if (model.microBatchPerReplica(microBatches, r) == 0) break;
+      for (bool recompute : {false, true}) {
+        StageChoice choice{b, b, r, 0, recompute, 0};
+        double m = model.stage(choice, microBatches, Schedule::OneFOneB).totalMemoryBytes;
+        if (best < 0 || m < best) best = m;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string infeasibleMessage(const PlanRequest& request) {
+  CostModel model(request);
+  double needed = 0, largestParams = -1;
+  int neediest = 0, largest = 0;
+  for (int b = 0; b < model.ranges().blockCount(); ++b) {
+    double m = smallestBlockMemory(model, b);
+    if (m > needed) needed = m, neediest = b;
+    double params = model.ranges().range(b, b).paramBytes;
+    if (params > largestParams) largestParams = params, largest = b;
+  }
+  const double margin = 1.0 - request.options.memMargin;
+  std::ostringstream out;
+  out << "no plan fits in " << model.memoryLimit() << " bytes per device (device memory "
+      << (request.options.memLimitGb > 0 ? request.options.memLimitGb * 1073741824.0 : request.deviceMemory)
+      << " bytes, mem_margin " << request.options.memMargin << ", " << request.devices
+      << " devices, batch " << request.batchSize << "). The smallest per-device memory that could "
+      << "work is at least " << needed / margin << " bytes: block " << neediest << " ("
+      << request.blocks[neediest].name << ") needs " << needed
+      << " bytes even alone, recomputed, with the most replicas and micro-batches. The largest "
+      << "indivisible block is block " << largest << " (" << request.blocks[largest].name << ") with "
+      << largestParams << " parameter bytes. To fix: give more device memory (mem_limit_gb / "
+      << "--device-memory), lower mem_margin or opt_param_factor, raise max_pipeline, use more "
+      << "devices, a smaller batch, or raise max_blocks so large blocks can be split.";
+  return out.str();
+}
+
+}  // namespace autostage::decomposer

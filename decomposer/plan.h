@@ -1,0 +1,140 @@
+#pragma once
+// The planner's request and answer types (STYLE.md §6: request -> result, independent evaluator).
+//
+// A PlanRequest is self-contained: the block sequence with its costs, the communication profile,
+// the cluster shape, the global batch and the options. Its text form (toText/parse) lets a bad
+// plan be replayed without the graph. Everything is plain data; no torch, no MPI.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/profile.h"
+
+namespace autostage::decomposer {
+
+enum class Schedule { GPipe, OneFOneB };
+std::string scheduleName(Schedule schedule);  // "gpipe", "1f1b"
+// Parses "gpipe" or "1f1b"; throws ConfigError naming the bad text.
+Schedule parseSchedule(const std::string& text);
+
+// Planner options; the keys of the same names in core/config.cpp.
+struct PlanOptions {
+  std::string decomposer = "dp";  // dp | data_parallel | uniform | param_balanced
+  int maxBlocks = 256;
+  int partitionNum = 0;  // 0: free stage count
+  int pipelineNum = 0;   // 0: free micro-batch count
+  int minPipeline = 1;
+  int maxPipeline = 32;
+  std::string schedule = "auto";  // gpipe | 1f1b | auto
+  double memLimitGb = 0;          // 0: the device's own memory
+  double memMargin = 0.1;
+  double optParamFactor = 2;
+
+  // Throws ConfigError naming the first bad field, the value and the valid range.
+  void validate() const;
+  std::string toString() const;  // `key=value` pairs separated by spaces, config key names
+  static PlanOptions fromConfig(const core::Config& config);
+  // Micro-batch counts the search tries: powers of two in [minPipeline, maxPipeline], or
+  // exactly pipelineNum when forced.
+  std::vector<int> microBatchCandidates() const;
+  std::vector<Schedule> scheduleCandidates() const;
+};
+
+// Costs of one block of the linear block sequence. Times and bytes grow with the per-replica
+// micro-batch size (`fixed + perSample * batch`).
+struct BlockCost {
+  std::string name;  // for logs, e.g. the module scope of the block's first node
+  core::LinearCost forwardSeconds;
+  core::LinearCost backwardSeconds;
+  core::LinearCost activationBytes;
+  // Peak temporary bytes: the largest fixed part and the largest per-sample part of the block's
+  // node groups (a safe upper bound of the max of linear functions).
+  core::LinearCost workingBytes;
+  core::LinearCost cutBytesAfter;  // bytes of BATCH values crossing the boundary after this block
+  double paramBytes = 0;           // bytes of parameters used by this block only
+};
+
+// A parameter used by several blocks (e.g. a tied embedding): held once by every stage using it.
+struct SharedParam {
+  double bytes = 0;
+  std::vector<int> blocks;  // ascending block indices
+};
+
+struct PlanRequest {
+  std::vector<BlockCost> blocks;
+  std::vector<SharedParam> sharedParams;
+  core::CommProfile comm;
+  int devices = 1;
+  int devicesPerNode = 1;
+  double deviceMemory = 0;  // bytes per device
+  int64_t batchSize = 1;    // global batch
+  PlanOptions options;
+
+  // Bytes usable per device: (mem_limit_gb or deviceMemory) * (1 - mem_margin).
+  double memoryLimit() const;
+  // Throws PlanError/ConfigError naming the first bad field.
+  void validate() const;
+  std::string toText() const;
+  static PlanRequest parse(const std::string& text);  // throws FormatError with the line
+};
+
+// One stage: a contiguous block range, replicated on ranks [firstRank, firstRank+replicaCount).
+struct StagePlan {
+  int firstBlock = 0;
+  int lastBlock = 0;  // inclusive
+  int replicaCount = 1;
+  int firstRank = 0;
+  bool recompute = false;
+  bool operator==(const StagePlan& o) const {
+    return firstBlock == o.firstBlock && lastBlock == o.lastBlock &&
+           replicaCount == o.replicaCount && firstRank == o.firstRank && recompute == o.recompute;
+  }
+};
+
+struct Plan {
+  std::string decomposer = "dp";
+  std::vector<StagePlan> stages;  // pipeline order, covering blocks 0..n-1
+  int microBatchCount = 1;
+  Schedule schedule = Schedule::GPipe;
+  double predictedSeconds = 0;  // the planner's own objective
+  std::string toString() const;
+};
+
+// Per-stage prediction of the cost model (decomposer/cost_model.h).
+struct StageEstimate {
+  int64_t microBatchPerReplica = 0;
+  double forwardSeconds = 0;   // compute only
+  double backwardSeconds = 0;  // compute, including recomputation
+  double sendForwardSeconds = 0;   // activations to the next stage, per micro-batch
+  double sendBackwardSeconds = 0;  // gradients to the previous stage, per micro-batch
+  double stageSeconds = 0;         // all four above: one micro-batch's occupation of the stage
+  double allreduceSeconds = 0;
+  double inputBytes = 0, outputBytes = 0;  // at the per-replica micro-batch
+  double paramBytes = 0, gradientBytes = 0, optimizerBytes = 0;
+  double activationBytes = 0;  // held by the schedule at its peak
+  double workingBytes = 0, commBufferBytes = 0;
+  double totalMemoryBytes = 0;
+  int heldMicroBatches = 0;
+  // totalMemoryBytes = baseMemoryBytes + heldMicroBatches * bytesPerHeldMicroBatch.
+  double baseMemoryBytes = 0;
+  double bytesPerHeldMicroBatch = 0;
+};
+
+struct PlanEvaluation {
+  bool feasible = false;
+  std::string problem;  // why not feasible
+  double iterationSeconds = 0;
+  double pipelineSeconds = 0;
+  double allreduceSeconds = 0;
+  double peakMemoryBytes = 0;
+  std::vector<StageEstimate> stages;
+};
+
+// The planner (dispatches on options.decomposer) and the independent evaluator.
+// planStages throws PlanError when no plan satisfies the memory limit (see infeasibleMessage).
+struct Plan planStages(const PlanRequest& request);
+PlanEvaluation evaluatePlan(const PlanRequest& request, const Plan& plan);
+
+}  // namespace autostage::decomposer

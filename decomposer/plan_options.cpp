@@ -1,0 +1,93 @@
+// PlanOptions: validation, text form, config reading, and the search candidates they imply.
+#include <sstream>
+
+#include "core/error.h"
+#include "decomposer/plan.h"
+
+namespace autostage::decomposer {
+
+std::string scheduleName(Schedule schedule) {
+  return schedule == Schedule::GPipe ? "gpipe" : "1f1b";
+}
+
+Schedule parseSchedule(const std::string& text) {
+  if (text == "gpipe") return Schedule::GPipe;
+  if (text == "1f1b") return Schedule::OneFOneB;
+  throw ConfigError("schedule '" + text + "' is unknown; use gpipe or 1f1b");
+}
+
+void PlanOptions::validate() const {
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     decomposer == "dp" || decomposer == "data_parallel" || decomposer == "uniform" ||
+                         decomposer == "param_balanced",
+                     "option decomposer='", decomposer,
+                     "' is unknown; use dp, data_parallel, uniform or param_balanced");
+  AUTOSTAGE_CHECK_AS(ConfigError, maxBlocks >= 1, "option max_blocks=", maxBlocks,
+                     " must be at least 1 (default 256)");
+  AUTOSTAGE_CHECK_AS(ConfigError, partitionNum >= 0, "option partition_num=", partitionNum,
+                     " must be 0 (planner chooses) or a positive stage count");
+  AUTOSTAGE_CHECK_AS(ConfigError, pipelineNum >= 0, "option pipeline_num=", pipelineNum,
+                     " must be 0 (planner chooses) or a positive micro-batch count");
+  AUTOSTAGE_CHECK_AS(ConfigError, minPipeline >= 1 && maxPipeline >= minPipeline,
+                     "options min_pipeline=", minPipeline, " and max_pipeline=", maxPipeline,
+                     " must satisfy 1 <= min_pipeline <= max_pipeline");
+  AUTOSTAGE_CHECK_AS(ConfigError, schedule == "auto" || schedule == "gpipe" || schedule == "1f1b",
+                     "option schedule='", schedule, "' is unknown; use gpipe, 1f1b or auto");
+  AUTOSTAGE_CHECK_AS(ConfigError, memLimitGb >= 0, "option mem_limit_gb=", memLimitGb,
+                     " must be >= 0 (0: use the device's memory)");
+  AUTOSTAGE_CHECK_AS(ConfigError, memMargin >= 0 && memMargin < 1, "option mem_margin=", memMargin,
+                     " must be in [0, 1)");
+  AUTOSTAGE_CHECK_AS(ConfigError, optParamFactor >= 0, "option opt_param_factor=", optParamFactor,
+                     " must be >= 0 (2 for Adam, 0 for SGD)");
+}
+
+std::string PlanOptions::toString() const {
+  std::ostringstream out;
+  out << "decomposer=" << decomposer << " max_blocks=" << maxBlocks
+      << " partition_num=" << partitionNum << " pipeline_num=" << pipelineNum
+      << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
+      << " schedule=" << schedule << " mem_limit_gb=" << memLimitGb
+      << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor;
+  return out.str();
+}
+
+PlanOptions PlanOptions::fromConfig(const core::Config& config) {
+  PlanOptions o;
+  o.decomposer = config.getString("decomposer");
+  o.maxBlocks = static_cast<int>(config.getInt("max_blocks"));
+  o.partitionNum = static_cast<int>(config.getInt("partition_num"));
+  o.pipelineNum = static_cast<int>(config.getInt("pipeline_num"));
+  o.minPipeline = static_cast<int>(config.getInt("min_pipeline"));
+  o.maxPipeline = static_cast<int>(config.getInt("max_pipeline"));
+  o.schedule = config.getString("schedule");
+  o.memLimitGb = config.getFloat("mem_limit_gb");
+  o.memMargin = config.getFloat("mem_margin");
+  o.optParamFactor = config.getFloat("opt_param_factor");
+  o.validate();
+  return o;
+}
+
+std::vector<int> PlanOptions::microBatchCandidates() const {
+  if (pipelineNum > 0) return {pipelineNum};
+  std::vector<int> result;
+  for (int m = 1; m <= maxPipeline; m *= 2)
+    if (m >= minPipeline) result.push_back(m);
+  return result;
+}
+
+std::vector<Schedule> PlanOptions::scheduleCandidates() const {
+  if (schedule == "auto") return {Schedule::GPipe, Schedule::OneFOneB};
+  return {parseSchedule(schedule)};
+}
+
+std::string Plan::toString() const {
+  std::ostringstream out;
+  out << decomposer << " micro_batches=" << microBatchCount << " schedule="
+      << scheduleName(schedule) << " predicted=" << predictedSeconds << "s stages:";
+  for (const StagePlan& s : stages)
+    out << " [" << s.firstBlock << ".." << s.lastBlock << " x" << s.replicaCount << " @"
+        << s.firstRank << (s.recompute ? " rc" : "") << "]";
+  return out.str();
+}
+
+}  // namespace autostage::decomposer

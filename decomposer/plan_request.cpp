@@ -1,0 +1,154 @@
+// PlanRequest: memory limit, validation and the replayable text form.
+#include <iomanip>
+#include <sstream>
+
+#include "core/error.h"
+#include "decomposer/plan.h"
+
+namespace autostage::decomposer {
+
+double PlanRequest::memoryLimit() const {
+  double memory = options.memLimitGb > 0 ? options.memLimitGb * 1024.0 * 1024.0 * 1024.0 : deviceMemory;
+  return memory * (1.0 - options.memMargin);
+}
+
+void PlanRequest::validate() const {
+  options.validate();
+  AUTOSTAGE_CHECK_AS(PlanError, !blocks.empty(), "plan request has no blocks; the graph has no ",
+                     "BATCH nodes to place (is any model input marked BATCH?)");
+  AUTOSTAGE_CHECK_AS(PlanError, devices >= 1 && devicesPerNode >= 1, "plan request: devices=",
+                     devices, " devices_per_node=", devicesPerNode, "; both must be >= 1");
+  AUTOSTAGE_CHECK_AS(PlanError, batchSize >= 1, "plan request: batch size ", batchSize,
+                     " must be >= 1");
+  AUTOSTAGE_CHECK_AS(PlanError, memoryLimit() > 0, "plan request: device memory ", deviceMemory,
+                     " bytes (mem_limit_gb=", options.memLimitGb,
+                     ") leaves no usable memory; give the device memory or mem_limit_gb");
+  for (const SharedParam& p : sharedParams)
+    for (int b : p.blocks)
+      AUTOSTAGE_CHECK_AS(PlanError, b >= 0 && b < static_cast<int>(blocks.size()),
+                         "plan request: shared parameter refers to block ", b, " of ",
+                         blocks.size());
+}
+
+namespace {
+
+void writeLinear(std::ostream& out, const core::LinearCost& c) { out << ' ' << c.fixed << ' ' << c.perSample; }
+void writeLink(std::ostream& out, const core::LinkCost& c) { out << ' ' << c.latencySeconds << ' ' << c.bytesPerSecond; }
+
+template <typename T>
+void readField(std::istringstream& in, T& value, int line) {
+  if (!(in >> value))
+    throw FormatError("plan request text, line " + std::to_string(line) + ": missing or bad field");
+}
+void readLinear(std::istringstream& in, core::LinearCost& c, int line) {
+  readField(in, c.fixed, line);
+  readField(in, c.perSample, line);
+}
+void readLink(std::istringstream& in, core::LinkCost& c, int line) {
+  readField(in, c.latencySeconds, line);
+  readField(in, c.bytesPerSecond, line);
+}
+
+void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
+  std::string item;
+  while (in >> item) {
+    size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      throw FormatError("plan request text, line " + std::to_string(line) + ": option '" + item +
+                        "' is not key=value");
+    std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "decomposer") o.decomposer = v;
+    else if (key == "max_blocks") o.maxBlocks = std::stoi(v);
+    else if (key == "partition_num") o.partitionNum = std::stoi(v);
+    else if (key == "pipeline_num") o.pipelineNum = std::stoi(v);
+    else if (key == "min_pipeline") o.minPipeline = std::stoi(v);
+    else if (key == "max_pipeline") o.maxPipeline = std::stoi(v);
+    else if (key == "schedule") o.schedule = v;
+    else if (key == "mem_limit_gb") o.memLimitGb = std::stod(v);
+    else if (key == "mem_margin") o.memMargin = std::stod(v);
+    else if (key == "opt_param_factor") o.optParamFactor = std::stod(v);
+    else throw FormatError("plan request text, line " + std::to_string(line) + ": unknown option '" + key + "'");
+  }
+}
+
+}  // namespace
+
+std::string PlanRequest::toText() const {
+  std::ostringstream out;
+  out << std::setprecision(17);
+  out << "autostage-plan-request 1\n";
+  out << "cluster " << devices << ' ' << devicesPerNode << ' ' << deviceMemory << ' ' << batchSize << '\n';
+  out << "options " << options.toString() << '\n';
+  out << "comm";
+  writeLink(out, comm.p2pIntraNode);
+  writeLink(out, comm.p2pInterNode);
+  writeLink(out, comm.allreduceIntraNode);
+  writeLink(out, comm.allreduceInterNode);
+  out << ' ' << (comm.measured ? 1 : 0) << '\n';
+  for (const BlockCost& b : blocks) {
+    out << "block " << (b.name.empty() ? "-" : b.name);
+    for (const auto* c : {&b.forwardSeconds, &b.backwardSeconds, &b.activationBytes,
+                          &b.workingBytes, &b.cutBytesAfter})
+      writeLinear(out, *c);
+    out << ' ' << b.paramBytes << '\n';
+  }
+  for (const SharedParam& p : sharedParams) {
+    out << "shared " << p.bytes;
+    for (int b : p.blocks) out << ' ' << b;
+    out << '\n';
+  }
+  return out.str();
+}
+
+PlanRequest PlanRequest::parse(const std::string& text) {
+  PlanRequest r;
+  std::istringstream lines(text);
+  std::string lineText;
+  int line = 0;
+  while (std::getline(lines, lineText)) {
+    ++line;
+    std::istringstream in(lineText);
+    std::string tag;
+    if (!(in >> tag)) continue;
+    if (tag == "autostage-plan-request") {
+      int version = 0;
+      readField(in, version, line);
+      AUTOSTAGE_CHECK_AS(FormatError, version == 1, "plan request text version ", version,
+                         " is not supported (expected 1)");
+    } else if (tag == "cluster") {
+      readField(in, r.devices, line);
+      readField(in, r.devicesPerNode, line);
+      readField(in, r.deviceMemory, line);
+      readField(in, r.batchSize, line);
+    } else if (tag == "options") {
+      parseOptions(in, r.options, line);
+    } else if (tag == "comm") {
+      for (auto* c : {&r.comm.p2pIntraNode, &r.comm.p2pInterNode, &r.comm.allreduceIntraNode,
+                      &r.comm.allreduceInterNode})
+        readLink(in, *c, line);
+      int measured = 0;
+      readField(in, measured, line);
+      r.comm.measured = measured != 0;
+    } else if (tag == "block") {
+      BlockCost b;
+      readField(in, b.name, line);
+      if (b.name == "-") b.name.clear();
+      for (auto* c : {&b.forwardSeconds, &b.backwardSeconds, &b.activationBytes, &b.workingBytes,
+                      &b.cutBytesAfter})
+        readLinear(in, *c, line);
+      readField(in, b.paramBytes, line);
+      r.blocks.push_back(b);
+    } else if (tag == "shared") {
+      SharedParam p;
+      readField(in, p.bytes, line);
+      int b = 0;
+      while (in >> b) p.blocks.push_back(b);
+      r.sharedParams.push_back(p);
+    } else {
+      throw FormatError("plan request text, line " + std::to_string(line) + ": unknown record '" + tag + "'");
+    }
+  }
+  return r;
+}
+
+}  // namespace autostage::decomposer

@@ -1,0 +1,75 @@
+// planGraph and the partition log; see planner.h.
+#include "decomposer/planner.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "decomposer/deployment_builder.h"
+
+namespace autostage::decomposer {
+
+Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profile,
+                      const core::ClusterSpec& cluster, int64_t batchSize, const PlanOptions& options) {
+  options.validate();
+  AUTOSTAGE_CHECK_AS(ConfigError, cluster.devices >= 1 && cluster.devicesPerNode >= 1,
+                     "cluster devices=", cluster.devices, " devices_per_node=", cluster.devicesPerNode,
+                     "; both must be >= 1");
+  AUTOSTAGE_CHECK_AS(ConfigError, batchSize >= 1, "batch size ", batchSize, " must be >= 1");
+  Blocking blocking = buildBlocking(graph, profile, options.maxBlocks, static_cast<double>(batchSize));
+  PlanRequest& r = blocking.request;
+  r.comm = profile.comm;
+  r.devices = cluster.devices;
+  r.devicesPerNode = cluster.devicesPerNode;
+  r.deviceMemory = static_cast<double>(cluster.memoryPerDevice);
+  r.batchSize = batchSize;
+  r.options = options;
+  r.validate();
+  return blocking;
+}
+
+void logPlan(const PlanRequest& request, const Plan& plan, const PlanEvaluation& evaluation) {
+  auto dp = core::logger("DPStaging");
+  dp->info("Estimated profiles of subgraphs: batch_size={} np={} pipeline={} schedule={}",
+           request.batchSize, request.devices, plan.microBatchCount, scheduleName(plan.schedule));
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StagePlan& p = plan.stages[s];
+    const StageEstimate& e = evaluation.stages[s];
+    dp->info("graph=STAGE_{}_{} repl={} fwd_time={:.3f} bwd_time={:.3f} ar_time={:.3f} in_size={:.0f} "
+             "out_size={:.0f} param_size={:.0f} total_mem={:.0f} (fwd+bwd={:.0f} opt={:.0f} comm={:.0f})",
+             p.firstBlock, p.lastBlock, p.replicaCount, e.forwardSeconds * 1e3, e.backwardSeconds * 1e3,
+             e.allreduceSeconds * 1e3, e.inputBytes, e.outputBytes, e.paramBytes, e.totalMemoryBytes,
+             e.paramBytes + e.gradientBytes + e.activationBytes + e.workingBytes, e.optimizerBytes,
+             e.commBufferBytes);
+  }
+  auto log = core::logger("Decomposer");
+  for (const StagePlan& p : plan.stages) {
+    std::string ranks;
+    for (int r = 0; r < p.replicaCount; ++r) ranks += (r ? "," : "") + std::to_string(p.firstRank + r);
+    log->info(" Assigned subgraph STAGE_{}_{} to rank[{}]", p.firstBlock, p.lastBlock, ranks);
+  }
+}
+
+PlanResult planGraph(const core::Graph& graph, const core::GraphProfile& profile,
+                     const core::ClusterSpec& cluster, int64_t batchSize, const PlanOptions& options) {
+  auto start = std::chrono::steady_clock::now();
+  auto log = core::logger("Decomposer");
+  log->info("Planner options: {}", options.toString());
+  PlanResult result;
+  result.blocking = makeBlocking(graph, profile, cluster, batchSize, options);
+  const PlanRequest& request = result.blocking.request;
+  log->info("Available device memory: {:.0f}", request.memoryLimit());
+  log->info("Graph {}: {} nodes, {} atomic groups, {} blocks", graph.name(), graph.nodeCount(),
+            result.blocking.groups.size(), result.blocking.blockCount());
+  result.plan = planStages(request);
+  result.evaluation = evaluatePlan(request, result.plan);
+  AUTOSTAGE_INTERNAL_ASSERT(result.evaluation.feasible, "planner returned an infeasible plan: ",
+                            result.evaluation.problem);
+  logPlan(request, result.plan, result.evaluation);
+  result.deployment = buildDeployment(graph, result.blocking, request, result.plan, result.evaluation);
+  result.planSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.simulation = simulatePlan(request, result.plan);
+  return result;
+}
+
+}  // namespace autostage::decomposer

@@ -1,0 +1,61 @@
+#pragma once
+// Synthetic graphs with analytic profiles, for tests and benchmarks and for planning clusters we
+// do not have. Shapes follow the usual models: a BERT/GPT-shaped transformer (embedding, layers of
+// ~76 IR nodes as TorchScript produces them, LM head and loss), a ResNet-shaped CNN (bottleneck
+// blocks) and an MLP. Profiles are analytic: time = FLOPs / (peak FLOP/s * efficiency) + bytes /
+// memory bandwidth + a per-kernel launch cost; backward twice forward; bytes from the shapes.
+// Tensor shapes carry dim 0 = 1 (one sample); every cost is per sample.
+
+#include <cstdint>
+#include <string>
+
+#include "core/ir/graph.h"
+#include "core/profile.h"
+
+namespace autostage::decomposer {
+
+struct DeviceModel {
+  std::string kind = "synthetic:a100";
+  double peakFlops = 312e12;
+  double efficiency = 0.5;
+  double memoryBandwidth = 1.5e12;  // bytes/s
+  double launchSeconds = 5e-6;      // per kernel, forward
+};
+
+struct TransformerShape {
+  int layers = 12;
+  int hidden = 768;
+  int heads = 12;
+  int sequence = 512;
+  int vocabulary = 30522;
+  bool causal = false;  // GPT-shaped when true (names only; same node structure)
+  bool tiedHead = false;  // LM head reuses the word embedding
+};
+
+struct ResNetShape {
+  int blocks = 16;  // bottleneck blocks, split over four resolution stages
+  int width = 64;
+  int image = 224;
+  int classes = 1000;
+};
+
+struct MlpShape {
+  int layers = 8;
+  int hidden = 1024;
+};
+
+struct SyntheticModel {
+  core::Graph graph;
+  core::GraphProfile profile;
+};
+
+SyntheticModel syntheticTransformer(const TransformerShape& shape, const DeviceModel& device);
+SyntheticModel syntheticResNet(const ResNetShape& shape, const DeviceModel& device);
+SyntheticModel syntheticMlp(const MlpShape& shape, const DeviceModel& device);
+
+// "bert:layers=96,hidden=2048,heads=32,seq=512[,vocab=V,tied=1]", "gpt:..." (causal),
+// "resnet:blocks=16,width=64,image=224", "mlp:layers=8,hidden=1024". Throws ConfigError naming
+// the bad part and the accepted keys.
+SyntheticModel syntheticFromSpec(const std::string& spec, const DeviceModel& device);
+
+}  // namespace autostage::decomposer

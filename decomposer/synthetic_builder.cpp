@@ -1,0 +1,104 @@
+// SyntheticBuilder: graph + analytic profile; see synthetic_builder.h.
+#include "decomposer/synthetic_builder.h"
+
+#include "core/error.h"
+
+namespace autostage::decomposer::detail {
+
+SyntheticBuilder::SyntheticBuilder(const std::string& name, const DeviceModel& device, core::DType dtype)
+    : device_(device), dtype_(dtype), graph_(name) {}
+
+double SyntheticBuilder::bytesOf(const std::vector<int64_t>& shape) const {
+  double elements = 1;
+  for (int64_t d : shape) elements *= static_cast<double>(d);
+  return elements * static_cast<double>(core::elementSize(dtype_));
+}
+
+core::ValueId SyntheticBuilder::batchInput(const std::string& name, std::vector<int64_t> shape,
+                                           core::DType dtype) {
+  return graph_.addInput(name, core::Type::tensor(dtype, std::move(shape)), core::ValueClass::Batch);
+}
+
+core::ValueId SyntheticBuilder::param(const std::string& name, std::vector<int64_t> shape) {
+  return graph_.addInput(name, core::Type::tensor(dtype_, std::move(shape), true), core::ValueClass::Param);
+}
+
+core::NodeId SyntheticBuilder::add(const std::string& kind, const std::vector<core::ValueId>& inputs,
+                                   const core::Type& type, const std::string& scope) {
+  core::NodeId id = graph_.addNode(kind, inputs, {type}, {}, scope);
+  core::NodeProfile p;
+  p.node = id;
+  profiles_.push_back(p);
+  return id;
+}
+
+core::ValueId SyntheticBuilder::op(const std::string& kind, const std::vector<core::ValueId>& inputs,
+                                   std::vector<int64_t> shape, double flops, const std::string& scope,
+                                   bool saves, bool working) {
+  const double out = bytesOf(shape);
+  double in = 0;
+  for (core::ValueId v : inputs) {
+    const core::Type& t = graph_.value(v).type;
+    if (t.isTensor() && t.bytes() > 0 && !t.requiresGrad()) in += static_cast<double>(t.bytes());
+  }
+  core::NodeId id = add(kind, inputs, core::Type::tensor(dtype_, std::move(shape)), scope);
+  core::NodeProfile& p = profiles_[id];
+  const double seconds = flops / (device_.peakFlops * device_.efficiency) + (in + out) / device_.memoryBandwidth;
+  p.forwardSeconds = {device_.launchSeconds, seconds};
+  p.backwardSeconds = {2 * device_.launchSeconds, 2 * seconds};
+  p.outputBytes = {0, out};
+  p.activationBytes = {0, saves ? out : 0};
+  p.workingBytes = {0, working ? out : 0};
+  return graph_.node(id).outputs[0];
+}
+
+core::ValueId SyntheticBuilder::constant(const std::string& scope) {
+  return graph_.node(add("prim::Constant", {}, core::Type::scalar(core::TypeKind::Int), scope)).outputs[0];
+}
+
+core::ValueId SyntheticBuilder::scalarOp(const std::string& kind, const std::vector<core::ValueId>& inputs,
+                                         const std::string& scope) {
+  core::NodeId id = add(kind, inputs, core::Type::scalar(core::TypeKind::Int), scope);
+  profiles_[id].forwardSeconds = {1e-7, 0};
+  profiles_[id].outputBytes = {8, 0};
+  return graph_.node(id).outputs[0];
+}
+
+core::ValueId SyntheticBuilder::shapeOp(const std::string& kind, core::ValueId input,
+                                        std::vector<int64_t> shape, const std::string& scope) {
+  core::ValueId a = constant(scope), b = constant(scope);
+  core::NodeId list = add("prim::ListConstruct", {a, b}, core::Type::list(core::Type::scalar(core::TypeKind::Int)), scope);
+  return op(kind, {input, graph_.node(list).outputs[0]}, std::move(shape), 0, scope, false);
+}
+
+core::ValueId SyntheticBuilder::paramOp(const std::string& kind, core::ValueId input,
+                                        std::vector<int64_t> shape, const std::string& scope) {
+  core::NodeId id = add(kind, {input}, core::Type::tensor(dtype_, std::move(shape), true), scope);
+  return graph_.node(id).outputs[0];
+}
+
+core::ValueId SyntheticBuilder::linear(core::ValueId x, core::ValueId weight, core::ValueId bias,
+                                       std::vector<int64_t> outShape, double flops,
+                                       const std::string& scope) {
+  const auto& w = graph_.value(weight).type.shape();
+  core::ValueId wt = paramOp("aten::t", weight, {w.at(1), w.at(0)}, scope);
+  core::ValueId y = op("aten::matmul", {x, wt}, outShape, flops, scope);
+  return op("aten::add", {y, bias}, outShape, 0, scope, false);
+}
+
+SyntheticModel SyntheticBuilder::finish(core::ValueId loss) {
+  graph_.addOutput(loss);
+  graph_.classifyValues();
+  AUTOSTAGE_INTERNAL_ASSERT(graph_.value(loss).cls == core::ValueClass::Loss,
+                            "synthetic loss is not classified LOSS");
+  SyntheticModel model{std::move(graph_), {}};
+  model.profile.graphHash = model.graph.hash();
+  model.profile.deviceKind = device_.kind;
+  model.profile.dtype = core::dtypeName(dtype_);
+  model.profile.estimated = true;
+  model.profile.batchSizes = {1};
+  model.profile.nodes = std::move(profiles_);
+  return model;
+}
+
+}  // namespace autostage::decomposer::detail

@@ -1,0 +1,52 @@
+#pragma once
+// Internal helper of synthetic.cpp: builds a graph and its analytic profile node by node.
+// Not part of the public API.
+
+#include <string>
+#include <vector>
+
+#include "decomposer/synthetic.h"
+
+namespace autostage::decomposer::detail {
+
+class SyntheticBuilder {
+ public:
+  SyntheticBuilder(const std::string& name, const DeviceModel& device, core::DType dtype);
+
+  // Graph inputs: all before the first node (core::Graph's rule).
+  core::ValueId batchInput(const std::string& name, std::vector<int64_t> shape, core::DType dtype);
+  core::ValueId param(const std::string& name, std::vector<int64_t> shape);
+
+  // A batch-dependent operator with analytic costs: `flops` per sample; `saves` keeps its output
+  // for backward; `working` counts its output as temporary memory as well.
+  core::ValueId op(const std::string& kind, const std::vector<core::ValueId>& inputs,
+                   std::vector<int64_t> shape, double flops, const std::string& scope,
+                   bool saves = true, bool working = false);
+  // A shape operator preceded by the two constants and the list TorchScript emits for it.
+  core::ValueId shapeOp(const std::string& kind, core::ValueId input, std::vector<int64_t> shape,
+                        const std::string& scope);
+  // A parameter-side operator (e.g. aten::t on a weight): no batch cost.
+  core::ValueId paramOp(const std::string& kind, core::ValueId input, std::vector<int64_t> shape,
+                        const std::string& scope);
+  core::ValueId constant(const std::string& scope);
+  core::ValueId scalarOp(const std::string& kind, const std::vector<core::ValueId>& inputs,
+                         const std::string& scope);
+  // linear = t(W) + matmul + add(bias), the traced form.
+  core::ValueId linear(core::ValueId x, core::ValueId weight, core::ValueId bias,
+                       std::vector<int64_t> outShape, double flops, const std::string& scope);
+
+  SyntheticModel finish(core::ValueId loss);
+  core::DType dtype() const { return dtype_; }
+
+ private:
+  double bytesOf(const std::vector<int64_t>& shape) const;
+  core::NodeId add(const std::string& kind, const std::vector<core::ValueId>& inputs,
+                   const core::Type& type, const std::string& scope);
+
+  DeviceModel device_;
+  core::DType dtype_;
+  core::Graph graph_;
+  std::vector<core::NodeProfile> profiles_;
+};
+
+}  // namespace autostage::decomposer::detail

@@ -1,0 +1,59 @@
+#include "decomposer/plan.h"
+
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "decomposer/baselines.h"
+#include "random_requests.h"
+
+using namespace autostage;
+using namespace autostage::decomposer;
+
+TEST_CASE("plan request text form replays to the same plan", "[decomposer]") {
+  std::mt19937 rng(3);
+  PlanRequest r = testing::randomRequest(rng, 6, 4);
+  r.deviceMemory = 1e12;
+  r.sharedParams.push_back({1.5e8, {1, 4}});
+  r.options.partitionNum = 2;
+  PlanRequest back = PlanRequest::parse(r.toText());
+  REQUIRE(back.toText() == r.toText());
+  Plan a = planStages(r), b = planStages(back);
+  REQUIRE(a.stages == b.stages);
+  REQUIRE(a.predictedSeconds == b.predictedSeconds);
+  REQUIRE_THROWS_AS(PlanRequest::parse("autostage-plan-request 1\nblock x 1 2\n"), FormatError);
+}
+
+TEST_CASE("plan options come from the config table and are validated", "[decomposer]") {
+  core::Config config;
+  config.set("decomposer", "uniform");
+  config.set("max_pipeline", "8");
+  config.set("schedule", "1f1b");
+  PlanOptions o = PlanOptions::fromConfig(config);
+  REQUIRE(o.decomposer == "uniform");
+  REQUIRE(o.microBatchCandidates() == std::vector<int>{1, 2, 4, 8});
+  REQUIRE(o.scheduleCandidates() == std::vector<Schedule>{Schedule::OneFOneB});
+  config.set("pipeline_num", "4");
+  REQUIRE(PlanOptions::fromConfig(config).microBatchCandidates() == std::vector<int>{4});
+  config.set("decomposer", "magic");
+  REQUIRE_THROWS_AS(PlanOptions::fromConfig(config), ConfigError);
+  PlanOptions bad;
+  bad.memMargin = 1.5;
+  REQUIRE_THROWS_AS(bad.validate(), ConfigError);
+}
+
+TEST_CASE("baseline cuts: uniform by block count, param_balanced by parameter bytes", "[decomposer]") {
+  REQUIRE(uniformCuts(10, 3) == std::vector<std::pair<int, int>>{{0, 3}, {4, 6}, {7, 9}});
+  PlanRequest r;
+  for (double bytes : {8.0, 1.0, 1.0, 1.0, 1.0, 4.0}) {
+    BlockCost c;
+    c.paramBytes = bytes;
+    r.blocks.push_back(c);
+  }
+  // Total 16: the first stage reaches 8 after block 0, the second 16 at the end.
+  REQUIRE(paramBalancedCuts(r, 2) == std::vector<std::pair<int, int>>{{0, 0}, {1, 5}});
+  // Targets 5.3 and 10.7: cuts after block 0 (8) and block 3 (11).
+  REQUIRE(paramBalancedCuts(r, 3) == std::vector<std::pair<int, int>>{{0, 0}, {1, 3}, {4, 5}});
+}
