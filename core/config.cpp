@@ -271,12 +271,13 @@ std::string Config::toString() const {
 }
 
 Config& globalConfig() {
+  // Levels are applied from the loaded config directly: applyLogConfig() must not call back into
+  // globalConfig() while its static is being initialised.
   static Config config = [] {
     Config loaded = Config::load();
+    applyLogConfig(loaded);
     return loaded;
   }();
-  static const bool logConfigured = (applyLogConfig(), true);
-  (void)logConfigured;
   return config;
 }
 

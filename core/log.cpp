@@ -61,8 +61,9 @@ std::shared_ptr<spdlog::logger> logger(const std::string& name) {
   return log;
 }
 
-void applyLogConfig() {
-  const Config& config = globalConfig();
+void applyLogConfig() { applyLogConfig(globalConfig()); }
+
+void applyLogConfig(const Config& config) {
   auto level = parseLogLevel(config.getString("log_level"), "log_level");
   std::map<std::string, spdlog::level::level_enum> perLogger;
   std::string spec = config.getString("log_levels");

@@ -19,7 +19,10 @@ std::shared_ptr<spdlog::logger> logger(const std::string& name);
 // Tells logging which rank this process is (call once after MPI is up); re-applies levels.
 void setLogRank(int rank, int worldSize);
 
-// Re-reads levels from the global config for every existing logger.
+class Config;
+
+// Applies levels from `config` (default: the global config) to every existing logger.
+void applyLogConfig(const Config& config);
 void applyLogConfig();
 
 // Parses `trace|debug|info|warn|error|critical|off`; throws ConfigError naming the bad value.

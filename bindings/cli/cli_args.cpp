@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/cluster_spec.h"
 #include "core/error.h"
 
 namespace autostage::cli {
@@ -61,16 +62,7 @@ double Arguments::getFloat(const std::string& key, double fallback) const {
 }
 
 int64_t parseMemorySize(const std::string& text, const std::string& what) {
-  char* end = nullptr;
-  double number = std::strtod(text.c_str(), &end);
-  std::string unit = end ? std::string(end) : "";
-  static const std::pair<const char*, double> units[] = {
-      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
-      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
-  for (const auto& [name, factor] : units)
-    if (unit == name && end != text.c_str() && number > 0)
-      return static_cast<int64_t>(std::llround(number * factor));
-  throw ConfigError(what + ": '" + text + "' is not a memory size; use e.g. 40GiB, 512MiB, 1.5GB or a byte count");
+  return core::parseByteSize(text, what);
 }
 
 }  // namespace autostage::cli

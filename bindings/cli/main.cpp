@@ -4,18 +4,36 @@
 #include <vector>
 
 #include "bindings/cli/plan_command.h"
+#include "core/config.h"
 #include "core/error.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: autostage plan ...            plan stages (autostage plan --help for the options)\n"
+    "       autostage show-config         effective option values and where they came from\n"
+    "       autostage options --markdown  the options table (as in README.md)\n";
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "help") {
-    std::cout << "usage: autostage plan ...   (autostage plan --help for the options)\n";
+    std::cout << kUsage;
     return args.empty() ? 2 : 0;
   }
   try {
     if (args[0] == "plan")
       return autostage::cli::runPlanCommand({args.begin() + 1, args.end()}, std::cout);
-    std::cerr << "autostage: unknown command '" << args[0] << "'; known commands: plan\n";
+    if (args[0] == "show-config") {
+      std::cout << autostage::core::globalConfig().toString();
+      return 0;
+    }
+    if (args[0] == "options" && args.size() == 2 && args[1] == "--markdown") {
+      std::cout << autostage::core::optionTableMarkdown();
+      return 0;
+    }
+    std::cerr << "autostage: unknown command '" << args[0] << "'\n" << kUsage;
     return 2;
   } catch (const autostage::Error& e) {
     std::cerr << "autostage: error: " << e.what() << "\n";

@@ -23,15 +23,8 @@ const std::vector<std::string> kValued = {
     "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops"};
 const std::vector<std::string> kFlags = {"json", "help"};
 
-// The CLI loads its own Config rather than core::globalConfig(): globalConfig() currently
-// recurses into its own static initialisation through applyLogConfig() (reported to the lead).
-const core::Config& cliConfig() {
-  static const core::Config config = core::Config::load();
-  return config;
-}
-
 PlanOptions planOptions(const Arguments& a) {
-  PlanOptions o = PlanOptions::fromConfig(cliConfig());
+  PlanOptions o = PlanOptions::fromConfig(core::globalConfig());
   o.decomposer = a.get("decomposer", o.decomposer);
   o.maxBlocks = static_cast<int>(a.getInt("max-blocks", o.maxBlocks));
   o.partitionNum = static_cast<int>(a.getInt("partition-num", o.partitionNum));
@@ -49,7 +42,7 @@ PlanOptions planOptions(const Arguments& a) {
 // Communication model from the config fallbacks (comm_bandwidth, allreduce_bandwidth,
 // comm_latency), with per-level overrides from the command line.
 core::CommProfile commProfile(const Arguments& a) {
-  const core::Config& c = cliConfig();
+  const core::Config& c = core::globalConfig();
   const double latency = a.getFloat("latency", c.getFloat("comm_latency"));
   const double p2p = c.getFloat("comm_bandwidth"), allreduce = c.getFloat("allreduce_bandwidth");
   core::CommProfile comm;

@@ -1,20 +1,24 @@
 #include "bindings/cli/saved_files.h"
 
 #include "core/error.h"
+#include "core/proto/deployment_file.h"
+#include "core/proto/graph_file.h"
+#include "core/proto/profile_file.h"
 
 namespace autostage::cli {
 
-// TODO(lead, at merge): return {core::loadGraph(path), core::loadProfile(profilePath or
-// path + ".profile")} from core/proto/graph_file.h and profile_file.h.
 SavedModel loadSavedModel(const std::string& path, const std::string& profilePath) {
-  throw UnsupportedError("--graph " + path + ": loading saved graphs and profiles is not available "
-                         "in this build (core/proto/graph_file.h is not merged yet); use --synthetic");
+  core::Graph graph = core::loadGraph(path);
+  std::string profileFile = profilePath.empty() ? path + ".profile" : profilePath;
+  core::GraphProfile profile = core::loadProfile(profileFile);
+  AUTOSTAGE_CHECK_AS(FormatError, profile.graphHash == graph.hash(), "profile '", profileFile,
+                     "' was measured for graph ", profile.graphHash, " but '", path, "' has hash ",
+                     graph.hash(), "; profile the saved graph again or pass the matching --profile");
+  return {std::move(graph), std::move(profile)};
 }
 
-// TODO(lead, at merge): core::saveDeployment(deployment, path) from core/proto/deployment_file.h.
 void saveDeploymentFile(const core::Deployment& deployment, const std::string& path) {
-  throw UnsupportedError("--out " + path + ": saving deployments is not available in this build "
-                         "(core/proto/deployment_file.h is not merged yet)");
+  core::saveDeployment(deployment, path);
 }
 
 }  // namespace autostage::cli

@@ -1,8 +1,5 @@
 #pragma once
-// Loading a saved graph + profile and saving a Deployment. The file formats are written by the
-// serialization work (core/proto/graph_file.h loadGraph, profile_file.h loadProfile,
-// deployment_file.h saveDeployment), which is not in this build yet: these functions throw
-// UnsupportedError "not available in this build" until they are wired to those APIs.
+// Loading a saved graph + profile and saving a Deployment for `autostage plan`.
 
 #include <string>
 
@@ -17,7 +14,8 @@ struct SavedModel {
   core::GraphProfile profile;
 };
 
-// `path` names the saved IR; its profile is read from `path` + ".profile" unless `profilePath`.
+// `path` names the saved IR (autostage.save_graph); its profile is read from `path` + ".profile"
+// unless `profilePath` is given. Refuses a profile recorded for another graph.
 SavedModel loadSavedModel(const std::string& path, const std::string& profilePath);
 void saveDeploymentFile(const core::Deployment& deployment, const std::string& path);
 
