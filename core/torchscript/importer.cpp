@@ -5,6 +5,7 @@
 
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/passes/lower_graph.h>
 
@@ -218,6 +219,7 @@ std::shared_ptr<Graph> inlinedForward(const torch::jit::Module& module) {
   auto graph = module.get_method("forward").graph()->copy();
   torch::jit::Inline(*graph);
   foldNonTensorAttributes(*graph, module._ivalue());
+  torch::jit::EliminateDeadCode(graph);  // e.g. leftover Function constants of inlined calls
   return graph;
 }
 
