@@ -36,9 +36,10 @@ def named_tensors(model):
     return model.state_dict(keep_vars=True)  # every key, tied parameters under each name
 
 
-def check_model(model, inputs, split_count=2, reference_context=contextlib.nullcontext):
+def check_model(model, inputs, split_count=2, reference_context=contextlib.nullcontext,
+                reference=None):
     """Compares `model` run through its IR against an identical eager copy, step by step."""
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(model) if reference is None else reference
     ir = autostage.trace_to_ir(model, inputs)
     own, ref = named_tensors(model), named_tensors(reference)
     assert len(ir.param_names) == len(ir.param_tensors)
@@ -244,3 +245,54 @@ def test_complex_dtype_is_unsupported():
         autostage.trace_to_ir(ComplexModel(), (torch.randn(2, 3, 2),))
     with pytest.raises(autostage.UnsupportedError, match="ComplexFloat"):
         autostage.trace_to_ir(nn.Identity(), (torch.randn(2, 3, dtype=torch.cfloat),))
+
+
+def test_loaded_script_module_gets_shapes_from_example_run():
+    import io
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.trace(model, torch.randn(2, 4)), buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)  # graphs of loaded modules carry no shapes
+    x = torch.randn(5, 4)
+    ir = autostage.trace_to_ir(loaded, (x,))
+    text = str(ir)
+    assert "Float(5, 6, requires_grad) BATCH = aten::relu" in text
+    assert f"%{ir.output_names[0]} : Float(5, 3, requires_grad) BATCH" in text
+    (out,) = ir.export(list(range(ir.node_count)))(x, *ir.param_tensors)
+    assert torch.equal(out, model(x))
+
+
+class ScriptedControlFlow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.fc(x.permute([1, 0]))
+        if bool(h.sum() > 0):
+            h = h * 2.0
+        else:
+            h = h - 1.0
+        for i in range(2):
+            h = torch.relu(self.fc(h)) + i
+        offset = torch.zeros([1, 3], dtype=torch.float64, device=torch.device("cpu"))
+        ones = torch.ones_like(h, dtype=torch.float64, device=torch.device("cpu"))
+        return h + offset.float() + ones.float()
+
+
+def test_scripted_module_with_if_loop_and_ival_constants():
+    torch.manual_seed(8)
+    eager = ScriptedControlFlow()
+    model, reference = torch.jit.script(eager), torch.jit.script(copy.deepcopy(eager))
+    # Fold the list and device literals into IValue/string prim::Constant nodes.
+    torch._C._jit_pass_constant_propagation(model.graph)
+    ir = check_model(model, (torch.randn(3, 4),), reference=reference,
+                     reference_context=lambda: torch.jit.optimized_execution(False))
+    kinds = [ir.node_kind(i) for i in range(ir.node_count)]
+    assert "prim::If" in kinds and "prim::Loop" in kinds
+    text = str(ir)
+    assert "value=is:[1,0]" in text  # int[] constant (an IValue attribute in TorchScript)
+    assert 'value=s:"cpu"' in text  # Device constant
+    assert "value=t:Float[1,3]:" in text  # tensor constant (folded torch.zeros(...).float())
