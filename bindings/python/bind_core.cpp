@@ -1,6 +1,5 @@
-#include "core/error.h"
-
 #include "bindings/python/bindings.h"
+#include "core/error.h"
 
 namespace autostage::bindings {
 

@@ -1,11 +1,11 @@
-#include <memory>
-#include <string>
-#include <vector>
-
 #include <pybind11/stl.h>
 #include <torch/csrc/jit/python/module_python.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "bindings/python/bindings.h"
 #include "core/error.h"
@@ -66,30 +66,34 @@ py::tuple runExported(const ExportedSubgraph& sub, const py::args& args) {
 void bindTorchscript(py::module_& m) {
   py::class_<ImportedModel, std::shared_ptr<ImportedModel>>(m, "IR")
       .def("__str__", [](const ImportedModel& ir) { return ir.graph.toString(); })
-      .def_property_readonly("node_count", [](const ImportedModel& ir) { return ir.graph.nodeCount(); })
+      .def_property_readonly("node_count",
+                             [](const ImportedModel& ir) { return ir.graph.nodeCount(); })
       .def_property_readonly("param_names", [](const ImportedModel& ir) { return ir.paramNames; })
-      .def_property_readonly("param_tensors", [](const ImportedModel& ir) { return ir.paramTensors; })
-      .def_property_readonly("input_names", [](const ImportedModel& ir) {
-        return valueNames(ir.graph, ir.graph.batchInputs());
-      })
-      .def_property_readonly("output_names", [](const ImportedModel& ir) {
-        return valueNames(ir.graph, ir.graph.outputs());
-      })
+      .def_property_readonly("param_tensors",
+                             [](const ImportedModel& ir) { return ir.paramTensors; })
+      .def_property_readonly(
+          "input_names",
+          [](const ImportedModel& ir) { return valueNames(ir.graph, ir.graph.batchInputs()); })
+      .def_property_readonly(
+          "output_names",
+          [](const ImportedModel& ir) { return valueNames(ir.graph, ir.graph.outputs()); })
       .def_property_readonly("tuple_output", [](const ImportedModel& ir) { return ir.tupleOutput; })
       .def_property_readonly("graph_hash", [](const ImportedModel& ir) { return ir.graph.hash(); })
-      .def("node_kind", [](const ImportedModel& ir, core::NodeId id) { return ir.graph.node(id).kind; })
-      .def("is_convex", [](const ImportedModel& ir, const std::vector<core::NodeId>& nodes) {
-        return ir.graph.isConvex(nodes);
-      })
+      .def("node_kind",
+           [](const ImportedModel& ir, core::NodeId id) { return ir.graph.node(id).kind; })
+      .def("is_convex",
+           [](const ImportedModel& ir, const std::vector<core::NodeId>& nodes) {
+             return ir.graph.isConvex(nodes);
+           })
       .def("export", &exportNodes, py::arg("node_ids"),
            "Exports a convex node subset as a callable taking its input_names in order.");
 
   py::class_<ExportedSubgraph>(m, "ExportedSubgraph")
       .def_readonly("input_names", &ExportedSubgraph::inputNames)
       .def_readonly("output_names", &ExportedSubgraph::outputNames)
-      .def_property_readonly("graph_text", [](const ExportedSubgraph& s) {
-        return s.function.graph()->toString(false);
-      })
+      .def_property_readonly(
+          "graph_text",
+          [](const ExportedSubgraph& s) { return s.function.graph()->toString(false); })
       .def("__call__", &runExported, "Runs the subgraph; returns a tuple of its outputs.");
 
   m.def("_import_module", &importModule, py::arg("script_module"), py::arg("example_inputs"),

@@ -1,8 +1,8 @@
 #include "core/torchscript/attribute_convert.h"
 
-#include <cstring>
-
 #include <ATen/ATen.h>
+
+#include <cstring>
 
 #include "core/error.h"
 #include "core/torchscript/type_convert.h"
@@ -34,14 +34,22 @@ core::AttributeValue listFromIValue(const c10::IValue& value, const std::string&
 core::AttributeValue attributeFromTorch(const torch::jit::Node* node, torch::jit::Symbol name,
                                         const std::string& where) {
   switch (node->kindOf(name)) {
-    case AttributeKind::i: return node->i(name);
-    case AttributeKind::f: return node->f(name);
-    case AttributeKind::s: return node->s(name);
-    case AttributeKind::is: return node->is(name);
-    case AttributeKind::fs: return node->fs(name);
-    case AttributeKind::ss: return node->ss(name);
-    case AttributeKind::t: return tensorDataFromTorch(node->t(name), where);
-    case AttributeKind::ival: return listFromIValue(node->ival(name), where);
+    case AttributeKind::i:
+      return node->i(name);
+    case AttributeKind::f:
+      return node->f(name);
+    case AttributeKind::s:
+      return node->s(name);
+    case AttributeKind::is:
+      return node->is(name);
+    case AttributeKind::fs:
+      return node->fs(name);
+    case AttributeKind::ss:
+      return node->ss(name);
+    case AttributeKind::t:
+      return tensorDataFromTorch(node->t(name), where);
+    case AttributeKind::ival:
+      return listFromIValue(node->ival(name), where);
     default:
       throw UnsupportedError(std::string("unsupported attribute kind '") +
                              torch::jit::toString(node->kindOf(name)) + "' (attribute " +
@@ -92,7 +100,8 @@ c10::IValue scalarConstant(const core::Node& node, const core::Type& type) {
     case core::TypeKind::Tensor:
       if (auto v = attributeAs<core::TensorData>(node)) return tensorDataToTorch(*v);
       break;
-    default: break;
+    default:
+      break;
   }
   return c10::IValue();
 }

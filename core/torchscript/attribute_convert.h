@@ -6,11 +6,11 @@
 // export from that attribute plus the IR output type (bool/int, list element type, Device), so
 // constants stored as IValue attributes (lists) or strings (devices) come back exactly.
 
-#include <string>
-#include <vector>
-
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/ir/ir.h>
+
+#include <string>
+#include <vector>
 
 #include "core/ir/node.h"
 

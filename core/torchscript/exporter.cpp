@@ -1,10 +1,10 @@
 #include "core/torchscript/exporter.h"
 
+#include <torch/csrc/jit/ir/constants.h>
+
 #include <algorithm>
 #include <sstream>
 #include <unordered_map>
-
-#include <torch/csrc/jit/ir/constants.h>
 
 #include "core/error.h"
 #include "core/torchscript/attribute_convert.h"
@@ -112,7 +112,6 @@ ExportedFunction::ExportedFunction(std::shared_ptr<torch::jit::Graph> graph,
                                                             torch::jit::SIMPLE)),
       inputs_(std::move(inputs)),
       outputs_(std::move(outputs)) {}
-
 
 std::vector<c10::IValue> ExportedFunction::run(std::vector<c10::IValue> inputs) const {
   AUTOSTAGE_CHECK(inputs.size() == inputs_.size(), "exported subgraph takes ", inputs_.size(),

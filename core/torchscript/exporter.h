@@ -7,11 +7,11 @@
 // executor (no profiling or autodiff-subgraph passes, so results match eager execution
 // bit for bit). Autograd records through run(): gradients reach the tensors fed in.
 
-#include <memory>
-#include <vector>
-
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/api/function_impl.h>
+
+#include <memory>
+#include <vector>
 
 #include "core/ir/graph.h"
 

@@ -1,13 +1,13 @@
 #include "core/torchscript/importer.h"
 
-#include <functional>
-#include <unordered_map>
-
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/passes/lower_graph.h>
+
+#include <functional>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -48,20 +48,24 @@ std::vector<std::string> checkForwardArguments(const c10::FunctionSchema& schema
   std::vector<std::string> names;
   const auto& args = schema.arguments();
   for (size_t i = 1; i < args.size(); ++i) {
-    AUTOSTAGE_CHECK_AS(UnsupportedError, !args[i].kwarg_only(), "unsupported keyword-only argument '",
-                       args[i].name(), "' (kwargs) in forward: autostage passes model inputs "
+    AUTOSTAGE_CHECK_AS(UnsupportedError, !args[i].kwarg_only(),
+                       "unsupported keyword-only argument '", args[i].name(),
+                       "' (kwargs) in forward: autostage passes model inputs "
                        "positionally; make it a positional argument");
-    AUTOSTAGE_CHECK_AS(UnsupportedError, isTensorStructure(args[i].type()), "unsupported model input '",
-                       args[i].name(), "' of type ", args[i].type()->annotation_str(),
+    AUTOSTAGE_CHECK_AS(UnsupportedError, isTensorStructure(args[i].type()),
+                       "unsupported model input '", args[i].name(), "' of type ",
+                       args[i].type()->annotation_str(),
                        ": expected a tensor or a tuple/list of tensors");
     names.push_back(args[i].name());
   }
-  AUTOSTAGE_CHECK(names.size() == inputs.size(), "forward takes ", names.size(),
-                  " inputs but ", inputs.size(), " example inputs were given; pass one example "
+  AUTOSTAGE_CHECK(names.size() == inputs.size(), "forward takes ", names.size(), " inputs but ",
+                  inputs.size(),
+                  " example inputs were given; pass one example "
                   "value per forward argument");
   for (size_t i = 0; i < inputs.size(); ++i)
-    AUTOSTAGE_CHECK_AS(UnsupportedError, isTensorIValue(inputs[i], "model input '" + names[i] + "'"), "unsupported model input '",
-                       names[i], "' holding ", inputs[i].tagKind(),
+    AUTOSTAGE_CHECK_AS(UnsupportedError,
+                       isTensorIValue(inputs[i], "model input '" + names[i] + "'"),
+                       "unsupported model input '", names[i], "' holding ", inputs[i].tagKind(),
                        ": expected a tensor or a tuple/list of tensors");
   return names;
 }
@@ -152,10 +156,13 @@ void checkOutputs(const Graph& graph) {
   for (const Value* v : graph.outputs()) {
     const c10::TypePtr& t = v->type();
     AUTOSTAGE_CHECK_AS(UnsupportedError, t->kind() != c10::TypeKind::DictType,
-                       "unsupported dict output (", t->annotation_str(), ") of forward: return a "
+                       "unsupported dict output (", t->annotation_str(),
+                       ") of forward: return a "
                        "tensor or a tuple/list of tensors instead of a dict");
-    AUTOSTAGE_CHECK_AS(UnsupportedError, isTensorStructure(t), "unsupported output of forward of "
-                       "type ", t->annotation_str(), ": expected a tensor or a tuple/list of tensors");
+    AUTOSTAGE_CHECK_AS(UnsupportedError, isTensorStructure(t),
+                       "unsupported output of forward of "
+                       "type ",
+                       t->annotation_str(), ": expected a tensor or a tuple/list of tensors");
   }
 }
 
@@ -266,7 +273,8 @@ ImportedModel importModule(const torch::jit::Module& module,
   GraphBuilder builder(model, values);
   for (size_t i = 0; i < graph->inputs().size(); ++i) {
     bool isArg = i < argNames.size();
-    builder.addInput(graph->inputs()[i], isArg ? argNames[i] : model.paramNames[i - argNames.size()],
+    builder.addInput(graph->inputs()[i],
+                     isArg ? argNames[i] : model.paramNames[i - argNames.size()],
                      isArg ? core::ValueClass::Batch : core::ValueClass::Param);
   }
   const Node* tuple = flattenedTuple(*graph);

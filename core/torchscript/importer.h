@@ -13,11 +13,11 @@
 // are not tensors or tuples/lists of tensors, outputs that are dicts or other non-tensor
 // structures, complex/quantized dtypes, nodes whose attributes the IR cannot carry.
 
-#include <string>
-#include <vector>
-
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/api/module.h>
+
+#include <string>
+#include <vector>
 
 #include "core/ir/graph.h"
 

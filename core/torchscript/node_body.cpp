@@ -1,9 +1,9 @@
 #include "core/torchscript/node_body.h"
 
+#include <torch/csrc/jit/ir/irparser.h>
+
 #include <memory>
 #include <unordered_set>
-
-#include <torch/csrc/jit/ir/irparser.h>
 
 #include "core/error.h"
 
@@ -89,9 +89,9 @@ std::string nodeBodyText(Node* node, const std::vector<Value*>& inputs, const st
 Node* insertNodeFromBody(const std::string& body, torch::jit::Graph& target,
                          const std::vector<Value*>& inputs) {
   auto graph = parseBody(body);
-  AUTOSTAGE_CHECK_AS(FormatError, graph->inputs().size() == inputs.size(),
-                     "node body has ", graph->inputs().size(), " inputs, but the IR node has ",
-                     inputs.size(), "; the body text does not belong to this node");
+  AUTOSTAGE_CHECK_AS(FormatError, graph->inputs().size() == inputs.size(), "node body has ",
+                     graph->inputs().size(), " inputs, but the IR node has ", inputs.size(),
+                     "; the body text does not belong to this node");
   std::unordered_map<Value*, Value*> env;
   for (size_t i = 0; i < inputs.size(); ++i) env[graph->inputs()[i]] = inputs[i];
   Node* only = nullptr;

@@ -8,10 +8,10 @@
 // torch::jit::parseIR + print; the importer checks this round trip and rejects bodies that do not
 // survive it (e.g. tensor constants inside a loop body).
 
+#include <torch/csrc/jit/ir/ir.h>
+
 #include <string>
 #include <vector>
-
-#include <torch/csrc/jit/ir/ir.h>
 
 namespace autostage::torchscript {
 

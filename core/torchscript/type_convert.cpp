@@ -1,9 +1,9 @@
 #include "core/torchscript/type_convert.h"
 
+#include <torch/csrc/jit/mobile/type_parser.h>
+
 #include <utility>
 #include <vector>
-
-#include <torch/csrc/jit/mobile/type_parser.h>
 
 #include "core/error.h"
 
@@ -12,11 +12,11 @@ namespace {
 
 const std::vector<std::pair<core::DType, at::ScalarType>>& dtypeTable() {
   static const std::vector<std::pair<core::DType, at::ScalarType>> table = {
-      {core::DType::Float32, at::kFloat},   {core::DType::Float64, at::kDouble},
-      {core::DType::Float16, at::kHalf},    {core::DType::BFloat16, at::kBFloat16},
-      {core::DType::Int64, at::kLong},      {core::DType::Int32, at::kInt},
-      {core::DType::Int16, at::kShort},     {core::DType::Int8, at::kChar},
-      {core::DType::UInt8, at::kByte},      {core::DType::Bool, at::kBool}};
+      {core::DType::Float32, at::kFloat}, {core::DType::Float64, at::kDouble},
+      {core::DType::Float16, at::kHalf},  {core::DType::BFloat16, at::kBFloat16},
+      {core::DType::Int64, at::kLong},    {core::DType::Int32, at::kInt},
+      {core::DType::Int16, at::kShort},   {core::DType::Int8, at::kChar},
+      {core::DType::UInt8, at::kByte},    {core::DType::Bool, at::kBool}};
   return table;
 }
 
@@ -87,12 +87,18 @@ core::Type typeFromTorch(const c10::TypePtr& type, const c10::IValue* runtime,
   switch (type->kind()) {
     case c10::TypeKind::TensorType:
       return tensorTypeFrom(type->expect<c10::TensorType>(), runtime, where);
-    case c10::TypeKind::IntType: return core::Type::scalar(core::TypeKind::Int);
-    case c10::TypeKind::FloatType: return core::Type::scalar(core::TypeKind::Float);
-    case c10::TypeKind::BoolType: return core::Type::scalar(core::TypeKind::Bool);
-    case c10::TypeKind::StringType: return core::Type::scalar(core::TypeKind::String);
-    case c10::TypeKind::DeviceObjType: return core::Type::scalar(core::TypeKind::Device);
-    case c10::TypeKind::NoneType: return core::Type::scalar(core::TypeKind::None);
+    case c10::TypeKind::IntType:
+      return core::Type::scalar(core::TypeKind::Int);
+    case c10::TypeKind::FloatType:
+      return core::Type::scalar(core::TypeKind::Float);
+    case c10::TypeKind::BoolType:
+      return core::Type::scalar(core::TypeKind::Bool);
+    case c10::TypeKind::StringType:
+      return core::Type::scalar(core::TypeKind::String);
+    case c10::TypeKind::DeviceObjType:
+      return core::Type::scalar(core::TypeKind::Device);
+    case c10::TypeKind::NoneType:
+      return core::Type::scalar(core::TypeKind::None);
     case c10::TypeKind::ListType:
       return core::Type::list(
           typeFromTorch(type->expect<c10::ListType>()->getElementType(), nullptr, where));
@@ -103,20 +109,29 @@ core::Type typeFromTorch(const c10::TypePtr& type, const c10::IValue* runtime,
       return core::Type::optional(
           typeFromTorch(type->expect<c10::OptionalType>()->getElementType(), inner, where));
     }
-    default: return core::Type::other(type->annotation_str());
+    default:
+      return core::Type::other(type->annotation_str());
   }
 }
 
 c10::TypePtr typeToTorch(const core::Type& type) {
   switch (type.kind()) {
-    case core::TypeKind::Tensor: return c10::TensorType::get();
-    case core::TypeKind::Int: return c10::IntType::get();
-    case core::TypeKind::Float: return c10::FloatType::get();
-    case core::TypeKind::Bool: return c10::BoolType::get();
-    case core::TypeKind::String: return c10::StringType::get();
-    case core::TypeKind::Device: return c10::DeviceObjType::get();
-    case core::TypeKind::None: return c10::NoneType::get();
-    case core::TypeKind::List: return c10::ListType::create(typeToTorch(type.elements().at(0)));
+    case core::TypeKind::Tensor:
+      return c10::TensorType::get();
+    case core::TypeKind::Int:
+      return c10::IntType::get();
+    case core::TypeKind::Float:
+      return c10::FloatType::get();
+    case core::TypeKind::Bool:
+      return c10::BoolType::get();
+    case core::TypeKind::String:
+      return c10::StringType::get();
+    case core::TypeKind::Device:
+      return c10::DeviceObjType::get();
+    case core::TypeKind::None:
+      return c10::NoneType::get();
+    case core::TypeKind::List:
+      return c10::ListType::create(typeToTorch(type.elements().at(0)));
     case core::TypeKind::Optional:
       return c10::OptionalType::create(typeToTorch(type.elements().at(0)));
     case core::TypeKind::Tuple: {
@@ -124,7 +139,8 @@ c10::TypePtr typeToTorch(const core::Type& type) {
       for (const auto& e : type.elements()) elements.push_back(typeToTorch(e));
       return c10::TupleType::create(std::move(elements));
     }
-    case core::TypeKind::Other: return namedTypeToTorch(type.otherName());
+    case core::TypeKind::Other:
+      return namedTypeToTorch(type.otherName());
   }
   throw InternalError("unhandled IR type kind in typeToTorch");
 }

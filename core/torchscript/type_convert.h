@@ -7,16 +7,17 @@
 // overloads resolve as in the original graph (tensors are exported without shape, which does not
 // affect execution).
 
-#include <string>
-
 #include <ATen/core/ivalue.h>
 #include <ATen/core/jit_type.h>
+
+#include <string>
 
 #include "core/ir/type.h"
 
 namespace autostage::torchscript {
 
-// Throws UnsupportedError naming `where` for dtypes the IR does not carry (complex, quantized, ...).
+// Throws UnsupportedError naming `where` for dtypes the IR does not carry (complex, quantized,
+// ...).
 core::DType dtypeFromTorch(at::ScalarType type, const std::string& where);
 at::ScalarType dtypeToTorch(core::DType dtype);
 

@@ -296,3 +296,20 @@ def test_scripted_module_with_if_loop_and_ival_constants():
     assert "value=is:[1,0]" in text  # int[] constant (an IValue attribute in TorchScript)
     assert 'value=s:"cpu"' in text  # Device constant
     assert "value=t:Float[1,3]:" in text  # tensor constant (folded torch.zeros(...).float())
+
+
+class TupleAndListInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, pair, extra):
+        return self.fc(pair[0]) * pair[1] + extra[0]
+
+
+def test_tuple_and_list_inputs():
+    torch.manual_seed(9)
+    inputs = ((torch.randn(2, 3), torch.randn(2, 3)), [torch.randn(2, 3)])
+    ir = check_model(TupleAndListInputs(), inputs)
+    assert ir.input_names == ["pair", "extra"]
+    assert "%pair : (Float(2, 3), Float(2, 3)) BATCH" in str(ir)

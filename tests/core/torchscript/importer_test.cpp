@@ -1,9 +1,9 @@
 #include "core/torchscript/importer.h"
 
-#include <set>
+#include <torch/csrc/jit/ir/irparser.h>
 
 #include <catch2/catch.hpp>
-#include <torch/csrc/jit/ir/irparser.h>
+#include <set>
 
 #include "core/error.h"
 #include "test_models.h"
@@ -102,9 +102,13 @@ TEST_CASE("unsupported constructs are named", "[torchscript]") {
     }
     return std::string("<no UnsupportedError>");
   };
-  CHECK_THAT(message([] { importModule(testing::makeDictOutputModel(), {torch::randn({2, 3})}); }),
+  CHECK_THAT(message([] {
+               importModule(testing::makeDictOutputModel(), {torch::randn({2, 3})});
+             }),
              Catch::Contains("dict output"));
-  CHECK_THAT(message([] { importModule(testing::makeKwargModel(), {torch::randn({2, 3})}); }),
+  CHECK_THAT(message([] {
+               importModule(testing::makeKwargModel(), {torch::randn({2, 3})});
+             }),
              Catch::Contains("keyword-only argument 'scale'"));
   CHECK_THAT(message([] {
                importModule(makeMlp(), {torch::randn({2, 8}, at::kComplexFloat)});

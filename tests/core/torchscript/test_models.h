@@ -2,11 +2,11 @@
 // Small TorchScript modules built in C++ (torch::jit::Module::define) and helpers that run an
 // imported graph through exported subgraphs, for the torchscript tests.
 
+#include <torch/script.h>
+
 #include <map>
 #include <string>
 #include <vector>
-
-#include <torch/script.h>
 
 #include "core/torchscript/exporter.h"
 #include "core/torchscript/importer.h"
