@@ -1,0 +1,59 @@
+"""Model -> IR: trace (or take a ScriptModule) and import its forward into the autostage IR."""
+
+import inspect
+
+import torch
+
+from . import _autostage
+
+
+def _check_positional_forward(model):
+    """Raise UnsupportedError when forward takes keyword-only or **kwargs arguments."""
+    for name, param in inspect.signature(model.forward).parameters.items():
+        if param.kind in (param.KEYWORD_ONLY, param.VAR_KEYWORD):
+            raise _autostage.UnsupportedError(
+                f"unsupported keyword argument '{name}' (kwargs) in forward of "
+                f"{type(model).__name__}: autostage passes model inputs positionally; "
+                "make it a positional argument")
+
+
+def _as_tuple(example_inputs):
+    if isinstance(example_inputs, dict):
+        raise _autostage.UnsupportedError(
+            "unsupported kwargs: example_inputs is a dict; pass the model inputs as a tuple "
+            "of tensors in forward's positional order")
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    return tuple(example_inputs)
+
+
+def _trace(model, inputs):
+    """torch.jit.trace without side effects on the model's buffers (tracing runs forward once)."""
+    _check_positional_forward(model)
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        return torch.jit.trace(model, inputs, strict=False, check_trace=False)
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
+def trace_to_ir(model, example_inputs):
+    """Import `model` (an nn.Module, traced with torch.jit.trace, or a ScriptModule) as IR.
+
+    `example_inputs` is a tensor or a tuple of forward's positional inputs. Returns an
+    :class:`autostage.IR`: ``str(ir)`` is the IR text, and ``ir.export(node_ids)`` gives a
+    callable for a convex node subset. Parameters stay the module's own tensors
+    (``ir.param_tensors``), so gradients through exported subgraphs reach the model.
+    """
+    inputs = _as_tuple(example_inputs)
+    if isinstance(model, torch.jit.ScriptModule):
+        script = model
+    elif isinstance(model, torch.nn.Module):
+        script = _trace(model, inputs)
+    else:
+        raise _autostage.UnsupportedError(
+            f"trace_to_ir expects a torch.nn.Module or torch.jit.ScriptModule, got "
+            f"{type(model).__name__}")
+    return _autostage._import_module(script, list(inputs))
