@@ -1,5 +1,9 @@
+#include <pybind11/stl.h>
+
 #include "bindings/python/bindings.h"
 #include "core/error.h"
+#include "core/ir/graph.h"
+#include "core/proto/graph_file.h"
 
 namespace autostage::bindings {
 
@@ -15,6 +19,17 @@ void bindCore(py::module_& m) {
   py::register_exception<PlanError>(m, "PlanError", base.ptr());
   py::register_exception<CommError>(m, "CommError", base.ptr());
   py::register_exception<InternalError>(m, "InternalError", base.ptr());
+
+  py::class_<core::Graph>(m, "Graph", "An autostage IR graph (no parameter values).")
+      .def("__str__", &core::Graph::toString)
+      .def_property_readonly("name", &core::Graph::name)
+      .def_property_readonly("node_count", &core::Graph::nodeCount)
+      .def_property_readonly("value_count", &core::Graph::valueCount)
+      .def_property_readonly("graph_hash", &core::Graph::hash)
+      .def("__eq__", &core::Graph::operator==)
+      .def_static("parse", &core::Graph::parse, py::arg("text"), "Graph from its text form.");
+  m.def("_save_graph", &core::saveGraph, py::arg("graph"), py::arg("path"));
+  m.def("_load_graph", &core::loadGraph, py::arg("path"));
 }
 
 }  // namespace autostage::bindings

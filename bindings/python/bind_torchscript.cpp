@@ -79,6 +79,8 @@ void bindTorchscript(py::module_& m) {
           [](const ImportedModel& ir) { return valueNames(ir.graph, ir.graph.outputs()); })
       .def_property_readonly("tuple_output", [](const ImportedModel& ir) { return ir.tupleOutput; })
       .def_property_readonly("graph_hash", [](const ImportedModel& ir) { return ir.graph.hash(); })
+      .def_property_readonly("graph", [](const ImportedModel& ir) { return ir.graph; },
+                             "A copy of the IR graph (autostage.Graph).")
       .def("node_kind",
            [](const ImportedModel& ir, core::NodeId id) { return ir.graph.node(id).kind; })
       .def("is_convex",

@@ -6,6 +6,7 @@ under Python names. Errors raised by the core are instances of :class:`autostage
 
 import torch  # noqa: F401  (loads LibTorch before the extension that links against it)
 
+from . import _autostage
 from ._autostage import (  # noqa: F401
     __version__,
     Error,
@@ -15,7 +16,23 @@ from ._autostage import (  # noqa: F401
     PlanError,
     CommError,
     InternalError,
+    Graph,
     IR,
     ExportedSubgraph,
 )
 from .torchscript import trace_to_ir  # noqa: F401
+
+
+def save_graph(ir_or_graph, path):
+    """Write the IR graph of ``trace_to_ir``'s result (or an autostage.Graph) to ``path``.
+
+    The file is a versioned, hashed autostage graph file, written atomically.
+    """
+    graph = ir_or_graph.graph if isinstance(ir_or_graph, IR) else ir_or_graph
+    _autostage._save_graph(graph, str(path))
+
+
+def load_graph(path):
+    """Read a graph file written by :func:`save_graph`; raises autostage.FormatError when the
+    file is truncated, corrupted, of another kind or of an unsupported version."""
+    return _autostage._load_graph(str(path))
