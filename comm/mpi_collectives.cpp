@@ -86,6 +86,7 @@ MPI_Comm MpiBackend::Impl::communicator(const Group& group) {
 }
 
 void MpiBackend::Impl::freeAll() {
+  if (abandonedRequests) return;  // see abandonedRequests: leaking is the safe choice
   std::lock_guard<std::mutex> lock(groupsMutex);
   for (auto& [ranks, comm] : groups) MPI_Comm_free(&comm);
   groups.clear();
@@ -111,8 +112,13 @@ void runCollective(MpiBackend::Impl& impl, const char* operation, const Group& g
     return "the other members of group " + group.toString() + " (" + operation +
            (payload.empty() ? "" : " of " + payload) + ")";
   };
-  waitRequest(request, nullptr, Deadline(impl.options.timeoutSeconds), impl.rank, what,
-              OnTimeout::Leave);
+  try {
+    waitRequest(request, nullptr, Deadline(impl.options.timeoutSeconds), impl.rank, what,
+                OnTimeout::Leave);
+  } catch (const CommError&) {
+    impl.abandonedRequests = true;
+    throw;
+  }
 }
 }  // namespace
 

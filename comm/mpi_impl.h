@@ -1,6 +1,7 @@
 #pragma once
 // MpiBackend's internal state and the deadline-polled wait. Internal to comm/.
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -27,6 +28,9 @@ struct MpiBackend::Impl {
   MPI_Comm collComm = MPI_COMM_NULL;  // world collectives, group handshakes, parent of groups
   std::mutex groupsMutex;
   std::map<std::vector<int>, MPI_Comm> groups;  // created sub-group communicators
+  // Set when a collective timed out: its request is still pending on a communicator, so the
+  // communicators must never be freed (MPI would touch freed state when it completes).
+  std::atomic<bool> abandonedRequests{false};
 
   // The communicator for `group`, created on first use (see Note [Group creation]).
   MPI_Comm communicator(const Group& group);

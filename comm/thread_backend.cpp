@@ -45,21 +45,22 @@ class DoneWork : public Work {
 
 class ThreadRecvWork : public Work {
  public:
-  ThreadRecvWork(std::shared_ptr<ThreadWorld> world, MailKey key, at::Tensor into)
+  ThreadRecvWork(std::shared_ptr<ThreadWorld> world, MailKey key, at::Tensor into,
+                 const char* operation)
       : world_(std::move(world)), key_(std::move(key)), into_(std::move(into)),
-        ticket_(world_->reserve(key_)) {}
+        ticket_(world_->reserve(key_)), operation_(operation) {}
   void wait() override {
     if (done_) return;
     Deadline deadline(world_->options().timeoutSeconds);
     std::optional<Mail> mail = world_->take(key_, ticket_, deadline);
-    std::string what = fromText(key_.src, key_.tag, "irecv");
+    std::string what = fromText(key_.src, key_.tag, operation_);
     AUTOSTAGE_CHECK_AS(CommError, mail, timeoutMessage(key_.dst, deadline.seconds(), what));
     finish(*mail, what);
   }
   bool isCompleted() override {
     if (done_) return true;
     if (std::optional<Mail> mail = world_->tryTake(key_, ticket_))
-      finish(*mail, fromText(key_.src, key_.tag, "irecv"));
+      finish(*mail, fromText(key_.src, key_.tag, operation_));
     return done_;
   }
 
@@ -72,6 +73,7 @@ class ThreadRecvWork : public Work {
   MailKey key_;
   at::Tensor into_;
   int64_t ticket_;
+  const char* operation_;
   bool done_ = false;
 };
 
@@ -91,7 +93,9 @@ ThreadBackend::ThreadBackend(std::shared_ptr<ThreadWorld> world, int rank)
 void ThreadBackend::send(const at::Tensor& tensor, int dst, int tag) { isend(tensor, dst, tag); }
 
 void ThreadBackend::recv(const at::Tensor& tensor, int src, int tag) {
-  irecv(tensor, src, tag)->wait();
+  checkCommTensor(tensor, c10::DeviceType::CPU, "recv");
+  checkPeer(src, tag, "recv");
+  ThreadRecvWork(world_, MailKey{src, rank_, tag, ""}, tensor, "recv").wait();
 }
 
 std::unique_ptr<Work> ThreadBackend::isend(const at::Tensor& tensor, int dst, int tag) {
@@ -102,9 +106,9 @@ std::unique_ptr<Work> ThreadBackend::isend(const at::Tensor& tensor, int dst, in
 }
 
 std::unique_ptr<Work> ThreadBackend::irecv(const at::Tensor& tensor, int src, int tag) {
-  checkCommTensor(tensor, c10::DeviceType::CPU, "recv");
-  checkPeer(src, tag, "recv");
-  return std::make_unique<ThreadRecvWork>(world_, MailKey{src, rank_, tag, ""}, tensor);
+  checkCommTensor(tensor, c10::DeviceType::CPU, "irecv");
+  checkPeer(src, tag, "irecv");
+  return std::make_unique<ThreadRecvWork>(world_, MailKey{src, rank_, tag, ""}, tensor, "irecv");
 }
 
 void ThreadBackend::postTo(int dst, const std::string& channel, int tag, const at::Tensor& tensor) {
