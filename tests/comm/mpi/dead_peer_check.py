@@ -40,8 +40,11 @@ def main():
         failures.append("no survivor reported the error")
     if "NO ERROR" in output:
         failures.append("a survivor received nothing yet reported no error")
-    if run.returncode == 0:
+    # Under --enable-recovery mpirun exits 0 whatever the ranks did; only mode exit can check it.
+    if args.mode == "exit" and run.returncode == 0:
         failures.append("mpirun exited 0 although survivors failed")
+    if args.mode == "collective" and "MPI_ABORT was invoked" not in output:
+        failures.append("abortJob did not end the job with MPI_Abort")
     if args.mode == "exit" and "exited improperly" in output:
         failures.append("mpirun reported a process that exited improperly (MPI not finalized)")
     for failure in failures:
