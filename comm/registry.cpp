@@ -85,7 +85,11 @@ std::string backendNameFor(const at::Tensor& tensor) {
   AUTOSTAGE_CHECK(tensor.defined(), "backendFor: expected a defined tensor");
   switch (tensor.device().type()) {
     case c10::DeviceType::CPU: return "mpi";
-    case c10::DeviceType::CUDA: return "nccl";
+    case c10::DeviceType::CUDA:
+      AUTOSTAGE_CHECK_AS(UnsupportedError, AUTOSTAGE_WITH_NCCL,
+                         "a CUDA tensor needs the NCCL backend, but autostage was built without "
+                         "it; rebuild with -DAUTOSTAGE_WITH_CUDA=ON or move the tensor to CPU");
+      return "nccl";
     default:
       throw UnsupportedError("no comm backend for tensors on " + tensor.device().str() +
                              "; move the tensor to CPU (MPI) or CUDA (NCCL)");
