@@ -1,8 +1,8 @@
 #include "comm/backend.h"
 
-#include <cstring>
-
 #include <ATen/ops/empty.h>
+
+#include <cstring>
 
 #include "core/error.h"
 
@@ -21,7 +21,8 @@ std::vector<std::string> Backend::allGatherBytes(const std::string& data, const 
 }
 
 void Backend::abortJob(const std::string& message) {
-  throw UnsupportedError("backend '" + name() + "' cannot abort the job; the error was: " + message);
+  throw UnsupportedError("backend '" + name() +
+                         "' cannot abort the job; the error was: " + message);
 }
 
 namespace {
@@ -73,8 +74,8 @@ void Backend::checkMember(const Group& group, const char* operation, int root) c
 }
 
 void Backend::checkPeer(int peer, int tag, const char* operation) const {
-  AUTOSTAGE_CHECK(peer >= 0 && peer < worldSize(), operation, " on rank ", rank(),
-                  ": peer rank ", peer, " is outside the world of size ", worldSize());
+  AUTOSTAGE_CHECK(peer >= 0 && peer < worldSize(), operation, " on rank ", rank(), ": peer rank ",
+                  peer, " is outside the world of size ", worldSize());
   AUTOSTAGE_CHECK(peer != rank(), operation, " on rank ", rank(),
                   ": the peer is this rank itself; copy the tensor locally instead");
   AUTOSTAGE_CHECK(tag >= 0, operation, " on rank ", rank(), ": tag must be >= 0, got ", tag);

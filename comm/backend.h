@@ -14,11 +14,11 @@
 //    the backend's state is undefined; report the error and end the job (see abortJob).
 //  - Required operations are pure virtual; optional capabilities throw UnsupportedError.
 
+#include <ATen/core/Tensor.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "comm/group.h"
 

@@ -15,7 +15,8 @@ CommOptions CommOptions::fromConfig() {
 
 void CommOptions::validate() const {
   AUTOSTAGE_CHECK_AS(ConfigError, timeoutSeconds > 0, "comm_timeout_s must be > 0 seconds; got ",
-                     timeoutSeconds, ". Set AUTOSTAGE_COMM_TIMEOUT_S or comm_timeout_s in config.toml");
+                     timeoutSeconds,
+                     ". Set AUTOSTAGE_COMM_TIMEOUT_S or comm_timeout_s in config.toml");
 }
 
 std::string CommOptions::toString() const {

@@ -11,8 +11,9 @@ class Deadline {
   using Clock = std::chrono::steady_clock;
   explicit Deadline(double seconds)
       : seconds_(seconds),
-        when_(Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(seconds))) {}
+        when_(Clock::now() +
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds))) {
+  }
   bool expired() const { return Clock::now() >= when_; }
   Clock::time_point when() const { return when_; }
   double seconds() const { return seconds_; }

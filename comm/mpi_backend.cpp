@@ -13,15 +13,25 @@ namespace autostage::comm {
 
 MPI_Datatype mpiTypeOf(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
-    case at::kFloat: return MPI_FLOAT;
-    case at::kDouble: return MPI_DOUBLE;
-    case at::kHalf: case at::kBFloat16: return MPI_UINT16_T;
-    case at::kLong: return MPI_INT64_T;
-    case at::kInt: return MPI_INT32_T;
-    case at::kShort: return MPI_INT16_T;
-    case at::kChar: return MPI_INT8_T;
-    case at::kByte: return MPI_UINT8_T;
-    case at::kBool: return MPI_C_BOOL;
+    case at::kFloat:
+      return MPI_FLOAT;
+    case at::kDouble:
+      return MPI_DOUBLE;
+    case at::kHalf:
+    case at::kBFloat16:
+      return MPI_UINT16_T;
+    case at::kLong:
+      return MPI_INT64_T;
+    case at::kInt:
+      return MPI_INT32_T;
+    case at::kShort:
+      return MPI_INT16_T;
+    case at::kChar:
+      return MPI_INT8_T;
+    case at::kByte:
+      return MPI_UINT8_T;
+    case at::kBool:
+      return MPI_C_BOOL;
     default:
       throw UnsupportedError("the MPI backend cannot move dtype " +
                              std::string(c10::toString(tensor.scalar_type())));
@@ -30,7 +40,8 @@ MPI_Datatype mpiTypeOf(const at::Tensor& tensor) {
 
 int mpiCount(const at::Tensor& tensor, const char* operation) {
   AUTOSTAGE_CHECK_AS(UnsupportedError, tensor.numel() <= INT_MAX, operation, ": ",
-                     describeTensor(tensor), " has more than INT_MAX elements, which one MPI "
+                     describeTensor(tensor),
+                     " has more than INT_MAX elements, which one MPI "
                      "call cannot move; split the tensor");
   return static_cast<int>(tensor.numel());
 }
@@ -70,8 +81,13 @@ class MpiWork : public Work {
  public:
   MpiWork(MPI_Request request, at::Tensor tensor, int rank, int peer, int tag, bool isRecv,
           double timeoutSeconds)
-      : request_(request), tensor_(std::move(tensor)), rank_(rank), peer_(peer), tag_(tag),
-        isRecv_(isRecv), timeoutSeconds_(timeoutSeconds) {}
+      : request_(request),
+        tensor_(std::move(tensor)),
+        rank_(rank),
+        peer_(peer),
+        tag_(tag),
+        isRecv_(isRecv),
+        timeoutSeconds_(timeoutSeconds) {}
   ~MpiWork() override {
     if (request_ != MPI_REQUEST_NULL && !MpiEnvironment::finalized()) {
       if (isRecv_) MPI_Cancel(&request_);
@@ -81,8 +97,9 @@ class MpiWork : public Work {
   void wait() override {
     if (done_) return;
     MPI_Status status;
-    waitRequest(request_, &status, Deadline(timeoutSeconds_), rank_, [&] { return text(); },
-                isRecv_ ? OnTimeout::Cancel : OnTimeout::Free);
+    waitRequest(
+        request_, &status, Deadline(timeoutSeconds_), rank_, [&] { return text(); },
+        isRecv_ ? OnTimeout::Cancel : OnTimeout::Free);
     finish(status);
   }
   bool isCompleted() override {
@@ -125,10 +142,13 @@ MpiBackend::MpiBackend(CommOptions options) : impl_(std::make_unique<Impl>()) {
   options.validate();
   impl_->options = options;
   MpiEnvironment::instance();
-  AUTOSTAGE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->p2pComm), "creating the p2p communicator");
-  AUTOSTAGE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->collComm), "creating the collective communicator");
+  AUTOSTAGE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->p2pComm),
+                      "creating the p2p communicator");
+  AUTOSTAGE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->collComm),
+                      "creating the collective communicator");
   for (MPI_Comm comm : {impl_->p2pComm, impl_->collComm})
-    AUTOSTAGE_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "setting the error handler");
+    AUTOSTAGE_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN),
+                        "setting the error handler");
   MPI_Comm_rank(impl_->p2pComm, &impl_->rank);
   MPI_Comm_size(impl_->p2pComm, &impl_->worldSize);
   int* tagUb = nullptr;
@@ -137,7 +157,8 @@ MpiBackend::MpiBackend(CommOptions options) : impl_(std::make_unique<Impl>()) {
   if (flag && tagUb) impl_->tagUpperBound = *tagUb;
   MPI_Comm local;
   AUTOSTAGE_MPI_CHECK(MPI_Comm_split_type(impl_->collComm, MPI_COMM_TYPE_SHARED, impl_->rank,
-                                          MPI_INFO_NULL, &local), "finding the ranks on this node");
+                                          MPI_INFO_NULL, &local),
+                      "finding the ranks on this node");
   MPI_Comm_rank(local, &impl_->localRank);
   MPI_Comm_size(local, &impl_->localSize);
   MPI_Comm_free(&local);
@@ -162,17 +183,21 @@ void MpiBackend::checkTag(int tag, const char* operation) const {
                   " exceeds this MPI's tag bound ", impl_->tagUpperBound, "; use smaller tags");
 }
 
-void MpiBackend::send(const at::Tensor& tensor, int dst, int tag) { isend(tensor, dst, tag)->wait(); }
+void MpiBackend::send(const at::Tensor& tensor, int dst, int tag) {
+  isend(tensor, dst, tag)->wait();
+}
 
-void MpiBackend::recv(const at::Tensor& tensor, int src, int tag) { irecv(tensor, src, tag)->wait(); }
+void MpiBackend::recv(const at::Tensor& tensor, int src, int tag) {
+  irecv(tensor, src, tag)->wait();
+}
 
 std::unique_ptr<Work> MpiBackend::isend(const at::Tensor& tensor, int dst, int tag) {
   checkCommTensor(tensor, c10::DeviceType::CPU, "send");
   checkPeer(dst, tag, "send");
   checkTag(tag, "send");
   MPI_Request request;
-  AUTOSTAGE_MPI_CHECK(MPI_Isend(tensor.data_ptr(), mpiCount(tensor, "send"), mpiTypeOf(tensor),
-                                dst, tag, impl_->p2pComm, &request),
+  AUTOSTAGE_MPI_CHECK(MPI_Isend(tensor.data_ptr(), mpiCount(tensor, "send"), mpiTypeOf(tensor), dst,
+                                tag, impl_->p2pComm, &request),
                       "rank ", impl_->rank, " sending to rank ", dst, " tag ", tag);
   return std::make_unique<MpiWork>(request, tensor, impl_->rank, dst, tag, false,
                                    impl_->options.timeoutSeconds);
@@ -183,8 +208,8 @@ std::unique_ptr<Work> MpiBackend::irecv(const at::Tensor& tensor, int src, int t
   checkPeer(src, tag, "recv");
   checkTag(tag, "recv");
   MPI_Request request;
-  AUTOSTAGE_MPI_CHECK(MPI_Irecv(tensor.data_ptr(), mpiCount(tensor, "recv"), mpiTypeOf(tensor),
-                                src, tag, impl_->p2pComm, &request),
+  AUTOSTAGE_MPI_CHECK(MPI_Irecv(tensor.data_ptr(), mpiCount(tensor, "recv"), mpiTypeOf(tensor), src,
+                                tag, impl_->p2pComm, &request),
                       "rank ", impl_->rank, " receiving from rank ", src, " tag ", tag);
   return std::make_unique<MpiWork>(request, tensor, impl_->rank, src, tag, true,
                                    impl_->options.timeoutSeconds);

@@ -1,7 +1,7 @@
 // MpiBackend's collectives and sub-group communicators.
-#include <functional>
-
 #include <ATen/ops/empty.h>
+
+#include <functional>
 
 #include "comm/mpi_backend.h"
 #include "comm/mpi_check.h"
@@ -40,8 +40,9 @@ void MpiBackend::Impl::handshake(const Group& group) {
                         "group ", group.toString(), " hello");
     waitRequest(request, nullptr, deadline, rank, what(group.leader(), "hello"), OnTimeout::Free);
     int ready = 0;
-    AUTOSTAGE_MPI_CHECK(MPI_Irecv(&ready, 1, MPI_INT, group.leader(), kReadyTag, collComm, &request),
-                        "group ", group.toString(), " ready");
+    AUTOSTAGE_MPI_CHECK(
+        MPI_Irecv(&ready, 1, MPI_INT, group.leader(), kReadyTag, collComm, &request), "group ",
+        group.toString(), " ready");
     waitRequest(request, nullptr, deadline, rank, what(group.leader(), "ready"), OnTimeout::Cancel);
     return;
   }
@@ -132,9 +133,11 @@ void MpiBackend::allReduce(const at::Tensor& tensor, ReduceOp op, const Group& g
   at::Tensor work = halfWidth ? tensor.to(at::kFloat) : tensor;
   MPI_Op mpiOp = work.scalar_type() == at::kBool ? MPI_LOR : MPI_SUM;
   int count = mpiCount(work, "allReduce");
-  runCollective(*impl_, "allReduce", group, describeTensor(tensor), [&](MPI_Comm comm, MPI_Request* request) {
-    return MPI_Iallreduce(MPI_IN_PLACE, work.data_ptr(), count, mpiTypeOf(work), mpiOp, comm, request);
-  });
+  runCollective(*impl_, "allReduce", group, describeTensor(tensor),
+                [&](MPI_Comm comm, MPI_Request* request) {
+                  return MPI_Iallreduce(MPI_IN_PLACE, work.data_ptr(), count, mpiTypeOf(work),
+                                        mpiOp, comm, request);
+                });
   if (op == ReduceOp::Average) work.div_(group.size());
   if (halfWidth) tensor.copy_(work);
 }
@@ -144,9 +147,11 @@ void MpiBackend::broadcast(const at::Tensor& tensor, int root, const Group& grou
   checkMember(group, "broadcast", root);
   if (group.size() == 1) return;
   int count = mpiCount(tensor, "broadcast");
-  runCollective(*impl_, "broadcast", group, describeTensor(tensor), [&](MPI_Comm comm, MPI_Request* request) {
-    return MPI_Ibcast(tensor.data_ptr(), count, mpiTypeOf(tensor), group.indexOf(root), comm, request);
-  });
+  runCollective(*impl_, "broadcast", group, describeTensor(tensor),
+                [&](MPI_Comm comm, MPI_Request* request) {
+                  return MPI_Ibcast(tensor.data_ptr(), count, mpiTypeOf(tensor),
+                                    group.indexOf(root), comm, request);
+                });
 }
 
 std::vector<at::Tensor> MpiBackend::allGather(const at::Tensor& tensor, const Group& group) {
@@ -160,10 +165,11 @@ std::vector<at::Tensor> MpiBackend::allGather(const at::Tensor& tensor, const Gr
   if (group.size() == 1) {
     gathered.select(0, 0).copy_(tensor);
   } else {
-    runCollective(*impl_, "allGather", group, describeTensor(tensor), [&](MPI_Comm comm, MPI_Request* request) {
-      return MPI_Iallgather(tensor.data_ptr(), count, type, gathered.data_ptr(), count, type, comm,
-                            request);
-    });
+    runCollective(*impl_, "allGather", group, describeTensor(tensor),
+                  [&](MPI_Comm comm, MPI_Request* request) {
+                    return MPI_Iallgather(tensor.data_ptr(), count, type, gathered.data_ptr(),
+                                          count, type, comm, request);
+                  });
   }
   std::vector<at::Tensor> out;
   for (int i = 0; i < group.size(); ++i) out.push_back(gathered.select(0, i));
@@ -173,9 +179,8 @@ std::vector<at::Tensor> MpiBackend::allGather(const at::Tensor& tensor, const Gr
 void MpiBackend::barrier(const Group& group) {
   checkMember(group, "barrier");
   if (group.size() == 1) return;
-  runCollective(*impl_, "barrier", group, "", [&](MPI_Comm comm, MPI_Request* request) {
-    return MPI_Ibarrier(comm, request);
-  });
+  runCollective(*impl_, "barrier", group, "",
+                [&](MPI_Comm comm, MPI_Request* request) { return MPI_Ibarrier(comm, request); });
 }
 
 }  // namespace autostage::comm

@@ -11,7 +11,8 @@ namespace detail {
 std::string mpiErrorText(int code) {
   char text[MPI_MAX_ERROR_STRING];
   int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
+    return "MPI error " + std::to_string(code);
   return std::string(text, length);
 }
 }  // namespace detail
@@ -42,7 +43,8 @@ MpiEnvironment::MpiEnvironment() {
   if (threadLevel_ < MPI_THREAD_MULTIPLE)
     core::logger("Comm")->warn(
         "MPI provides thread level {} below MPI_THREAD_MULTIPLE; call the MPI backend from one "
-        "thread at a time", threadLevel_);
+        "thread at a time",
+        threadLevel_);
 }
 
 MpiEnvironment& MpiEnvironment::instance() {

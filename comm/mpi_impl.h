@@ -1,15 +1,15 @@
 #pragma once
 // MpiBackend's internal state and the deadline-polled wait. Internal to comm/.
 
+#include <ATen/core/Tensor.h>
+#include <mpi.h>
+
 #include <atomic>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
-#include <mpi.h>
 
 #include "comm/comm_options.h"
 #include "comm/deadline.h"

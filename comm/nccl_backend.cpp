@@ -1,8 +1,8 @@
 #include "comm/nccl_backend.h"
 
 #include <chrono>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "comm/deadline.h"
@@ -15,15 +15,25 @@ namespace autostage::comm {
 
 ncclDataType_t ncclTypeOf(const at::Tensor& tensor) {
   switch (tensor.scalar_type()) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kLong: return ncclInt64;
-    case at::kInt: return ncclInt32;
-    case at::kShort: return ncclFloat16;  // moved bitwise; allReduce widens to int32 first
-    case at::kChar: return ncclInt8;
-    case at::kByte: case at::kBool: return ncclUint8;
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kLong:
+      return ncclInt64;
+    case at::kInt:
+      return ncclInt32;
+    case at::kShort:
+      return ncclFloat16;  // moved bitwise; allReduce widens to int32 first
+    case at::kChar:
+      return ncclInt8;
+    case at::kByte:
+    case at::kBool:
+      return ncclUint8;
     default:
       throw UnsupportedError("the NCCL backend cannot move dtype " +
                              std::string(c10::toString(tensor.scalar_type())));
@@ -90,7 +100,8 @@ cudaEvent_t NcclBackend::Impl::recordDone() {
 void NcclBackend::Impl::waitDone(cudaEvent_t done, ncclComm_t comm,
                                  const std::function<std::string()>& what) {
   Deadline deadline(options.timeoutSeconds);
-  for (auto sleep = std::chrono::microseconds(10);; sleep = std::min(sleep * 2, std::chrono::microseconds(1000))) {
+  for (auto sleep = std::chrono::microseconds(10);;
+       sleep = std::min(sleep * 2, std::chrono::microseconds(1000))) {
     cudaError_t state = cudaEventQuery(done);
     if (state == cudaSuccess) return;
     AUTOSTAGE_CHECK_AS(CommError, state == cudaErrorNotReady, "rank ", control->rank(),
@@ -99,8 +110,9 @@ void NcclBackend::Impl::waitDone(cudaEvent_t done, ncclComm_t comm,
     ncclCommGetAsyncError(comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
       forget(comm);
-      throw CommError("rank " + std::to_string(control->rank()) + ": NCCL failed while waiting for " +
-                      what() + ": " + ncclGetErrorString(async));
+      throw CommError("rank " + std::to_string(control->rank()) +
+                      ": NCCL failed while waiting for " + what() + ": " +
+                      ncclGetErrorString(async));
     }
     if (deadline.expired()) {
       forget(comm);
@@ -174,20 +186,26 @@ std::unique_ptr<Work> NcclBackend::pointToPoint(const at::Tensor& tensor, int pe
   impl_->orderAfterDefaultStream();
   size_t count = static_cast<size_t>(tensor.numel());
   if (isRecv)
-    AUTOSTAGE_NCCL_CHECK(ncclRecv(tensor.data_ptr(), count, ncclTypeOf(tensor), peer, comm, impl_->stream),
-                         "rank ", rank(), " receiving from rank ", peer);
+    AUTOSTAGE_NCCL_CHECK(
+        ncclRecv(tensor.data_ptr(), count, ncclTypeOf(tensor), peer, comm, impl_->stream), "rank ",
+        rank(), " receiving from rank ", peer);
   else
-    AUTOSTAGE_NCCL_CHECK(ncclSend(tensor.data_ptr(), count, ncclTypeOf(tensor), peer, comm, impl_->stream),
-                         "rank ", rank(), " sending to rank ", peer);
-  std::string detail = " (tag " + std::to_string(tag) + ", " + operation + " of " +
-                       describeTensor(tensor) + ")";
+    AUTOSTAGE_NCCL_CHECK(
+        ncclSend(tensor.data_ptr(), count, ncclTypeOf(tensor), peer, comm, impl_->stream), "rank ",
+        rank(), " sending to rank ", peer);
+  std::string detail =
+      " (tag " + std::to_string(tag) + ", " + operation + " of " + describeTensor(tensor) + ")";
   std::string what = isRecv ? "a tensor from rank " + std::to_string(peer) + detail
                             : "rank " + std::to_string(peer) + " to receive a tensor" + detail;
   return std::make_unique<NcclWork>(*impl_, impl_->recordDone(), comm, tensor, what);
 }
 
-void NcclBackend::send(const at::Tensor& tensor, int dst, int tag) { isend(tensor, dst, tag)->wait(); }
-void NcclBackend::recv(const at::Tensor& tensor, int src, int tag) { irecv(tensor, src, tag)->wait(); }
+void NcclBackend::send(const at::Tensor& tensor, int dst, int tag) {
+  isend(tensor, dst, tag)->wait();
+}
+void NcclBackend::recv(const at::Tensor& tensor, int src, int tag) {
+  irecv(tensor, src, tag)->wait();
+}
 
 std::unique_ptr<Work> NcclBackend::isend(const at::Tensor& tensor, int dst, int tag) {
   return pointToPoint(tensor, dst, tag, false);

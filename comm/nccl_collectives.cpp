@@ -11,8 +11,8 @@ namespace autostage::comm {
 namespace {
 std::function<std::string()> membersText(const Group& group, const char* operation,
                                          const at::Tensor& tensor) {
-  std::string text = "the other members of group " + group.toString() + " (" + operation +
-                     " of " + describeTensor(tensor) + ")";
+  std::string text = "the other members of group " + group.toString() + " (" + operation + " of " +
+                     describeTensor(tensor) + ")";
   return [text] { return text; };
 }
 }  // namespace
@@ -26,12 +26,12 @@ void NcclBackend::allReduce(const at::Tensor& tensor, ReduceOp op, const Group& 
   bool widen = tensor.scalar_type() == at::kShort;
   at::Tensor work = widen ? tensor.to(at::kInt) : tensor;
   ncclRedOp_t ncclOp = work.scalar_type() == at::kBool ? ncclMax
-                       : op == ReduceOp::Average        ? ncclAvg
-                                                        : ncclSum;
+                       : op == ReduceOp::Average       ? ncclAvg
+                                                       : ncclSum;
   ncclComm_t comm = impl_->communicator(group);
   impl_->orderAfterDefaultStream();
-  AUTOSTAGE_NCCL_CHECK(ncclAllReduce(work.data_ptr(), work.data_ptr(), work.numel(), ncclTypeOf(work),
-                                     ncclOp, comm, impl_->stream),
+  AUTOSTAGE_NCCL_CHECK(ncclAllReduce(work.data_ptr(), work.data_ptr(), work.numel(),
+                                     ncclTypeOf(work), ncclOp, comm, impl_->stream),
                        "rank ", rank(), " allReduce over group ", group.toString());
   cudaEvent_t done = impl_->recordDone();
   impl_->waitDone(done, comm, membersText(group, "allReduce", tensor));

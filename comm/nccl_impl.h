@@ -1,33 +1,33 @@
 #pragma once
 // NcclBackend's internal state and checking macros. Internal to comm/.
 
+#include <ATen/core/Tensor.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
 #include <functional>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-#include <cuda_runtime.h>
-#include <nccl.h>
-
 #include "comm/nccl_backend.h"
 #include "core/error.h"
 
-#define AUTOSTAGE_NCCL_CHECK(call, ...)                                                       \
-  do {                                                                                        \
-    ncclResult_t autostageNcclCode_ = (call);                                                 \
-    if (autostageNcclCode_ != ncclSuccess && autostageNcclCode_ != ncclInProgress)            \
-      throw ::autostage::CommError(::autostage::detail::concat(                              \
-          #call, " failed: ", ncclGetErrorString(autostageNcclCode_), " (", __VA_ARGS__,      \
-          "). Check NCCL_DEBUG=INFO output and the other ranks' logs"));                      \
+#define AUTOSTAGE_NCCL_CHECK(call, ...)                                                  \
+  do {                                                                                   \
+    ncclResult_t autostageNcclCode_ = (call);                                            \
+    if (autostageNcclCode_ != ncclSuccess && autostageNcclCode_ != ncclInProgress)       \
+      throw ::autostage::CommError(::autostage::detail::concat(                          \
+          #call, " failed: ", ncclGetErrorString(autostageNcclCode_), " (", __VA_ARGS__, \
+          "). Check NCCL_DEBUG=INFO output and the other ranks' logs"));                 \
   } while (false)
 
-#define AUTOSTAGE_CUDA_CHECK(call, ...)                                                       \
-  do {                                                                                        \
-    cudaError_t autostageCudaCode_ = (call);                                                  \
-    if (autostageCudaCode_ != cudaSuccess)                                                    \
-      throw ::autostage::CommError(::autostage::detail::concat(                              \
+#define AUTOSTAGE_CUDA_CHECK(call, ...)                                                         \
+  do {                                                                                          \
+    cudaError_t autostageCudaCode_ = (call);                                                    \
+    if (autostageCudaCode_ != cudaSuccess)                                                      \
+      throw ::autostage::CommError(::autostage::detail::concat(                                 \
           #call, " failed: ", cudaGetErrorString(autostageCudaCode_), " (", __VA_ARGS__, ")")); \
   } while (false)
 

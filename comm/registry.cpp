@@ -52,7 +52,8 @@ void registerBuiltinBackends() {
   registerBackend("mpi", [] { return std::make_shared<MpiBackend>(); });
 #if AUTOSTAGE_WITH_NCCL
   registerBackend("nccl", [] {
-    return std::make_shared<NcclBackend>(std::dynamic_pointer_cast<MpiBackend>(sharedBackend("mpi")));
+    return std::make_shared<NcclBackend>(
+        std::dynamic_pointer_cast<MpiBackend>(sharedBackend("mpi")));
   });
 #endif
 }
@@ -84,7 +85,8 @@ std::shared_ptr<Backend> sharedBackend(const std::string& name) {
 std::string backendNameFor(const at::Tensor& tensor) {
   AUTOSTAGE_CHECK(tensor.defined(), "backendFor: expected a defined tensor");
   switch (tensor.device().type()) {
-    case c10::DeviceType::CPU: return "mpi";
+    case c10::DeviceType::CPU:
+      return "mpi";
     case c10::DeviceType::CUDA:
       AUTOSTAGE_CHECK_AS(UnsupportedError, AUTOSTAGE_WITH_NCCL,
                          "a CUDA tensor needs the NCCL backend, but autostage was built without "

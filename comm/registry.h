@@ -6,12 +6,12 @@
 // returns the process's shared instance for the tensor's device (MPI for CPU, NCCL for CUDA),
 // creating it on first use. Creating an MPI or NCCL backend is collective over the world.
 
+#include <ATen/core/Tensor.h>
+
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <ATen/core/Tensor.h>
 
 #include "comm/backend.h"
 

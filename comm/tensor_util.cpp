@@ -18,8 +18,16 @@ std::string describeTensor(const at::Tensor& tensor) {
 namespace {
 bool supportedDtype(at::ScalarType type) {
   switch (type) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kLong:
-    case at::kInt: case at::kShort: case at::kChar: case at::kByte: case at::kBool:
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kBFloat16:
+    case at::kLong:
+    case at::kInt:
+    case at::kShort:
+    case at::kChar:
+    case at::kByte:
+    case at::kBool:
       return true;
     default:
       return false;
@@ -35,8 +43,8 @@ void checkCommTensor(const at::Tensor& tensor, c10::DeviceType deviceType, const
   AUTOSTAGE_CHECK(tensor.is_contiguous(), operation, ": expected a contiguous tensor, got ",
                   describeTensor(tensor), " with strides ", tensor.strides(),
                   "; call .contiguous() first");
-  AUTOSTAGE_CHECK_AS(UnsupportedError, supportedDtype(tensor.scalar_type()), operation,
-                     ": dtype ", c10::toString(tensor.scalar_type()),
+  AUTOSTAGE_CHECK_AS(UnsupportedError, supportedDtype(tensor.scalar_type()), operation, ": dtype ",
+                     c10::toString(tensor.scalar_type()),
                      " is not supported; use float32/64, float16, bfloat16, int64/32/16/8, "
                      "uint8 or bool");
 }
@@ -52,8 +60,10 @@ int64_t tensorBytes(const at::Tensor& tensor) {
 }
 
 void accumulate(const at::Tensor& into, const at::Tensor& other) {
-  if (into.scalar_type() == at::kBool) into.logical_or_(other);
-  else into.add_(other);
+  if (into.scalar_type() == at::kBool)
+    into.logical_or_(other);
+  else
+    into.add_(other);
 }
 
 }  // namespace autostage::comm

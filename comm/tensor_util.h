@@ -1,9 +1,9 @@
 #pragma once
 // Small tensor helpers shared by the backends (checks, names, reduction arithmetic).
 
-#include <string>
-
 #include <ATen/core/Tensor.h>
+
+#include <string>
 
 namespace autostage::comm {
 

@@ -1,10 +1,10 @@
 #include "comm/thread_backend.h"
 
-#include <cstring>
-#include <thread>
-
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+
+#include <cstring>
+#include <thread>
 
 #include "comm/tensor_util.h"
 #include "core/error.h"
@@ -27,7 +27,8 @@ void deliver(const Mail& mail, const at::Tensor& into, int rank, const std::stri
   AUTOSTAGE_CHECK_AS(CommError, mail.dtype == into.scalar_type() && mail.numel == into.numel(),
                      "rank ", rank, " expected ", describeTensor(into), " (", into.numel(),
                      " elements) for ", what, " but the sender sent ", c10::toString(mail.dtype),
-                     " with ", mail.numel, " elements; sender and receiver must agree on dtype "
+                     " with ", mail.numel,
+                     " elements; sender and receiver must agree on dtype "
                      "and size");
   if (!mail.bytes.empty()) std::memcpy(into.data_ptr(), mail.bytes.data(), mail.bytes.size());
 }
@@ -47,8 +48,11 @@ class ThreadRecvWork : public Work {
  public:
   ThreadRecvWork(std::shared_ptr<ThreadWorld> world, MailKey key, at::Tensor into,
                  const char* operation)
-      : world_(std::move(world)), key_(std::move(key)), into_(std::move(into)),
-        ticket_(world_->reserve(key_)), operation_(operation) {}
+      : world_(std::move(world)),
+        key_(std::move(key)),
+        into_(std::move(into)),
+        ticket_(world_->reserve(key_)),
+        operation_(operation) {}
   void wait() override {
     if (done_) return;
     Deadline deadline(world_->options().timeoutSeconds);

@@ -32,11 +32,13 @@ std::optional<Mail> ThreadWorld::extract(Box& box, int64_t ticket) {
   return mail;
 }
 
-std::optional<Mail> ThreadWorld::take(const MailKey& key, int64_t ticket, const Deadline& deadline) {
+std::optional<Mail> ThreadWorld::take(const MailKey& key, int64_t ticket,
+                                      const Deadline& deadline) {
   std::unique_lock<std::mutex> lock(mutex_);
   Box& box = boxes_[key];  // std::map nodes are stable while we wait
   std::optional<Mail> mail;
-  arrived_.wait_until(lock, deadline.when(), [&] { return (mail = extract(box, ticket)).has_value(); });
+  arrived_.wait_until(lock, deadline.when(),
+                      [&] { return (mail = extract(box, ticket)).has_value(); });
   return mail;
 }
 

@@ -5,6 +5,8 @@
 // point-to-point traffic ("") from each collective's internal traffic. Within one key, the k-th
 // receive posted takes the k-th message sent, like MPI's non-overtaking rule. Thread-safe.
 
+#include <c10/core/ScalarType.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -13,8 +15,6 @@
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <c10/core/ScalarType.h>
 
 #include "comm/comm_options.h"
 #include "comm/deadline.h"

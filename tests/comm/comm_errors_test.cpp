@@ -21,38 +21,54 @@ CommOptions shortTimeout() {
 }  // namespace
 
 TEST_CASE("a recv from a rank that never sends fails naming that rank", "[comm]") {
-  auto errors = runThreadRanks(3, [](ThreadBackend& backend) {
-    if (backend.rank() == 0) backend.recv(at::empty({4}), 2, 5);
-  }, shortTimeout());
+  auto errors = runThreadRanks(
+      3,
+      [](ThreadBackend& backend) {
+        if (backend.rank() == 0) backend.recv(at::empty({4}), 2, 5);
+      },
+      shortTimeout());
   REQUIRE(errors[1] == nullptr);
   REQUIRE(errors[2] == nullptr);
   REQUIRE_THROWS_AS(std::rethrow_exception(errors[0]), CommError);
-  REQUIRE_THAT(errorOf(errors, 0), Catch::StartsWith("rank 0 waited 0.3 s for a tensor from rank 2 (tag 5, recv)") &&
-                                       Catch::Contains("comm_timeout_s"));
+  REQUIRE_THAT(errorOf(errors, 0),
+               Catch::StartsWith("rank 0 waited 0.3 s for a tensor from rank 2 (tag 5, recv)") &&
+                   Catch::Contains("comm_timeout_s"));
 }
 
 TEST_CASE("a collective a member never joins fails naming the missing member", "[comm]") {
-  auto errors = runThreadRanks(3, [](ThreadBackend& backend) {
-    at::Tensor t = at::ones({2});
-    if (backend.rank() != 1) backend.allReduce(t, ReduceOp::Sum, backend.world());
-  }, shortTimeout());
+  auto errors = runThreadRanks(
+      3,
+      [](ThreadBackend& backend) {
+        at::Tensor t = at::ones({2});
+        if (backend.rank() != 1) backend.allReduce(t, ReduceOp::Sum, backend.world());
+      },
+      shortTimeout());
   // The leader (rank 0) waits for rank 1; rank 2 waits for the leader's result.
-  REQUIRE_THAT(errorOf(errors, 0), Catch::StartsWith("rank 0 waited 0.3 s for rank 1 (allReduce over group {0,1,2})"));
-  REQUIRE_THAT(errorOf(errors, 2), Catch::StartsWith("rank 2 waited 0.3 s for rank 0 (allReduce over group {0,1,2})"));
+  REQUIRE_THAT(errorOf(errors, 0),
+               Catch::StartsWith("rank 0 waited 0.3 s for rank 1 (allReduce over group {0,1,2})"));
+  REQUIRE_THAT(errorOf(errors, 2),
+               Catch::StartsWith("rank 2 waited 0.3 s for rank 0 (allReduce over group {0,1,2})"));
   REQUIRE(errorOf(errors, 1) == "");
 
-  auto irecvErrors = runThreadRanks(2, [](ThreadBackend& backend) {
-    if (backend.rank() == 1) backend.irecv(at::empty({1}), 0, 9)->wait();
-  }, shortTimeout());
-  REQUIRE_THAT(errorOf(irecvErrors, 1), Catch::StartsWith("rank 1 waited 0.3 s for a tensor from rank 0 (tag 9, irecv)"));
+  auto irecvErrors = runThreadRanks(
+      2,
+      [](ThreadBackend& backend) {
+        if (backend.rank() == 1) backend.irecv(at::empty({1}), 0, 9)->wait();
+      },
+      shortTimeout());
+  REQUIRE_THAT(errorOf(irecvErrors, 1),
+               Catch::StartsWith("rank 1 waited 0.3 s for a tensor from rank 0 (tag 9, irecv)"));
 }
 
 TEST_CASE("a received message of another dtype or size is a CommError naming both", "[comm]") {
   auto errors = runThreadRanks(2, [](ThreadBackend& backend) {
-    if (backend.rank() == 0) backend.send(at::ones({3}, at::kFloat), 1, 0);
-    else backend.recv(at::empty({3}, at::kLong), 0, 0);
+    if (backend.rank() == 0)
+      backend.send(at::ones({3}, at::kFloat), 1, 0);
+    else
+      backend.recv(at::empty({3}, at::kLong), 0, 0);
   });
-  REQUIRE_THAT(errorOf(errors, 1), Catch::Contains("expected Long[3]") && Catch::Contains("sent Float"));
+  REQUIRE_THAT(errorOf(errors, 1),
+               Catch::Contains("expected Long[3]") && Catch::Contains("sent Float"));
 }
 
 TEST_CASE("bad arguments are rejected before anything is sent", "[comm]") {
@@ -73,8 +89,9 @@ TEST_CASE("bad arguments are rejected before anything is sent", "[comm]") {
     expectThrow([&] { backend.send(t, 0, 0); }, "the peer is this rank itself");
     expectThrow([&] { backend.send(t, 1, -1); }, "tag must be >= 0");
     expectThrow([&] { backend.send(at::ones({2}, at::kComplexFloat), 1, 0); }, "not supported");
-    expectThrow([&] { backend.allReduce(at::ones({2}, at::kLong), ReduceOp::Average, backend.world()); },
-                "needs a floating-point tensor");
+    expectThrow(
+        [&] { backend.allReduce(at::ones({2}, at::kLong), ReduceOp::Average, backend.world()); },
+        "needs a floating-point tensor");
     expectThrow([&] { backend.allReduce(t, ReduceOp::Sum, Group({1})); }, "not a member");
     expectThrow([&] { backend.broadcast(t, 1, Group({0})); }, "root rank 1 is not a member");
     expectThrow([&] { backend.barrier(Group({0, 5})); }, "outside the world of size 2");
@@ -114,7 +131,8 @@ TEST_CASE("registry lists known backends and picks MPI for CPU tensors", "[comm]
 TEST_CASE("comm options come from comm_timeout_s and are validated", "[comm]") {
   core::Config config;
   REQUIRE(config.getFloat("comm_timeout_s") == 60.0);
-  REQUIRE(CommOptions::fromConfig().timeoutSeconds == core::globalConfig().getFloat("comm_timeout_s"));
+  REQUIRE(CommOptions::fromConfig().timeoutSeconds ==
+          core::globalConfig().getFloat("comm_timeout_s"));
   CommOptions options;
   options.timeoutSeconds = 0;
   REQUIRE_THROWS_AS(options.validate(), ConfigError);

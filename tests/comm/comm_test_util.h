@@ -1,11 +1,11 @@
 #pragma once
 // Helpers shared by the comm tests: deterministic tensors and per-rank error reporting.
 
+#include <ATen/ATen.h>
+
 #include <exception>
 #include <string>
 #include <vector>
-
-#include <ATen/ATen.h>
 
 namespace autostage::comm::testing {
 

@@ -4,9 +4,8 @@
 #include "comm/thread_backend.h"
 
 #include <atomic>
-#include <mutex>
-
 #include <catch2/catch.hpp>
+#include <mutex>
 
 #include "comm_test_util.h"
 #include "core/error.h"
@@ -43,7 +42,8 @@ TEST_CASE("send/recv moves every dtype and shape around a ring", "[comm]") {
     for (at::ScalarType dtype : allDtypes())
       for (const auto& shape : kShapes) {
         INFO("rank " << rank << " dtype " << dtype << " shape " << at::IntArrayRef(shape));
-        REQUIRE(at::equal(received[rank][i++], pattern(dtype, shape, (rank + kRanks - 1) % kRanks)));
+        REQUIRE(
+            at::equal(received[rank][i++], pattern(dtype, shape, (rank + kRanks - 1) % kRanks)));
       }
   }
 }
@@ -162,16 +162,19 @@ TEST_CASE("allGather returns every member's tensor in rank order", "[comm]") {
   auto errors = runThreadRanks(kRanks, [&](ThreadBackend& backend) {
     int rank = backend.rank();
     world[rank] = backend.allGather(pattern(at::kInt, {2, 3}, rank), backend.world());
-    if (rank != 1) sub[rank] = backend.allGather(pattern(at::kDouble, {4}, 10 * rank), Group({0, 2, 3}));
+    if (rank != 1)
+      sub[rank] = backend.allGather(pattern(at::kDouble, {4}, 10 * rank), Group({0, 2, 3}));
   });
   REQUIRE(firstError(errors) == "");
   for (int rank = 0; rank < kRanks; ++rank) {
     REQUIRE(world[rank].size() == kRanks);
-    for (int r = 0; r < kRanks; ++r) REQUIRE(at::equal(world[rank][r], pattern(at::kInt, {2, 3}, r)));
+    for (int r = 0; r < kRanks; ++r)
+      REQUIRE(at::equal(world[rank][r], pattern(at::kInt, {2, 3}, r)));
     if (rank == 1) continue;
     REQUIRE(sub[rank].size() == 3);
     for (int i = 0; i < 3; ++i)
-      REQUIRE(at::equal(sub[rank][i], pattern(at::kDouble, {4}, 10 * std::vector<int>{0, 2, 3}[i])));
+      REQUIRE(
+          at::equal(sub[rank][i], pattern(at::kDouble, {4}, 10 * std::vector<int>{0, 2, 3}[i])));
   }
 }
 

@@ -3,11 +3,11 @@
 // wait for it (p2p receive, or an allReduce) and must fail with a CommError naming it.
 // Survivors print `SURVIVOR rank R: <message>` and exit with status 3 (mode collective: they
 // end the job with abortJob, as the runtime does for unrecoverable errors).
+#include <ATen/ATen.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-
-#include <ATen/ATen.h>
 
 #include "comm/mpi_backend.h"
 #include "core/error.h"
@@ -26,14 +26,17 @@ int main(int argc, char** argv) {
   }
   try {
     at::Tensor t = at::ones({16});
-    if (mode == "collective") backend.allReduce(t, ReduceOp::Sum, backend.world());
-    else backend.recv(t, 3, 1);
+    if (mode == "collective")
+      backend.allReduce(t, ReduceOp::Sum, backend.world());
+    else
+      backend.recv(t, 3, 1);
     std::printf("NO ERROR on rank %d\n", backend.rank());
     return 0;
   } catch (const CommError& e) {
     std::printf("SURVIVOR rank %d: %s\n", backend.rank(), e.what());
     std::fflush(stdout);
-    if (mode == "collective") backend.abortJob("rank " + std::to_string(backend.rank()) + " lost a peer");
+    if (mode == "collective")
+      backend.abortJob("rank " + std::to_string(backend.rank()) + " lost a peer");
     return 3;
   }
 }

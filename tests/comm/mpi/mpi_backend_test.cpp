@@ -92,7 +92,8 @@ TEST_CASE("MPI allReduce sum and average over the world", "[comm][mpi]") {
   }
 }
 
-TEST_CASE("MPI allReduce on subgroup 1 and 3 while ranks 0 and 2 run their own group", "[comm][mpi]") {
+TEST_CASE("MPI allReduce on subgroup 1 and 3 while ranks 0 and 2 run their own group",
+          "[comm][mpi]") {
   at::Tensor t = at::full({4}, 1.0 + mpi().rank());
   if (mpi().rank() % 2 == 1) {
     mpi().allReduce(t, ReduceOp::Sum, Group({1, 3}));
@@ -126,10 +127,12 @@ TEST_CASE("MPI broadcast and allGather of tensors and bytes", "[comm][mpi]") {
   mpi().broadcastBytes(bytes, 0, mpi().world());
   REQUIRE(bytes == deployment);
 
-  std::vector<at::Tensor> gathered = mpi().allGather(pattern(at::kInt, {2, 3}, rank), mpi().world());
+  std::vector<at::Tensor> gathered =
+      mpi().allGather(pattern(at::kInt, {2, 3}, rank), mpi().world());
   REQUIRE(gathered.size() == 4);
   for (int r = 0; r < 4; ++r) REQUIRE(at::equal(gathered[r], pattern(at::kInt, {2, 3}, r)));
-  std::vector<std::string> names = mpi().allGatherBytes(std::string(rank * 3, 'a' + rank), mpi().world());
+  std::vector<std::string> names =
+      mpi().allGatherBytes(std::string(rank * 3, 'a' + rank), mpi().world());
   REQUIRE(names == std::vector<std::string>{"", "bbb", "cccccc", "ddddddddd"});
   if (rank != 0) {
     auto sub = mpi().allGather(at::full({1}, 10.0 * rank), Group({1, 2, 3}));
@@ -157,8 +160,10 @@ TEST_CASE("MPI recv from a rank that never sends times out naming it", "[comm][m
   MpiBackend quick(options);  // collective: every rank constructs it
   if (quick.rank() == 0) {
     REQUIRE_THROWS_AS(quick.recv(at::empty({4}), 1, 77), CommError);
-    REQUIRE_THROWS_WITH(quick.recv(at::empty({4}), 1, 77),
-                        Catch::StartsWith("rank 0 waited 0.5 s for a tensor from rank 1 (tag 77, recv of Float[4])"));
+    REQUIRE_THROWS_WITH(
+        quick.recv(at::empty({4}), 1, 77),
+        Catch::StartsWith(
+            "rank 0 waited 0.5 s for a tensor from rank 1 (tag 77, recv of Float[4])"));
   }
   // Only then does rank 1 send: the cancelled receives must not swallow later traffic on the
   // same pair and tag.
