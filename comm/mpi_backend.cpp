@@ -46,24 +46,24 @@ int mpiCount(const at::Tensor& tensor, const char* operation) {
   return static_cast<int>(tensor.numel());
 }
 
-// Short MPI_Test spins first (latency of small messages), then sleeps growing to 1 ms so
-// oversubscribed ranks leave the cores to the peers they wait for.
+// Spins on MPI_Test for the first 10 ms, like OpenMPI's own blocking calls: MPI progresses
+// large messages and non-blocking collectives only inside MPI calls, so any pause (even a
+// yield) stalls them. Longer waits (a peer still computing) sleep, growing to 1 ms, to leave
+// oversubscribed cores to the peers.
 void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadline, int rank,
                  const std::function<std::string()>& what, OnTimeout onTimeout) {
   MPI_Status ignored;
   MPI_Status* out = status ? status : &ignored;
-  auto sleep = std::chrono::microseconds(10);
-  for (int polls = 0;; ++polls) {
+  const auto spinUntil = Deadline::Clock::now() + std::chrono::milliseconds(10);
+  auto sleep = std::chrono::microseconds(20);
+  for (;;) {
     int done = 0;
     AUTOSTAGE_MPI_CHECK(MPI_Test(&request, &done, out), "waiting for ", what());
     if (done) return;
     if (deadline.expired()) break;
-    if (polls < 100) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
-    }
+    if (Deadline::Clock::now() < spinUntil) continue;  // every MPI_Test advances the transfer
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
   }
   if (onTimeout == OnTimeout::Cancel) {
     MPI_Cancel(&request);

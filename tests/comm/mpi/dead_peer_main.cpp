@@ -1,8 +1,8 @@
 // Dead-peer scenario, run by dead_peer_check.py under mpirun -n 4 with a short comm timeout.
 // Rank 3 stops taking part (mode exit: returns from main; kill/collective: SIGKILL), the others
 // wait for it (p2p receive, or an allReduce) and must fail with a CommError naming it.
-// Survivors print `SURVIVOR rank R: <message>` and exit with status 3 (mode collective: they
-// end the job with abortJob, as the runtime does for unrecoverable errors).
+// Survivors print `SURVIVOR rank R: <message>`, then exit with status 3 (mode exit) or end the
+// job with abortJob (modes kill and collective).
 #include <ATen/ATen.h>
 
 #include <csignal>
@@ -35,8 +35,9 @@ int main(int argc, char** argv) {
   } catch (const CommError& e) {
     std::printf("SURVIVOR rank %d: %s\n", backend.rank(), e.what());
     std::fflush(stdout);
-    if (mode == "collective")
-      backend.abortJob("rank " + std::to_string(backend.rank()) + " lost a peer");
-    return 3;
+    if (mode == "exit") return 3;  // the peer exited cleanly: finalize normally
+    // A killed peer: end the job as the runtime does for unrecoverable errors (finalizing with a
+    // dead peer may block in OpenMPI).
+    backend.abortJob("rank " + std::to_string(backend.rank()) + " lost a peer");
   }
 }
