@@ -102,7 +102,9 @@ std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs) 
   auto step = c10::make_intrusive<PipelineStep>();
   step->executor = executor_;
   step->outputs = executor_->forward(tensors);
-  return PipelineFunction::apply(anchor_, step);
+  std::vector<at::Tensor> outputs = PipelineFunction::apply(anchor_, step);
+  step->outputs.clear();  // the outputs hold the autograd node that holds `step`: no cycle
+  return outputs;
 }
 
 std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs) {
