@@ -1,7 +1,7 @@
 // C++ example: train a TorchScript model with autostage across MPI ranks.
 //
-//   mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1 \
-//       build/examples/cpp/autostage_train_example [model.pt] [stages] [micro_batches]
+//   mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1
+//          build/examples/cpp/autostage_train_example [model.pt|-] [stages] [micro_batches]
 //
 // Without model.pt a small MLP (8 -> 64 -> 64 -> 4) is built in place. Every rank feeds its own
 // local batch of 16 random samples; the wrapped module returns the rows of that local batch and
