@@ -1,0 +1,185 @@
+#include "staging/executor.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/torchscript/type_convert.h"
+
+namespace autostage::staging {
+namespace {
+
+core::Deployment verified(const core::Graph& graph, core::Deployment deployment) {
+  verifyRoutes(graph, deployment);
+  return deployment;
+}
+
+}  // namespace
+
+void ExecutorOptions::validate() const {
+  AUTOSTAGE_CHECK_AS(ConfigError, gradientBucketBytes >= 1,
+                     "gradient_bucket_bytes must be >= 1, got ", gradientBucketBytes);
+}
+
+std::string ExecutorOptions::toString() const {
+  std::ostringstream out;
+  out << "gradient_bucket_bytes=" << gradientBucketBytes
+      << " synchronize_params=" << (synchronizeParams ? "true" : "false");
+  return out.str();
+}
+
+Executor::Executor(const torchscript::ImportedModel& model, core::Deployment deployment,
+                   std::shared_ptr<comm::Backend> backend, ExecutorOptions options)
+    : model_(model),
+      deployment_(verified(model.graph, std::move(deployment))),
+      backend_(std::move(backend)),
+      options_(options),
+      rank_(backend_->rank()),
+      gradientSync_(gradientGroups(model.graph, deployment_), options.gradientBucketBytes),
+      transport_(*backend_) {
+  options_.validate();
+  AUTOSTAGE_CHECK_AS(PlanError, deployment_.worldSize == backend_->worldSize(),
+                     "the deployment was planned for ", deployment_.worldSize,
+                     " ranks but this job has ", backend_->worldSize(),
+                     "; re-plan or launch with the planned number of ranks");
+  for (const core::StageDeployment& stage : deployment_.stages) {
+    auto it = std::find(stage.ranks.begin(), stage.ranks.end(), rank_);
+    if (it == stage.ranks.end()) continue;
+    stageId_ = stage.id;
+    replicaIndex_ = static_cast<int>(it - stage.ranks.begin());
+  }
+  for (const core::Route& route : deployment_.routes)
+    routeKinds_.push_back(routeKind(model_.graph, route.value));
+  for (core::ValueId out : model_.graph.outputs()) {
+    for (size_t r = 0; r < deployment_.routes.size(); ++r)
+      if (deployment_.routes[r].value == out) outputRoutes_.push_back(static_cast<int>(r));
+  }
+  if (stageId_ >= 0) {
+    const core::StageDeployment& stage = deployment_.stages[stageId_];
+    params_ = ParamStorage(model_, stageParams(model_.graph, stage));
+    std::vector<core::ValueId> gradientInputs;
+    for (size_t r = 0; r < deployment_.routes.size(); ++r) {
+      const core::Route& route = deployment_.routes[r];
+      const auto& consumers = route.consumerStages;
+      bool mine = std::find(consumers.begin(), consumers.end(), stageId_) != consumers.end();
+      if (mine && carriesGradient(r)) gradientInputs.push_back(route.value);
+    }
+    runner_ = std::make_unique<StageRunner>(model_.graph, stage, params_, gradientInputs);
+  }
+  if (options_.synchronizeParams) ParamStorage::synchronize(model_, *backend_);
+}
+
+bool Executor::carriesGradient(size_t route) const {
+  const core::Route& r = deployment_.routes[route];
+  const core::Type& type = model_.graph.value(r.value).type;
+  return r.carriesGradient && r.producerStage != core::kFeederStage &&
+         core::isFloatingPoint(type.dtype());
+}
+
+const BatchLayout& Executor::layout() const {
+  AUTOSTAGE_CHECK(layout_.has_value(), "no step has run yet; call forward() first");
+  return *layout_;
+}
+
+SampleRange Executor::myRows(int micro) const {
+  return layout_->replicaRows(micro, replicaIndex_, deployment_.stages[stageId_].replicaCount());
+}
+
+at::Tensor Executor::allocateRows(core::ValueId value, int64_t rows) const {
+  const core::Type type = model_.graph.value(value).type.withBatchSize(rows);
+  return at::empty(type.shape(), at::TensorOptions().dtype(torchscript::dtypeToTorch(type.dtype())));
+}
+
+int Executor::outputIndex(core::ValueId value) const {
+  const auto& outs = runner_->outputs();
+  auto it = std::find(outs.begin(), outs.end(), value);
+  AUTOSTAGE_INTERNAL_ASSERT(it != outs.end(), "value ", value, " is not an output of stage ",
+                            stageId_);
+  return static_cast<int>(it - outs.begin());
+}
+
+// ---- steps -----------------------------------------------------------------------------------
+
+void Executor::beginStep(const std::vector<at::Tensor>& inputs) {
+  int64_t local = agreeLocalBatch(inputs);
+  if (!layout_ || layout_->localBatch() != local) {
+    layout_.emplace(local, backend_->worldSize(), deployment_.microBatchCount);
+    std::vector<bool> skip;
+    for (RouteKind kind : routeKinds_) skip.push_back(kind == RouteKind::Loss);
+    plan_.emplace(deployment_, *layout_, skip);
+  }
+  transport_.reset();
+  if (runner_) runner_->clear();
+  stageOutputs_.assign(layout_->microBatchCount(), {});
+  lossSums_.assign(deployment_.routes.size(), 0.0);
+  lossGradients_.assign(deployment_.routes.size(), 0.0);
+}
+
+std::vector<at::Tensor> Executor::forward(const std::vector<at::Tensor>& inputs) {
+  beginStep(inputs);
+  sendFeederRows(inputs);
+  if (runner_)
+    for (int m = 0; m < layout_->microBatchCount(); ++m) forwardMicro(m);
+  std::vector<at::Tensor> outputs = receiveCallerOutputs();
+  transport_.waitAll();
+  return outputs;
+}
+
+void Executor::backward(const std::vector<at::Tensor>& outputGrads) {
+  AUTOSTAGE_CHECK(layout_.has_value(), "backward() called before forward()");
+  AUTOSTAGE_CHECK(outputGrads.size() == outputRoutes_.size(), "backward() needs one gradient per "
+                  "model output (", outputRoutes_.size(), "), got ", outputGrads.size());
+  sendCallerGradients(outputGrads);
+  averageLossGradients(outputGrads);
+  if (runner_)
+    for (int m = layout_->microBatchCount() - 1; m >= 0; --m) backwardMicro(m);
+  finishBackward();
+}
+
+std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& inputs) {
+  for (size_t i = 0; i < outputRoutes_.size(); ++i) {
+    AUTOSTAGE_CHECK_AS(UnsupportedError, routeKinds_[outputRoutes_[i]] == RouteKind::Loss,
+                       "trainStep needs a model whose forward returns its loss(es), but output ",
+                       i, " is a batch tensor; use forward() and backward() for such models");
+  }
+  beginStep(inputs);
+  for (int r : outputRoutes_) lossGradients_[r] += 1.0;
+  sendFeederRows(inputs);
+  if (runner_) {
+    for (const auto& [op, micro] : oneFOneBOrder()) {
+      if (op == 'F') {
+        forwardMicro(micro);
+      } else {
+        backwardMicro(micro);
+      }
+    }
+  }
+  std::vector<at::Tensor> losses = reduceLosses();
+  finishBackward();
+  return losses;
+}
+
+std::vector<std::pair<char, int>> Executor::oneFOneBOrder() const {
+  const int micros = layout_->microBatchCount();
+  const int stages = static_cast<int>(deployment_.stages.size());
+  const int warmup = std::min(stages - 1 - stageId_, micros);
+  std::vector<std::pair<char, int>> order;
+  for (int m = 0; m < warmup; ++m) order.emplace_back('F', m);
+  for (int m = warmup; m < micros; ++m) {
+    order.emplace_back('F', m);
+    order.emplace_back('B', m - warmup);
+  }
+  for (int m = micros - warmup; m < micros; ++m) order.emplace_back('B', m);
+  return order;
+}
+
+void Executor::finishBackward() {
+  transport_.waitAll();
+  gradientSync_.run(*backend_, params_);
+}
+
+}  // namespace autostage::staging

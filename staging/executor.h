@@ -1,0 +1,107 @@
+#pragma once
+// Runs one deployment on this rank: micro-batching, routing, the gpipe and 1f1b schedules and
+// gradient synchronisation. Every public step is collective over the world: all ranks call it
+// in the same order (ranks holding no stage still feed their rows and receive their outputs).
+//
+// Note [Loss outputs]
+// A graph output that is a scalar (a LOSS value, e.g. a mean-reduced loss computed inside the
+// model) is produced once per micro-batch replica piece p of n_p rows. The runtime returns on
+// every rank  sum_p (n_p / B) * loss_p , which equals the loss over the global batch B for a
+// mean-reduced loss (what plain PyTorch computes on the concatenated batch). In backward the
+// gradients passed on the ranks are averaged (so calling loss.backward() on every rank counts
+// once) and piece p receives  mean_gradient * n_p / B. Scalar outputs that are not means (sums,
+// counts) are therefore rescaled too: return per-sample values instead when that matters.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "comm/backend.h"
+#include "core/deployment.h"
+#include "core/torchscript/importer.h"
+#include "staging/gradient_sync.h"
+#include "staging/param_storage.h"
+#include "staging/route_check.h"
+#include "staging/row_transport.h"
+#include "staging/stage_runner.h"
+#include "staging/transfer_plan.h"
+
+namespace autostage::staging {
+
+struct ExecutorOptions {
+  int64_t gradientBucketBytes = 25 << 20;  // Note [Gradient scaling]
+  bool synchronizeParams = true;           // copy rank 0's parameters at construction
+  void validate() const;
+  std::string toString() const;
+};
+
+class Executor {
+ public:
+  // Verifies the routes, builds this rank's stage and, with synchronizeParams, copies rank 0's
+  // parameters (collective over the world). `model` must outlive the executor.
+  Executor(const torchscript::ImportedModel& model, core::Deployment deployment,
+           std::shared_ptr<comm::Backend> backend, ExecutorOptions options = {});
+
+  // gpipe forward of all micro-batches. `inputs`: one tensor per model input, this rank's local
+  // batch (dim 0). Returns one tensor per graph output: rows of this rank's local batch, or the
+  // global loss for scalar outputs (Note [Loss outputs]). Autograd state is kept for backward().
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
+  // gpipe backward: `outputGrads` holds one gradient per graph output (undefined = zeros) as
+  // seen by this rank's caller. Back-propagates all micro-batches in reverse order, then sums
+  // parameter gradients over their holders (Note [Gradient scaling]).
+  void backward(const std::vector<at::Tensor>& outputGrads);
+  // 1F1B forward+backward of a model whose every output is a loss (gradient 1 on each rank,
+  // as if every rank called loss.backward()); returns the losses. Gradients as backward().
+  std::vector<at::Tensor> trainStep(const std::vector<at::Tensor>& inputs);
+
+  const core::Deployment& deployment() const { return deployment_; }
+  const ParamStorage& params() const { return params_; }
+  // This rank's stage id, or -1 when it holds none.
+  int localStage() const { return stageId_; }
+  // Batch geometry of the last step (throws before the first).
+  const BatchLayout& layout() const;
+
+ private:
+  void beginStep(const std::vector<at::Tensor>& inputs);
+  // Checks every rank's inputs and agrees on the local batch size; throws the same Error on
+  // every rank when any rank's inputs are wrong or the sizes differ.
+  int64_t agreeLocalBatch(const std::vector<at::Tensor>& inputs);
+  std::string describeInputProblem(const std::vector<at::Tensor>& inputs) const;
+  bool carriesGradient(size_t route) const;
+  int outputIndex(core::ValueId value) const;
+  void sendFeederRows(const std::vector<at::Tensor>& inputs);
+  void forwardMicro(int micro);
+  void backwardMicro(int micro);
+  std::vector<at::Tensor> receiveCallerOutputs();
+  void sendCallerGradients(const std::vector<at::Tensor>& outputGrads);
+  std::vector<at::Tensor> reduceLosses();
+  void averageLossGradients(const std::vector<at::Tensor>& outputGrads);
+  void finishBackward();
+  SampleRange myRows(int micro) const;
+  at::Tensor allocateRows(core::ValueId value, int64_t rows) const;
+  std::vector<std::pair<char, int>> oneFOneBOrder() const;
+
+  const torchscript::ImportedModel& model_;
+  core::Deployment deployment_;
+  std::shared_ptr<comm::Backend> backend_;
+  ExecutorOptions options_;
+  int rank_;
+  int stageId_ = -1;
+  int replicaIndex_ = -1;
+  std::vector<RouteKind> routeKinds_;  // per route
+  std::vector<int> outputRoutes_;      // per graph output: its route index
+  ParamStorage params_;
+  std::unique_ptr<StageRunner> runner_;
+  GradientSync gradientSync_;
+  RowTransport transport_;
+  std::optional<BatchLayout> layout_;
+  std::optional<TransferPlan> plan_;
+  std::vector<std::vector<at::Tensor>> stageOutputs_;  // per micro: runner outputs
+  std::vector<double> lossSums_;       // per route: this rank's weighted loss pieces
+  std::vector<double> lossGradients_;  // per route: averaged caller gradient of a loss
+};
+
+}  // namespace autostage::staging

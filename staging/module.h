@@ -1,0 +1,84 @@
+#pragma once
+// autostage::staging::Module — the C++ counterpart of the Python `autostage.Module`.
+//
+//   staging::ModuleOptions options;
+//   options.planner = myPlanner;                 // rank 0 plans; the lead wires the real one in
+//   staging::Module module(torch::jit::load("model.pt"), options);
+//   auto out = module.forward({x});              // every rank passes its local batch
+//   lossFn(out[0], y).backward();                // drives the pipeline backward on every rank
+//   optimizer.step();                            // over module.parameters() (local ones)
+//
+// The first forward (or trainStep) imports the module with the call's inputs as example inputs,
+// obtains a deployment (options.deploymentPath if set, otherwise options.planner on rank 0),
+// broadcasts rank 0's deployment bytes, verifies its routes, deploys (parameters copied from
+// rank 0) and logs each step. Every call is collective: all ranks call forward/backward/trainStep
+// in the same order. Outputs carry an autograd node, so the caller's backward on each rank runs
+// the pipeline backward and the gradient synchronisation (Note [Gradient scaling]); every rank
+// must call backward once per forward, with gradients for the outputs it used.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include "comm/backend.h"
+#include "core/deployment.h"
+#include "core/ir/graph.h"
+#include "core/torchscript/importer.h"
+#include "staging/executor.h"
+
+namespace autostage::staging {
+
+// Plans a deployment for `graph` on `worldSize` ranks and global batch `batchSize`. Called on
+// rank 0 only; an exception it throws is re-thrown as PlanError on every rank.
+using PlanningCallback =
+    std::function<core::Deployment(const core::Graph& graph, int worldSize, int64_t batchSize)>;
+
+struct ModuleOptions {
+  std::shared_ptr<comm::Backend> backend;  // null: the shared "mpi" backend
+  PlanningCallback planner;                // used when deploymentPath is empty
+  std::string deploymentPath;              // load this saved deployment instead of planning
+  int64_t gradientBucketBytes = 25 << 20;
+  void validate() const;
+  std::string toString() const;
+};
+
+class Module {
+ public:
+  Module(torch::jit::Module module, ModuleOptions options);
+  ~Module();
+
+  // gpipe forward; deploys on the first call. Inputs: tensors, batch in dim 0 (local rows).
+  std::vector<at::Tensor> forward(const std::vector<c10::IValue>& inputs);
+  // 1F1B forward+backward+gradient synchronisation for a model returning its loss(es); returns
+  // the global-batch losses (Note [Loss outputs]). Deploys on the first call.
+  std::vector<at::Tensor> trainStep(const std::vector<c10::IValue>& inputs);
+
+  bool ready() const { return executor_ != nullptr; }
+  // This rank's parameters (requires_grad tensors of its stage); empty before deployment.
+  std::vector<at::Tensor> parameters() const;
+  std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
+  // Throws Error before deployment.
+  const core::Deployment& deployment() const;
+  Executor& executor();
+  int rank() const { return backend_->rank(); }
+  int worldSize() const { return backend_->worldSize(); }
+
+ private:
+  void deployOnFirstCall(const std::vector<at::Tensor>& inputs);
+  core::Deployment obtainDeployment(int64_t globalBatch);
+
+  torch::jit::Module module_;
+  ModuleOptions options_;
+  std::shared_ptr<comm::Backend> backend_;
+  std::unique_ptr<torchscript::ImportedModel> model_;
+  std::shared_ptr<Executor> executor_;
+  at::Tensor anchor_;  // requires grad, so the outputs' autograd node is always executable
+};
+
+}  // namespace autostage::staging

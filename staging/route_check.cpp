@@ -1,0 +1,105 @@
+#include "staging/route_check.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace autostage::staging {
+namespace {
+
+const core::Route* findRoute(const core::Deployment& dep, core::ValueId value) {
+  for (const core::Route& r : dep.routes)
+    if (r.value == value) return &r;
+  return nullptr;
+}
+
+bool travels(const core::Graph& graph, core::ValueId v) {
+  core::ValueClass cls = graph.value(v).cls;
+  return cls == core::ValueClass::Batch || cls == core::ValueClass::Loss;
+}
+
+void checkRouteValue(const core::Graph& graph, const core::Route& route) {
+  AUTOSTAGE_CHECK_AS(PlanError, route.value >= 0 && size_t(route.value) < graph.valueCount(),
+                     "route of value ", route.value, " names no value of the graph (",
+                     graph.valueCount(), " values); was the deployment planned for this model?");
+  const core::Value& v = graph.value(route.value);
+  AUTOSTAGE_CHECK_AS(UnsupportedError, v.type.isTensor() && v.type.shapeKnown(),
+                     "value '", v.name, "' crosses a stage boundary but is a ",
+                     v.type.toString(), ", not a tensor of known shape; plan the stages so that "
+                     "it stays inside one stage");
+  if (routeKind(graph, route.value) == RouteKind::Loss) {
+    AUTOSTAGE_CHECK_AS(UnsupportedError, route.consumerStages.empty() && route.graphOutput,
+                       "loss value '", v.name, "' is read by another stage; only returning a "
+                       "loss to the caller is supported, keep its consumers in its stage");
+  }
+}
+
+void checkStageInputs(const core::Graph& graph, const core::Deployment& dep,
+                      const std::vector<int>& stageOf, const core::StageDeployment& stage) {
+  for (core::ValueId v : graph.boundary(stage.nodes).inputs) {
+    if (!travels(graph, v)) continue;
+    const core::Route* route = findRoute(dep, v);
+    const std::string& name = graph.value(v).name;
+    AUTOSTAGE_CHECK_AS(PlanError, route != nullptr, "stage ", stage.name, " reads value '", name,
+                       "' but the deployment has no route for it; re-plan the model");
+    core::NodeId producer = graph.producer(v);
+    int expected = producer == core::kNoNode ? core::kFeederStage : stageOf[producer];
+    AUTOSTAGE_CHECK_AS(PlanError, route->producerStage == expected, "route of value '", name,
+                       "' says producer stage ", route->producerStage, " but its producer is in ",
+                       expected, "; re-plan the model");
+    const auto& consumers = route->consumerStages;
+    AUTOSTAGE_CHECK_AS(PlanError,
+                       std::find(consumers.begin(), consumers.end(), stage.id) != consumers.end(),
+                       "stage ", stage.name, " reads value '", name,
+                       "' but is not among its route's consumers; re-plan the model");
+  }
+}
+
+}  // namespace
+
+RouteKind routeKind(const core::Graph& graph, core::ValueId value) {
+  const core::Value& v = graph.value(value);
+  if (v.cls == core::ValueClass::Loss || v.type.shape().empty()) return RouteKind::Loss;
+  return RouteKind::Rows;
+}
+
+std::vector<int> stageOfNodes(const core::Graph& graph, const core::Deployment& deployment) {
+  std::vector<int> stageOf(graph.nodeCount(), -1);
+  for (const core::StageDeployment& stage : deployment.stages) {
+    for (core::NodeId n : stage.nodes) {
+      AUTOSTAGE_CHECK_AS(PlanError, n >= 0 && size_t(n) < graph.nodeCount(), "stage ",
+                         stage.name, " lists node ", n, " but the graph has ", graph.nodeCount(),
+                         " nodes; was the deployment planned for this model?");
+      AUTOSTAGE_CHECK_AS(PlanError, stageOf[n] < 0, "node ", n, " belongs to stages ",
+                         stageOf[n], " and ", stage.id, "; a node must run in one stage");
+      stageOf[n] = stage.id;
+    }
+  }
+  return stageOf;
+}
+
+void verifyRoutes(const core::Graph& graph, const core::Deployment& deployment) {
+  std::vector<int> stageOf = stageOfNodes(graph, deployment);
+  for (const core::Node& node : graph.nodes()) {
+    core::ValueClass cls = graph.nodeClass(node.id);
+    bool needsStage = cls == core::ValueClass::Batch || cls == core::ValueClass::Loss;
+    AUTOSTAGE_CHECK_AS(PlanError, !needsStage || stageOf[node.id] >= 0, "node ", node.id, " (",
+                       node.kind, ") depends on the batch but is in no stage; re-plan the model");
+  }
+  for (const core::StageDeployment& stage : deployment.stages) {
+    AUTOSTAGE_CHECK_AS(PlanError, graph.isConvex(stage.nodes), "stage ", stage.name,
+                       " is not convex: a path leaves it and re-enters it; re-plan the model");
+    checkStageInputs(graph, deployment, stageOf, stage);
+  }
+  for (const core::Route& route : deployment.routes) checkRouteValue(graph, route);
+  for (core::ValueId out : graph.outputs()) {
+    const core::Route* route = findRoute(deployment, out);
+    AUTOSTAGE_CHECK_AS(PlanError, route != nullptr && route->graphOutput, "graph output '",
+                       graph.value(out).name, "' has no route marked graphOutput; re-plan");
+    AUTOSTAGE_CHECK_AS(PlanError, travels(graph, out), "graph output '", graph.value(out).name,
+                       "' does not depend on the batch (", valueClassName(graph.value(out).cls),
+                       "); autostage returns batch-dependent outputs only");
+  }
+}
+
+}  // namespace autostage::staging

@@ -1,0 +1,192 @@
+#include "staging/stage_runner.h"
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "core/error.h"
+
+namespace autostage::staging {
+namespace {
+
+bool isGraphParam(const core::Graph& graph, core::ValueId v) {
+  const core::Value& value = graph.value(v);
+  return value.producer == core::kNoNode && value.cls == core::ValueClass::Param;
+}
+
+bool isLocalDerived(const core::Graph& graph, core::ValueId v) {
+  const core::Value& value = graph.value(v);
+  return value.producer != core::kNoNode &&
+         (value.cls == core::ValueClass::Param || value.cls == core::ValueClass::Const);
+}
+
+// Values the stage reads that are derived from parameters/constants by other stages' nodes.
+std::vector<core::ValueId> derivedInputs(const core::Graph& graph, const core::Boundary& b) {
+  std::vector<core::ValueId> out;
+  for (core::ValueId v : b.inputs)
+    if (isLocalDerived(graph, v)) out.push_back(v);
+  return out;
+}
+
+// All nodes `values` depend on (their producers and, transitively, the producers' inputs).
+std::vector<core::NodeId> ancestorNodes(const core::Graph& graph,
+                                        const std::vector<core::ValueId>& values) {
+  std::set<core::NodeId> seen;
+  std::vector<core::ValueId> todo = values;
+  while (!todo.empty()) {
+    core::NodeId n = graph.producer(todo.back());
+    todo.pop_back();
+    if (n == core::kNoNode || !seen.insert(n).second) continue;
+    for (core::ValueId in : graph.node(n).inputs) todo.push_back(in);
+  }
+  return {seen.begin(), seen.end()};
+}
+
+void addParams(const core::Graph& graph, const std::vector<core::ValueId>& inputs,
+               std::set<core::ValueId>* params) {
+  for (core::ValueId v : inputs)
+    if (isGraphParam(graph, v)) params->insert(v);
+}
+
+// Replaces the default CPU generator's state with `state` (undefined: keep it); returns the old one.
+at::Tensor swapRngState(const at::Tensor& state) {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  at::Tensor old = gen.get_state();
+  if (state.defined()) gen.set_state(state);
+  return old;
+}
+
+at::Tensor outputTensor(const c10::IValue& value) {
+  return value.isTensor() ? value.toTensor() : at::Tensor();
+}
+
+}  // namespace
+
+std::vector<core::ValueId> stageParams(const core::Graph& graph,
+                                       const core::StageDeployment& stage) {
+  core::Boundary boundary = graph.boundary(stage.nodes);
+  std::set<core::ValueId> params;
+  addParams(graph, boundary.inputs, &params);
+  std::vector<core::ValueId> derived = derivedInputs(graph, boundary);
+  if (!derived.empty())
+    addParams(graph, graph.boundary(ancestorNodes(graph, derived)).inputs, &params);
+  return {params.begin(), params.end()};
+}
+
+StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& stage,
+                         const ParamStorage& params, std::vector<core::ValueId> gradientInputs)
+    : stage_(stage),
+      params_(params),
+      function_(torchscript::exportSubgraph(graph, stage.nodes)),
+      gradientInputs_(std::move(gradientInputs)) {
+  core::Boundary boundary = graph.boundary(stage.nodes);
+  for (core::ValueId v : boundary.inputs)
+    if (!isGraphParam(graph, v) && !isLocalDerived(graph, v)) routedInputs_.push_back(v);
+  std::vector<core::ValueId> derived = derivedInputs(graph, boundary);
+  if (!derived.empty()) {
+    prelude_ = std::make_unique<torchscript::ExportedFunction>(
+        torchscript::exportSubgraph(graph, ancestorNodes(graph, derived)));
+  }
+}
+
+std::vector<at::Tensor> StageRunner::run(
+    const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
+  std::unordered_map<core::ValueId, c10::IValue> derived;
+  if (prelude_) {
+    std::vector<c10::IValue> args;
+    for (core::ValueId v : prelude_->inputs()) args.emplace_back(params_.tensor(v));
+    std::vector<c10::IValue> results = prelude_->run(std::move(args));
+    for (size_t i = 0; i < results.size(); ++i) derived[prelude_->outputs()[i]] = results[i];
+  }
+  std::vector<c10::IValue> args;
+  for (core::ValueId v : function_.inputs()) {
+    auto routed = inputs.find(v);
+    if (routed != inputs.end()) {
+      args.emplace_back(routed->second);
+    } else if (params_.has(v)) {
+      args.emplace_back(params_.tensor(v));
+    } else {
+      AUTOSTAGE_INTERNAL_ASSERT(derived.count(v), "stage ", stage_.name,
+                                " has no source for its input value ", v);
+      args.push_back(derived.at(v));
+    }
+  }
+  std::vector<c10::IValue> results = function_.run(std::move(args));
+  std::vector<at::Tensor> out;
+  for (const c10::IValue& r : results) out.push_back(outputTensor(r));
+  return out;
+}
+
+std::unordered_map<core::ValueId, at::Tensor> StageRunner::makeLeaves(
+    const std::unordered_map<core::ValueId, at::Tensor>& inputs) const {
+  std::unordered_map<core::ValueId, at::Tensor> leaves;
+  for (const auto& [v, t] : inputs) {
+    at::Tensor leaf = t.detach();
+    bool wantsGrad = std::find(gradientInputs_.begin(), gradientInputs_.end(), v) !=
+                     gradientInputs_.end();
+    if (wantsGrad && at::isFloatingType(leaf.scalar_type())) leaf.requires_grad_(true);
+    leaves[v] = leaf;
+  }
+  return leaves;
+}
+
+std::vector<at::Tensor> StageRunner::forward(
+    int micro, const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
+  Saved saved;
+  saved.inputs = makeLeaves(inputs);
+  std::vector<at::Tensor> outputs;
+  if (stage_.recompute) {
+    saved.rngState = swapRngState(at::Tensor());
+    at::NoGradGuard noGrad;
+    outputs = run(saved.inputs);
+  } else {
+    outputs = run(saved.inputs);  // records autograd unless the caller disabled grad mode
+    saved.outputs = outputs;
+  }
+  saved_[micro] = std::move(saved);
+  std::vector<at::Tensor> detached;
+  for (const at::Tensor& t : outputs) detached.push_back(t.defined() ? t.detach() : t);
+  return detached;
+}
+
+std::unordered_map<core::ValueId, at::Tensor> StageRunner::backward(
+    int micro, const std::vector<at::Tensor>& outputGrads) {
+  auto it = saved_.find(micro);
+  AUTOSTAGE_INTERNAL_ASSERT(it != saved_.end(), "stage ", stage_.name, " has no forward state for micro-batch ", micro);
+  Saved saved = std::move(it->second);
+  saved_.erase(it);
+  if (stage_.recompute) {  // Note [Recompute]
+    at::Tensor current = swapRngState(*saved.rngState);
+    at::AutoGradMode grad(true);
+    saved.outputs = run(saved.inputs);
+    swapRngState(current);
+  }
+  AUTOSTAGE_INTERNAL_ASSERT(outputGrads.size() == saved.outputs.size(), "stage ", stage_.name,
+                            " got ", outputGrads.size(), " output gradients for ",
+                            saved.outputs.size(), " outputs");
+  std::vector<at::Tensor> roots, grads;
+  for (size_t i = 0; i < saved.outputs.size(); ++i) {
+    const at::Tensor& out = saved.outputs[i];
+    if (!out.defined() || !out.requires_grad() || !outputGrads[i].defined()) continue;
+    roots.push_back(out);
+    grads.push_back(outputGrads[i]);
+  }
+  if (!roots.empty()) {
+    at::AutoGradMode grad(true);
+    torch::autograd::backward(roots, grads);
+  }
+  std::unordered_map<core::ValueId, at::Tensor> inputGrads;
+  for (core::ValueId v : gradientInputs_) {
+    const at::Tensor& leaf = saved.inputs.at(v);
+    inputGrads[v] = leaf.grad().defined() ? leaf.grad() : at::zeros_like(leaf);
+  }
+  return inputGrads;
+}
+
+}  // namespace autostage::staging

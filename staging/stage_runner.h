@@ -1,0 +1,79 @@
+#pragma once
+// One stage of a deployment, executable on this rank: its nodes exported as a TorchScript
+// function, fed per micro-batch with routed inputs and local parameters.
+//
+// Inputs of the exported function come from three places: routed batch values (received per
+// micro-batch), parameters/buffers (ParamStorage) and parameter- or constant-derived values
+// produced by nodes of other stages. The last kind never travels (Note [Routes]); the runner
+// recomputes them with a *prelude*: the export of those values' ancestor nodes, run before the
+// stage for every micro-batch (usually a few cheap ops such as a weight transpose), so their
+// gradients reach the parameters through each micro-batch's own autograd graph.
+//
+// Note [Recompute]
+// A recompute stage runs its forward without autograd, keeps only its routed inputs and the CPU
+// RNG state, and in backward restores that state, re-runs the forward with autograd and
+// back-propagates; dropout masks therefore match. (In-place buffer updates such as BatchNorm
+// running statistics happen twice for such stages.)
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/deployment.h"
+#include "core/ir/graph.h"
+#include "core/torchscript/exporter.h"
+#include "staging/param_storage.h"
+
+namespace autostage::staging {
+
+// Graph parameter inputs (ParamStorage ids) that `stage` reads, including through its prelude.
+std::vector<core::ValueId> stageParams(const core::Graph& graph,
+                                       const core::StageDeployment& stage);
+
+class StageRunner {
+ public:
+  // `gradientInputs` are the routed inputs whose gradient is sent back (carriesGradient routes).
+  StageRunner(const core::Graph& graph, const core::StageDeployment& stage,
+              const ParamStorage& params, std::vector<core::ValueId> gradientInputs);
+
+  const core::StageDeployment& stage() const { return stage_; }
+  // Routed values the stage reads (batch values from the feeder or other stages).
+  const std::vector<core::ValueId>& routedInputs() const { return routedInputs_; }
+  // Boundary outputs of the stage, in the order forward() returns them.
+  const std::vector<core::ValueId>& outputs() const { return function_.outputs(); }
+
+  // Runs micro-batch `micro` on `inputs` (one tensor per routedInputs() value) and returns the
+  // outputs, detached from autograd. Keeps what backward(micro) needs.
+  std::vector<at::Tensor> forward(int micro, const std::unordered_map<core::ValueId, at::Tensor>& inputs);
+  // Back-propagates `outputGrads` (one per outputs() entry; undefined = no gradient) through
+  // micro-batch `micro`, accumulating parameter gradients, and returns the gradient of every
+  // gradientInputs value (zeros when it did not influence the outputs). Releases the micro-batch.
+  std::unordered_map<core::ValueId, at::Tensor> backward(int micro,
+                                                         const std::vector<at::Tensor>& outputGrads);
+  // Drops all kept micro-batch state (e.g. after an error or a forward without backward).
+  void clear() { saved_.clear(); }
+
+ private:
+  struct Saved {
+    std::unordered_map<core::ValueId, at::Tensor> inputs;  // leaves (recompute: detached)
+    std::vector<at::Tensor> outputs;                        // with autograd history
+    std::optional<at::Tensor> rngState;                     // recompute stages only
+  };
+  std::vector<at::Tensor> run(const std::unordered_map<core::ValueId, at::Tensor>& inputs);
+  std::unordered_map<core::ValueId, at::Tensor> makeLeaves(
+      const std::unordered_map<core::ValueId, at::Tensor>& inputs) const;
+
+  core::StageDeployment stage_;
+  const ParamStorage& params_;
+  torchscript::ExportedFunction function_;
+  std::unique_ptr<torchscript::ExportedFunction> prelude_;
+  std::vector<core::ValueId> routedInputs_;
+  std::vector<core::ValueId> gradientInputs_;
+  std::map<int, Saved> saved_;
+};
+
+}  // namespace autostage::staging

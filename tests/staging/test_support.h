@@ -1,0 +1,45 @@
+#pragma once
+// Models, hand-built deployments and single-process references for the staging tests.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/script.h>
+
+#include "comm/backend.h"
+#include "core/deployment.h"
+#include "core/ir/graph.h"
+
+namespace autostage::staging::testing {
+
+// x[N,8] -> fc1(8,16) -> tanh -> fc2(16,16) -> relu -> fc3(16,4): returns [N,4].
+torch::jit::Module makeMlp();
+// forward(x, y) returns mse_loss(mlp(x), y) (mean over the batch): a model returning its loss.
+torch::jit::Module makeLossMlp();
+// The same weight (`shared`, 8x8) used by the first and the last layer (tied parameters).
+torch::jit::Module makeTiedModel();
+
+// A deployment of `graph` as consecutive node ranges: stage s holds the nodes
+// [cut[s-1], cut[s]) (cut evenly by node count) and runs on `ranks[s]`. Routes are derived here
+// from the graph independently of staging's code: every BATCH/LOSS value read outside its stage
+// or returned, floating-point routes carry gradients.
+core::Deployment makeDeployment(const core::Graph& graph,
+                                const std::vector<std::vector<int>>& ranks, int worldSize,
+                                int microBatchCount, const std::string& schedule = "gpipe",
+                                const std::vector<bool>& recompute = {});
+
+// Gradients of the module's parameters by name (copies), then the gradients are reset.
+std::map<std::string, at::Tensor> takeGradients(const torch::jit::Module& module);
+
+// A shared_ptr that does not own `backend` (for ThreadBackend references in tests).
+std::shared_ptr<comm::Backend> borrow(comm::Backend& backend);
+
+// Rethrows the first exception of runThreadRanks, naming the rank.
+void rethrowFirst(const std::vector<std::exception_ptr>& errors);
+
+// max |a-b| / (atol + rtol |b|) <= 1, printed on failure by the caller.
+bool allClose(const at::Tensor& a, const at::Tensor& b, double rtol = 1e-5, double atol = 1e-6);
+
+}  // namespace autostage::staging::testing
