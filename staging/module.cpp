@@ -123,7 +123,7 @@ void Module::deployOnFirstCall(const std::vector<at::Tensor>& inputs) {
   log->info("Model graph: {} nodes, {} parameter tensors", model_->graph.nodeCount(),
             model_->paramTensors.size());
   int64_t local = inputs.empty() || inputs[0].dim() < 1 ? 0 : inputs[0].size(0);
-  core::Deployment deployment = obtainDeployment(local * backend_->worldSize());
+  core::Deployment deployment = obtainDeployment(examples, local * backend_->worldSize());
   if (backend_->rank() == 0) logDeployment(deployment);
   verifyRoutes(model_->graph, deployment);
   core::logger("DPStaging")->info("Routes verification passed.");
@@ -137,7 +137,8 @@ void Module::deployOnFirstCall(const std::vector<at::Tensor>& inputs) {
   log->info("Module is ready. (rank{})", backend_->rank());
 }
 
-core::Deployment Module::obtainDeployment(int64_t globalBatch) {
+core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& examples,
+                                          int64_t globalBatch) {
   if (!options_.deploymentPath.empty()) {
     core::logger("Module")->info("Loading deployment from {}", options_.deploymentPath);
     return core::loadDeployment(options_.deploymentPath);
@@ -148,7 +149,7 @@ core::Deployment Module::obtainDeployment(int64_t globalBatch) {
                                     backend_->worldSize(), globalBatch);
     try {
       bytes = core::encodeDeployment(
-          options_.planner(model_->graph, backend_->worldSize(), globalBatch));
+          options_.planner({*model_, examples, backend_->worldSize(), globalBatch}));
     } catch (const std::exception& e) {
       bytes = std::string(kPlanErrorPrefix) + e.what();
     }

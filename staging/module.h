@@ -34,10 +34,18 @@
 
 namespace autostage::staging {
 
-// Plans a deployment for `graph` on `worldSize` ranks and global batch `batchSize`. Called on
-// rank 0 only; an exception it throws is re-thrown as PlanError on every rank.
-using PlanningCallback =
-    std::function<core::Deployment(const core::Graph& graph, int worldSize, int64_t batchSize)>;
+// What a planner sees: the imported model (graph + the module's own parameter tensors), rank 0's
+// local example batch (for profiling), the world size and the global batch size.
+struct PlanningInput {
+  const torchscript::ImportedModel& model;
+  const std::vector<c10::IValue>& exampleInputs;
+  int worldSize;
+  int64_t globalBatch;
+};
+
+// Plans a deployment. Called on rank 0 only; an exception it throws is re-thrown as PlanError on
+// every rank.
+using PlanningCallback = std::function<core::Deployment(const PlanningInput& input)>;
 
 struct ModuleOptions {
   std::shared_ptr<comm::Backend> backend;  // null: the shared "mpi" backend
@@ -71,7 +79,7 @@ class Module {
 
  private:
   void deployOnFirstCall(const std::vector<at::Tensor>& inputs);
-  core::Deployment obtainDeployment(int64_t globalBatch);
+  core::Deployment obtainDeployment(const std::vector<c10::IValue>& examples, int64_t globalBatch);
 
   torch::jit::Module module_;
   ModuleOptions options_;

@@ -83,8 +83,8 @@ core::Deployment uniformPlan(const core::Graph& graph, int worldSize, int64_t ba
 
 PlanningCallback uniformPlanner(UniformPlanOptions options) {
   options.validate();
-  return [options](const core::Graph& graph, int worldSize, int64_t batchSize) {
-    return uniformPlan(graph, worldSize, batchSize, options);
+  return [options](const PlanningInput& in) {
+    return uniformPlan(in.model.graph, in.worldSize, in.globalBatch, options);
   };
 }
 

@@ -52,8 +52,8 @@ int checkParams(const staging::Module& module, const torch::jit::Module& ref, in
 int trainOutputModel(int steps) {
   torch::jit::Module ref = fresh(staging::testing::makeMlp, 21);
   staging::ModuleOptions options;
-  options.planner = [](const core::Graph& g, int world, int64_t) {
-    return staging::testing::makeDeployment(g, {{0, 1}, {2, 3}}, world, 2);
+  options.planner = [](const staging::PlanningInput& in) {
+    return staging::testing::makeDeployment(in.model.graph, {{0, 1}, {2, 3}}, in.worldSize, 2);
   };
   staging::Module module(fresh(staging::testing::makeMlp, 21), options);
   int rank = module.rank(), world = module.worldSize(), bad = 0;
@@ -81,8 +81,9 @@ int trainOutputModel(int steps) {
 int trainLossModel(int steps) {
   torch::jit::Module ref = fresh(staging::testing::makeLossMlp, 22);
   staging::ModuleOptions options;
-  options.planner = [](const core::Graph& g, int world, int64_t) {
-    return staging::testing::makeDeployment(g, {{0, 1}, {2}, {3}}, world, 3, "1f1b");
+  options.planner = [](const staging::PlanningInput& in) {
+    return staging::testing::makeDeployment(in.model.graph, {{0, 1}, {2}, {3}}, in.worldSize, 3,
+                                            "1f1b");
   };
   staging::Module module(fresh(staging::testing::makeLossMlp, 22), options);
   int rank = module.rank(), world = module.worldSize(), bad = 0;

@@ -73,9 +73,10 @@ ModuleOptions optionsFor(comm::Backend& backend, const Case& c, std::atomic<int>
   ModuleOptions options;
   options.backend = borrow(backend);
   options.gradientBucketBytes = 600;  // several buckets even for these small models
-  options.planner = [c, planCalls](const core::Graph& graph, int world, int64_t batch) {
+  options.planner = [c, planCalls](const PlanningInput& in) {
     ++*planCalls;
-    return makeDeployment(graph, c.ranks, world, c.microBatches, c.schedule, c.recompute);
+    return makeDeployment(in.model.graph, c.ranks, in.worldSize, c.microBatches, c.schedule,
+                          c.recompute);
   };
   return options;
 }
@@ -221,7 +222,7 @@ TEST_CASE("a failing planner on rank 0 becomes a PlanError on every rank", "[sta
   auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& backend) {
     ModuleOptions options;
     options.backend = borrow(backend);
-    options.planner = [](const core::Graph&, int, int64_t) -> core::Deployment {
+    options.planner = [](const PlanningInput&) -> core::Deployment {
       throw PlanError("no feasible plan within 1 byte");
     };
     Module module(copies[backend.rank()], options);

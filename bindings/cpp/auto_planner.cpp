@@ -1,0 +1,55 @@
+#include "bindings/cpp/auto_planner.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "core/log.h"
+#include "decomposer/planner.h"
+#include "profiler/comm_profile.h"
+#include "profiler/profiler.h"
+
+namespace autostage {
+namespace {
+
+// Ranks sharing this node, as OpenMPI reports it (1 outside mpirun).
+int localRankCount(int worldSize) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  int count = local ? std::atoi(local) : 1;
+  return std::clamp(count, 1, std::max(worldSize, 1));
+}
+
+}  // namespace
+
+core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Config& config) {
+  core::ClusterSpec spec;
+  spec.deviceKind = "cpu";
+  spec.devices = worldSize;
+  spec.devicesPerNode = devicesPerNode;
+  int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  spec.memoryPerDevice = physical / devicesPerNode;
+  spec.intraNodeBandwidth = config.getFloat("comm_bandwidth");
+  spec.interNodeBandwidth = config.getFloat("comm_bandwidth");
+  spec.latencySeconds = config.getFloat("comm_latency");
+  spec.validate();
+  return spec;
+}
+
+staging::PlanningCallback autoPlanner() {
+  return [](const staging::PlanningInput& in) {
+    const core::Config& config = core::globalConfig();
+    core::logger("Module")->info("Running profiler ...");
+    auto measurement = profiler::createCpuMeasurementBackend();
+    core::GraphProfile profile = profiler::profileGraph(
+        in.model, in.exampleInputs, *measurement, profiler::ProfilerOptions::fromConfig());
+    profile.comm = profiler::configuredCommProfile();
+    core::ClusterSpec cluster =
+        localCluster(in.worldSize, localRankCount(in.worldSize), config);
+    decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
+    return decomposer::planGraph(in.model.graph, profile, cluster, in.globalBatch, options)
+        .deployment;
+  };
+}
+
+}  // namespace autostage

@@ -1,0 +1,31 @@
+#pragma once
+// The C++ API:
+//
+//   autostage::Module module(torch::jit::load("model.pt"));
+//   auto out = module.forward({x});       // every rank passes its local batch
+//   lossFn(out[0], y).backward();         // runs the pipeline backward on every rank
+//   optimizer.step();                     // over module.parameters() (this rank's)
+//
+// staging::Module with autoPlanner() (profile + plan on rank 0) unless the options name another
+// planner or a saved deployment. Launch with mpirun; one process per rank.
+
+#include "bindings/cpp/auto_planner.h"
+#include "staging/module.h"
+
+namespace autostage {
+
+using ModuleOptions = staging::ModuleOptions;
+
+class Module : public staging::Module {
+ public:
+  explicit Module(torch::jit::Module module, ModuleOptions options = {})
+      : staging::Module(std::move(module), withDefaultPlanner(std::move(options))) {}
+
+ private:
+  static ModuleOptions withDefaultPlanner(ModuleOptions options) {
+    if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner();
+    return options;
+  }
+};
+
+}  // namespace autostage
