@@ -36,6 +36,7 @@ const std::vector<OptionSpec>& optionTable() {
       {"comm_bandwidth", T::Float, "10e9", "point-to-point bandwidth in bytes/s when it cannot be measured"},
       {"allreduce_bandwidth", T::Float, "10e9", "allreduce bus bandwidth in bytes/s when it cannot be measured"},
       {"comm_latency", T::Float, "20e-6", "per-message latency in seconds when it cannot be measured"},
+      {"comm_timeout_s", T::Float, "60", "seconds a blocking receive or collective waits before failing with the peer named"},
   };
   return table;
 }

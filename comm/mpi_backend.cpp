@@ -1,0 +1,203 @@
+#include "comm/mpi_backend.h"
+
+#include <climits>
+#include <thread>
+
+#include "comm/mpi_check.h"
+#include "comm/mpi_environment.h"
+#include "comm/mpi_impl.h"
+#include "comm/tensor_util.h"
+#include "core/log.h"
+
+namespace autostage::comm {
+
+MPI_Datatype mpiTypeOf(const at::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case at::kFloat: return MPI_FLOAT;
+    case at::kDouble: return MPI_DOUBLE;
+    case at::kHalf: case at::kBFloat16: return MPI_UINT16_T;
+    case at::kLong: return MPI_INT64_T;
+    case at::kInt: return MPI_INT32_T;
+    case at::kShort: return MPI_INT16_T;
+    case at::kChar: return MPI_INT8_T;
+    case at::kByte: return MPI_UINT8_T;
+    case at::kBool: return MPI_C_BOOL;
+    default:
+      throw UnsupportedError("the MPI backend cannot move dtype " +
+                             std::string(c10::toString(tensor.scalar_type())));
+  }
+}
+
+int mpiCount(const at::Tensor& tensor, const char* operation) {
+  AUTOSTAGE_CHECK_AS(UnsupportedError, tensor.numel() <= INT_MAX, operation, ": ",
+                     describeTensor(tensor), " has more than INT_MAX elements, which one MPI "
+                     "call cannot move; split the tensor");
+  return static_cast<int>(tensor.numel());
+}
+
+// Short MPI_Test spins first (latency of small messages), then sleeps growing to 1 ms so
+// oversubscribed ranks leave the cores to the peers they wait for.
+void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadline, int rank,
+                 const std::function<std::string()>& what, OnTimeout onTimeout) {
+  MPI_Status ignored;
+  MPI_Status* out = status ? status : &ignored;
+  auto sleep = std::chrono::microseconds(10);
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    AUTOSTAGE_MPI_CHECK(MPI_Test(&request, &done, out), "waiting for ", what());
+    if (done) return;
+    if (deadline.expired()) break;
+    if (polls < 100) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+    }
+  }
+  if (onTimeout == OnTimeout::Cancel) {
+    MPI_Cancel(&request);
+    MPI_Request_free(&request);
+  } else if (onTimeout == OnTimeout::Free) {
+    MPI_Request_free(&request);
+  }
+  throw CommError(timeoutMessage(rank, deadline.seconds(), what()));
+}
+
+namespace {
+
+// A pending isend/irecv. The deadline starts when wait() is called.
+class MpiWork : public Work {
+ public:
+  MpiWork(MPI_Request request, at::Tensor tensor, int rank, int peer, int tag, bool isRecv,
+          double timeoutSeconds)
+      : request_(request), tensor_(std::move(tensor)), rank_(rank), peer_(peer), tag_(tag),
+        isRecv_(isRecv), timeoutSeconds_(timeoutSeconds) {}
+  ~MpiWork() override {
+    if (request_ != MPI_REQUEST_NULL && !MpiEnvironment::finalized()) {
+      if (isRecv_) MPI_Cancel(&request_);
+      MPI_Request_free(&request_);
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    MPI_Status status;
+    waitRequest(request_, &status, Deadline(timeoutSeconds_), rank_, [&] { return text(); },
+                isRecv_ ? OnTimeout::Cancel : OnTimeout::Free);
+    finish(status);
+  }
+  bool isCompleted() override {
+    if (done_) return true;
+    int flag = 0;
+    MPI_Status status;
+    AUTOSTAGE_MPI_CHECK(MPI_Test(&request_, &flag, &status), "testing ", text());
+    if (flag) finish(status);
+    return done_;
+  }
+
+ private:
+  std::string text() const {
+    std::string detail = " (tag " + std::to_string(tag_) + ", " + (isRecv_ ? "recv" : "send") +
+                         " of " + describeTensor(tensor_) + ")";
+    return isRecv_ ? "a tensor from rank " + std::to_string(peer_) + detail
+                   : "rank " + std::to_string(peer_) + " to receive a tensor" + detail;
+  }
+  void finish(const MPI_Status& status) {
+    done_ = true;
+    if (!isRecv_) return;
+    int count = 0;
+    MPI_Get_count(&status, mpiTypeOf(tensor_), &count);
+    AUTOSTAGE_CHECK_AS(CommError, count == tensor_.numel(), "rank ", rank_, " expected ",
+                       tensor_.numel(), " elements (", describeTensor(tensor_), ") from rank ",
+                       peer_, " (tag ", tag_, ") but received ", count,
+                       "; sender and receiver must agree on dtype and shape");
+  }
+  MPI_Request request_;
+  at::Tensor tensor_;
+  int rank_, peer_, tag_;
+  bool isRecv_;
+  double timeoutSeconds_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+MpiBackend::MpiBackend(CommOptions options) : impl_(std::make_unique<Impl>()) {
+  options.validate();
+  impl_->options = options;
+  MpiEnvironment::instance();
+  AUTOSTAGE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->p2pComm), "creating the p2p communicator");
+  AUTOSTAGE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &impl_->collComm), "creating the collective communicator");
+  for (MPI_Comm comm : {impl_->p2pComm, impl_->collComm})
+    AUTOSTAGE_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN), "setting the error handler");
+  MPI_Comm_rank(impl_->p2pComm, &impl_->rank);
+  MPI_Comm_size(impl_->p2pComm, &impl_->worldSize);
+  int* tagUb = nullptr;
+  int flag = 0;
+  MPI_Comm_get_attr(impl_->p2pComm, MPI_TAG_UB, &tagUb, &flag);
+  if (flag && tagUb) impl_->tagUpperBound = *tagUb;
+  MPI_Comm local;
+  AUTOSTAGE_MPI_CHECK(MPI_Comm_split_type(impl_->collComm, MPI_COMM_TYPE_SHARED, impl_->rank,
+                                          MPI_INFO_NULL, &local), "finding the ranks on this node");
+  MPI_Comm_rank(local, &impl_->localRank);
+  MPI_Comm_size(local, &impl_->localSize);
+  MPI_Comm_free(&local);
+  core::setLogRank(impl_->rank, impl_->worldSize);
+  core::logger("Comm")->debug("MPI backend: rank {} of {} (local {} of {}), tag bound {}, {}",
+                              impl_->rank, impl_->worldSize, impl_->localRank, impl_->localSize,
+                              impl_->tagUpperBound, options.toString());
+}
+
+MpiBackend::~MpiBackend() {
+  if (!MpiEnvironment::finalized()) impl_->freeAll();
+}
+
+int MpiBackend::rank() const { return impl_->rank; }
+int MpiBackend::worldSize() const { return impl_->worldSize; }
+int MpiBackend::localRank() const { return impl_->localRank; }
+int MpiBackend::localSize() const { return impl_->localSize; }
+const CommOptions& MpiBackend::options() const { return impl_->options; }
+
+void MpiBackend::checkTag(int tag, const char* operation) const {
+  AUTOSTAGE_CHECK(tag <= impl_->tagUpperBound, operation, " on rank ", impl_->rank, ": tag ", tag,
+                  " exceeds this MPI's tag bound ", impl_->tagUpperBound, "; use smaller tags");
+}
+
+void MpiBackend::send(const at::Tensor& tensor, int dst, int tag) { isend(tensor, dst, tag)->wait(); }
+
+void MpiBackend::recv(const at::Tensor& tensor, int src, int tag) { irecv(tensor, src, tag)->wait(); }
+
+std::unique_ptr<Work> MpiBackend::isend(const at::Tensor& tensor, int dst, int tag) {
+  checkCommTensor(tensor, c10::DeviceType::CPU, "send");
+  checkPeer(dst, tag, "send");
+  checkTag(tag, "send");
+  MPI_Request request;
+  AUTOSTAGE_MPI_CHECK(MPI_Isend(tensor.data_ptr(), mpiCount(tensor, "send"), mpiTypeOf(tensor),
+                                dst, tag, impl_->p2pComm, &request),
+                      "rank ", impl_->rank, " sending to rank ", dst, " tag ", tag);
+  return std::make_unique<MpiWork>(request, tensor, impl_->rank, dst, tag, false,
+                                   impl_->options.timeoutSeconds);
+}
+
+std::unique_ptr<Work> MpiBackend::irecv(const at::Tensor& tensor, int src, int tag) {
+  checkCommTensor(tensor, c10::DeviceType::CPU, "recv");
+  checkPeer(src, tag, "recv");
+  checkTag(tag, "recv");
+  MPI_Request request;
+  AUTOSTAGE_MPI_CHECK(MPI_Irecv(tensor.data_ptr(), mpiCount(tensor, "recv"), mpiTypeOf(tensor),
+                                src, tag, impl_->p2pComm, &request),
+                      "rank ", impl_->rank, " receiving from rank ", src, " tag ", tag);
+  return std::make_unique<MpiWork>(request, tensor, impl_->rank, src, tag, true,
+                                   impl_->options.timeoutSeconds);
+}
+
+void MpiBackend::abortJob(const std::string& message) { MpiEnvironment::abortJob(message); }
+
+void MpiBackend::broadcastBytes(std::string& data, int root, const Group& group) {
+  broadcastBytesViaTensors(data, root, group);
+}
+
+std::vector<std::string> MpiBackend::allGatherBytes(const std::string& data, const Group& group) {
+  return allGatherBytesViaTensors(data, group);
+}
+
+}  // namespace autostage::comm

@@ -1,0 +1,175 @@
+// MpiBackend's collectives and sub-group communicators.
+#include <functional>
+
+#include <ATen/ops/empty.h>
+
+#include "comm/mpi_backend.h"
+#include "comm/mpi_check.h"
+#include "comm/mpi_environment.h"
+#include "comm/mpi_impl.h"
+#include "comm/tensor_util.h"
+
+namespace autostage::comm {
+
+namespace {
+// Tags on collComm for the group-creation handshake; user tags live on p2pComm.
+constexpr int kHelloTag = 1;
+constexpr int kReadyTag = 2;
+constexpr int kCreateTag = 3;
+
+int groupFingerprint(const Group& group) {
+  return static_cast<int>(std::hash<std::string>()(group.toString()) & 0x7fffffff);
+}
+}  // namespace
+
+// Note [Group creation]: MPI_Comm_create_group blocks until every member calls it and has no
+// deadline. So members first say hello to the leader and wait for its "ready" with deadlines;
+// only when all members are known alive and creating the same group do they call it.
+void MpiBackend::Impl::handshake(const Group& group) {
+  Deadline deadline(options.timeoutSeconds);
+  int mine[2] = {group.size(), groupFingerprint(group)};
+  auto what = [&](int peer, const char* step) {
+    return std::function<std::string()>([=, &group] {
+      return "rank " + std::to_string(peer) + " (" + step + " while creating group " +
+             group.toString() + ")";
+    });
+  };
+  if (rank != group.leader()) {
+    MPI_Request request;
+    AUTOSTAGE_MPI_CHECK(MPI_Isend(mine, 2, MPI_INT, group.leader(), kHelloTag, collComm, &request),
+                        "group ", group.toString(), " hello");
+    waitRequest(request, nullptr, deadline, rank, what(group.leader(), "hello"), OnTimeout::Free);
+    int ready = 0;
+    AUTOSTAGE_MPI_CHECK(MPI_Irecv(&ready, 1, MPI_INT, group.leader(), kReadyTag, collComm, &request),
+                        "group ", group.toString(), " ready");
+    waitRequest(request, nullptr, deadline, rank, what(group.leader(), "ready"), OnTimeout::Cancel);
+    return;
+  }
+  for (int member : group.ranks()) {
+    if (member == rank) continue;
+    int theirs[2] = {0, 0};
+    MPI_Request request;
+    AUTOSTAGE_MPI_CHECK(MPI_Irecv(theirs, 2, MPI_INT, member, kHelloTag, collComm, &request),
+                        "group ", group.toString(), " hello");
+    waitRequest(request, nullptr, deadline, rank, what(member, "hello"), OnTimeout::Cancel);
+    AUTOSTAGE_CHECK_AS(CommError, theirs[0] == mine[0] && theirs[1] == mine[1], "rank ", member,
+                       " is creating a different group than ", group.toString(), " (leader rank ",
+                       rank, "); members must first use overlapping groups in the same order");
+  }
+  for (int member : group.ranks()) {
+    if (member == rank) continue;
+    int ready = 1;
+    MPI_Request request;
+    AUTOSTAGE_MPI_CHECK(MPI_Isend(&ready, 1, MPI_INT, member, kReadyTag, collComm, &request),
+                        "group ", group.toString(), " ready");
+    waitRequest(request, nullptr, deadline, rank, what(member, "ready"), OnTimeout::Free);
+  }
+}
+
+MPI_Comm MpiBackend::Impl::communicator(const Group& group) {
+  if (group.size() == worldSize) return collComm;
+  std::lock_guard<std::mutex> lock(groupsMutex);
+  auto it = groups.find(group.ranks());
+  if (it != groups.end()) return it->second;
+  handshake(group);
+  MPI_Group worldGroup, subGroup;
+  MPI_Comm_group(collComm, &worldGroup);
+  MPI_Group_incl(worldGroup, group.size(), group.ranks().data(), &subGroup);
+  MPI_Comm comm;
+  int code = MPI_Comm_create_group(collComm, subGroup, kCreateTag, &comm);
+  MPI_Group_free(&subGroup);
+  MPI_Group_free(&worldGroup);
+  AUTOSTAGE_MPI_CHECK(code, "rank ", rank, " creating group ", group.toString());
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  groups.emplace(group.ranks(), comm);
+  return comm;
+}
+
+void MpiBackend::Impl::freeAll() {
+  std::lock_guard<std::mutex> lock(groupsMutex);
+  for (auto& [ranks, comm] : groups) MPI_Comm_free(&comm);
+  groups.clear();
+  if (p2pComm != MPI_COMM_NULL) MPI_Comm_free(&p2pComm);
+  if (collComm != MPI_COMM_NULL) MPI_Comm_free(&collComm);
+}
+
+void MpiBackend::createGroup(const Group& group) {
+  checkMember(group, "createGroup");
+  impl_->communicator(group);
+}
+
+namespace {
+// Runs one non-blocking collective to completion against the timeout. Collective requests
+// cannot be cancelled, so a timed-out one is left behind (the backend is unusable after it).
+void runCollective(MpiBackend::Impl& impl, const char* operation, const Group& group,
+                   const std::string& payload,
+                   const std::function<int(MPI_Comm, MPI_Request*)>& start) {
+  MPI_Request request;
+  AUTOSTAGE_MPI_CHECK(start(impl.communicator(group), &request), "rank ", impl.rank, " starting ",
+                      operation, " over group ", group.toString());
+  auto what = [&] {
+    return "the other members of group " + group.toString() + " (" + operation +
+           (payload.empty() ? "" : " of " + payload) + ")";
+  };
+  waitRequest(request, nullptr, Deadline(impl.options.timeoutSeconds), impl.rank, what,
+              OnTimeout::Leave);
+}
+}  // namespace
+
+void MpiBackend::allReduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
+  checkCommTensor(tensor, c10::DeviceType::CPU, "allReduce");
+  checkMember(group, "allReduce");
+  if (op == ReduceOp::Average) checkAverageable(tensor);
+  if (group.size() == 1) return;
+  bool halfWidth = tensor.scalar_type() == at::kHalf || tensor.scalar_type() == at::kBFloat16;
+  // MPI cannot add 16-bit floats: reduce a float32 copy.
+  at::Tensor work = halfWidth ? tensor.to(at::kFloat) : tensor;
+  MPI_Op mpiOp = work.scalar_type() == at::kBool ? MPI_LOR : MPI_SUM;
+  int count = mpiCount(work, "allReduce");
+  runCollective(*impl_, "allReduce", group, describeTensor(tensor), [&](MPI_Comm comm, MPI_Request* request) {
+    return MPI_Iallreduce(MPI_IN_PLACE, work.data_ptr(), count, mpiTypeOf(work), mpiOp, comm, request);
+  });
+  if (op == ReduceOp::Average) work.div_(group.size());
+  if (halfWidth) tensor.copy_(work);
+}
+
+void MpiBackend::broadcast(const at::Tensor& tensor, int root, const Group& group) {
+  checkCommTensor(tensor, c10::DeviceType::CPU, "broadcast");
+  checkMember(group, "broadcast", root);
+  if (group.size() == 1) return;
+  int count = mpiCount(tensor, "broadcast");
+  runCollective(*impl_, "broadcast", group, describeTensor(tensor), [&](MPI_Comm comm, MPI_Request* request) {
+    return MPI_Ibcast(tensor.data_ptr(), count, mpiTypeOf(tensor), group.indexOf(root), comm, request);
+  });
+}
+
+std::vector<at::Tensor> MpiBackend::allGather(const at::Tensor& tensor, const Group& group) {
+  checkCommTensor(tensor, c10::DeviceType::CPU, "allGather");
+  checkMember(group, "allGather");
+  std::vector<int64_t> shape = {group.size()};
+  for (int64_t size : tensor.sizes()) shape.push_back(size);
+  at::Tensor gathered = at::empty(shape, tensor.options());
+  int count = mpiCount(tensor, "allGather");
+  MPI_Datatype type = mpiTypeOf(tensor);
+  if (group.size() == 1) {
+    gathered.select(0, 0).copy_(tensor);
+  } else {
+    runCollective(*impl_, "allGather", group, describeTensor(tensor), [&](MPI_Comm comm, MPI_Request* request) {
+      return MPI_Iallgather(tensor.data_ptr(), count, type, gathered.data_ptr(), count, type, comm,
+                            request);
+    });
+  }
+  std::vector<at::Tensor> out;
+  for (int i = 0; i < group.size(); ++i) out.push_back(gathered.select(0, i));
+  return out;
+}
+
+void MpiBackend::barrier(const Group& group) {
+  checkMember(group, "barrier");
+  if (group.size() == 1) return;
+  runCollective(*impl_, "barrier", group, "", [&](MPI_Comm comm, MPI_Request* request) {
+    return MPI_Ibarrier(comm, request);
+  });
+}
+
+}  // namespace autostage::comm

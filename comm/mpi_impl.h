@@ -1,0 +1,51 @@
+#pragma once
+// MpiBackend's internal state and the deadline-polled wait. Internal to comm/.
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <mpi.h>
+
+#include "comm/comm_options.h"
+#include "comm/deadline.h"
+#include "comm/mpi_backend.h"
+
+namespace autostage::comm {
+
+struct MpiBackend::Impl {
+  CommOptions options;
+  int rank = 0;
+  int worldSize = 1;
+  int localRank = 0;
+  int localSize = 1;
+  int tagUpperBound = 32767;
+  MPI_Comm p2pComm = MPI_COMM_NULL;   // user send/recv
+  MPI_Comm collComm = MPI_COMM_NULL;  // world collectives, group handshakes, parent of groups
+  std::mutex groupsMutex;
+  std::map<std::vector<int>, MPI_Comm> groups;  // created sub-group communicators
+
+  // The communicator for `group`, created on first use (see Note [Group creation]).
+  MPI_Comm communicator(const Group& group);
+  void freeAll();
+
+ private:
+  void handshake(const Group& group);
+};
+
+// MPI datatype for a tensor's elements (float16/bfloat16 as 16-bit words: move, not reduce).
+MPI_Datatype mpiTypeOf(const at::Tensor& tensor);
+// Element count as MPI's int; UnsupportedError beyond INT_MAX.
+int mpiCount(const at::Tensor& tensor, const char* operation);
+
+enum class OnTimeout { Cancel, Free, Leave };
+
+// Polls `request` with MPI_Test until it completes or `deadline` passes. On timeout, cancels or
+// frees the request as asked and throws CommError with timeoutMessage(rank, ..., what()).
+void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadline, int rank,
+                 const std::function<std::string()>& what, OnTimeout onTimeout);
+
+}  // namespace autostage::comm
