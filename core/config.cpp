@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include <atomic>
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -281,8 +282,9 @@ Config& globalConfig() {
     Config loaded = Config::load();
     return loaded;
   }();
-  static const bool logConfigured = (applyLogConfig(), true);
-  (void)logConfigured;
+  // applyLogConfig() calls back into globalConfig(): a static initialiser here would recurse.
+  static std::atomic<bool> logConfigured{false};
+  if (!logConfigured.exchange(true)) applyLogConfig();
   return config;
 }
 

@@ -72,9 +72,17 @@ TEST_CASE("block prediction composes node profiles as documented", "[profiler]")
   Graph g = tiedGraph();
   GraphProfile p = uniformProfile(g);
   p.calibration = 1.5;
-  p.nodes[1] = {1, {1e-3, 1e-4}, {2e-3, 2e-4}, {0, 16}, {0, 100}, {50, 10}, 64};
-  p.nodes[3] = {3, {0, 1e-4}, {0, 3e-4}, {0, 16}, {0, 200}, {10, 30}, 64};
-  p.nodes[4] = {4, {0, 1e-5}, {0, 1e-5}, {0, 16}, {0, 0}, {0, 0}, 0};
+  auto set = [&](NodeId n, LinearCost fwd, LinearCost bwd, LinearCost act, LinearCost work,
+                 int64_t params) {
+    p.nodes[n].forwardSeconds = fwd;
+    p.nodes[n].backwardSeconds = bwd;
+    p.nodes[n].activationBytes = act;
+    p.nodes[n].workingBytes = work;
+    p.nodes[n].paramBytes = params;
+  };
+  set(1, {1e-3, 1e-4}, {2e-3, 2e-4}, {0, 100}, {50, 10}, 64);
+  set(3, {0, 1e-4}, {0, 3e-4}, {0, 200}, {10, 30}, 64);
+  set(4, {0, 1e-5}, {0, 1e-5}, {0, 0}, {0, 0}, 0);
   BlockPrediction b = predictBlock(g, p, {1, 2, 3, 4}, 4, 2.0);
   CHECK(b.forwardSeconds == Approx(1.5 * (1e-3 + 4e-4 + 4e-4 + 4e-5)));
   CHECK(b.backwardSeconds == Approx(1.5 * (2e-3 + 8e-4 + 12e-4 + 4e-5)));

@@ -12,7 +12,12 @@ TEST_CASE("rescaling by FLOP ratio scales times, keeps memory, labels as estimat
   core::GraphProfile measured;
   measured.deviceKind = "cpu";
   measured.nodes.resize(2);
-  measured.nodes[1] = {1, {2e-3, 1e-4}, {4e-3, 2e-4}, {0, 64}, {0, 128}, {16, 8}, 4096};
+  core::NodeProfile& node = measured.nodes[1];
+  node.node = 1;
+  node.forwardSeconds = {2e-3, 1e-4};
+  node.backwardSeconds = {4e-3, 2e-4};
+  node.activationBytes = {0, 128};
+  node.paramBytes = 4096;
   core::ClusterSpec target = core::ClusterSpec::fromToml(R"(
 device_kind = "a100"
 devices = 8
