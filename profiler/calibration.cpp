@@ -109,7 +109,8 @@ CalibrationResult calibrate(const torchscript::ImportedModel& model,
                                       options.calibrationMinSeconds, options.seed)) {
     BlockPrediction predicted = predictBlock(model.graph, raw, range(begin, end), batch, 0);
     BlockMeasurement measured = measureBlock(model, exampleInputs, begin, end, batch, backend,
-                                             {options.warmupRuns, options.calibrationRepeats});
+                                             {options.warmupRuns, options.calibrationRepeats,
+                                              options.normalizeLoad});
     result.samples.push_back({begin, end, predicted.seconds(), measured.seconds(),
                               predicted.peakBytes, measured.peakBytes});
     predictedSum += predicted.seconds();

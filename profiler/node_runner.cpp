@@ -122,9 +122,47 @@ void resetGrads(const std::vector<at::Tensor>& params) {
 }
 
 // One untimed run that records memory figures (deterministic on the CPU allocator).
-void measureMemory(const core::Graph& graph, const torchscript::ExportedFunction& function,
-                   const std::vector<c10::IValue>& args, MeasurementBackend& backend,
-                   RunMeasurement* result) {
+c10::IValue detached(const c10::IValue& value) {
+  if (value.isTensor()) return value.toTensor().detach();
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : value.toTensorVector()) list.push_back(t.detach());
+    return list;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const auto& e : value.toTupleRef().elements()) elements.push_back(detached(e));
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return value;
+}
+
+// Note [Load normalization]
+// Other jobs sharing the cores slow every kernel by a factor that drifts over seconds. A fixed
+// small matmul timed before and after each measurement estimates the current slowdown against
+// the fastest the reference ever ran in this process; times are scaled by that ratio, so node
+// and block measurements taken at different moments stay comparable.
+double referenceSeconds(MeasurementBackend& backend) {
+  static const at::Tensor a = torch::randn({64, 64}), b = torch::randn({64, 64});
+  std::vector<double> times;
+  for (int i = 0; i < 3; ++i) times.push_back(backend.time([&] { (void)torch::mm(a, b); }));
+  return median(times);
+}
+
+double loadScale(double reference) {
+  static std::atomic<double> best{1e30};
+  double seen = best.load();
+  while (reference < seen && !best.compare_exchange_weak(seen, reference)) {
+  }
+  return std::min(1.0, best.load() / reference);
+}
+
+// One run that records memory figures (deterministic on the CPU allocator) and serves as the
+// first warm-up; returns the outputs, detached.
+std::vector<c10::IValue> measureMemory(const core::Graph& graph,
+                                       const torchscript::ExportedFunction& function,
+                                       const std::vector<c10::IValue>& args,
+                                       MeasurementBackend& backend, RunMeasurement* result) {
   int64_t base = backend.currentMemory();
   backend.resetPeakMemory();
   PreparedArgs prepared = prepare(graph, function, args);
@@ -142,6 +180,9 @@ void measureMemory(const core::Graph& graph, const torchscript::ExportedFunction
   for (const auto& p : prepared.params) grads.push_back(p.grad());
   result->gradientBytes = distinctStorageBytes(grads);
   resetGrads(prepared.params);
+  std::vector<c10::IValue> values;
+  for (const auto& o : outputs) values.push_back(detached(o));
+  return values;
 }
 
 }  // namespace
@@ -236,14 +277,17 @@ double median(std::vector<double> values) {
 
 RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedFunction& function,
                           const std::vector<c10::IValue>& args, MeasurementBackend& backend,
-                          const RunSettings& settings) {
+                          const RunSettings& settings, std::vector<c10::IValue>* outputs) {
   RunMeasurement result;
+  std::vector<c10::IValue> values = measureMemory(graph, function, args, backend, &result);
+  if (outputs) *outputs = std::move(values);
+  double reference = settings.normalizeLoad ? referenceSeconds(backend) : 0;
   std::vector<double> forward, backwardTimes;
-  for (int run = 0; run < settings.warmupRuns + settings.repeats; ++run) {
+  for (int run = 1; run < settings.warmupRuns + settings.repeats; ++run) {
     PreparedArgs prepared = prepare(graph, function, args);
-    std::vector<c10::IValue> outputs;
-    double f = backend.time([&] { outputs = executeFunction(function, std::move(prepared.args)); });
-    std::vector<at::Tensor> diff = differentiable(outputs);
+    std::vector<c10::IValue> results;
+    double f = backend.time([&] { results = executeFunction(function, std::move(prepared.args)); });
+    std::vector<at::Tensor> diff = differentiable(results);
     std::vector<at::Tensor> grads = onesLike(diff);
     double b = diff.empty() ? 0.0 : backend.time([&] { backward(diff, grads); });
     resetGrads(prepared.params);
@@ -251,9 +295,10 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
     forward.push_back(f);
     backwardTimes.push_back(b);
   }
-  result.forwardSeconds = median(forward);
-  result.backwardSeconds = median(backwardTimes);
-  measureMemory(graph, function, args, backend, &result);
+  double scale = 1;
+  if (settings.normalizeLoad) scale = loadScale((reference + referenceSeconds(backend)) / 2);
+  result.forwardSeconds = scale * median(forward);
+  result.backwardSeconds = scale * median(backwardTimes);
   return result;
 }
 

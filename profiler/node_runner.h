@@ -65,8 +65,9 @@ struct RunMeasurement {
 };
 
 struct RunSettings {
-  int warmupRuns = 1;
+  int warmupRuns = 1;  // >= 1: the first run records memory and is never timed
   int repeats = 5;
+  bool normalizeLoad = false;  // see Note [Load normalization] in node_runner.cpp
 };
 
 // Inputs that are PARAM graph inputs are fed as the model's own tensors (gradients are reset
@@ -74,7 +75,8 @@ struct RunSettings {
 // (except BATCH graph inputs) requiring grad, as they would inside a pipeline stage.
 RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedFunction& function,
                           const std::vector<c10::IValue>& args, MeasurementBackend& backend,
-                          const RunSettings& settings);
+                          const RunSettings& settings,
+                          std::vector<c10::IValue>* outputs = nullptr);
 
 // Median of a non-empty sample.
 double median(std::vector<double> values);

@@ -58,6 +58,16 @@ struct GroupSamples {
   int64_t failedBatch = -1;
 };
 
+// The interpreter wraps errors in a multi-line traceback; its last non-empty line says what
+// went wrong (e.g. `RuntimeError: shape '[8, 16]' is invalid for input of size 256`).
+std::string lastLine(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  return last.empty() ? text : last;
+}
+
 class ForwardPass {
  public:
   ForwardPass(const torchscript::ImportedModel& model, std::vector<Unit>& units,
@@ -88,19 +98,19 @@ class ForwardPass {
     try {
       args = gatherArgs(model_.graph, *unit.function, values_);
       std::vector<c10::IValue> outputs;
-      {
+      if (samples) {
+        RunMeasurement m =
+            measureRun(model_.graph, *unit.function, args, backend_, settings_, &outputs);
+        samples->batches.push_back(batch);
+        samples->runs.push_back(m);
+      } else {
         torch::NoGradGuard noGrad;
         outputs = executeFunction(*unit.function, args);
       }
       for (size_t i = 0; i < outputs.size(); ++i) values_[unit.function->outputs()[i]] = outputs[i];
-      if (samples) {
-        RunMeasurement m = measureRun(model_.graph, *unit.function, args, backend_, settings_);
-        samples->batches.push_back(batch);
-        samples->runs.push_back(m);
-      }
     } catch (const std::exception& e) {
       std::string shapes = describeInputs(model_.graph, args, unit.function->inputs());
-      return std::string(e.what()) + (shapes.empty() ? "" : " (inputs: " + shapes + ")");
+      return lastLine(e.what()) + (shapes.empty() ? "" : " (inputs: " + shapes + ")");
     }
     return "";
   }
@@ -216,7 +226,8 @@ core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
   std::vector<GroupSamples> samples(groups.size());
   ProgressReporter progress(static_cast<int64_t>(groups.size() * batches.size()), "nodes",
                             options.progressBar);
-  ForwardPass pass(model, units, backend, {options.warmupRuns, options.repeats});
+  ForwardPass pass(model, units, backend,
+                   {options.warmupRuns, options.repeats, options.normalizeLoad});
   for (int64_t batch : batches) pass.run(exampleInputs, batch, samples, progress);
 
   core::GraphProfile profile;

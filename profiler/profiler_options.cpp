@@ -34,7 +34,7 @@ void ProfilerOptions::validate() const {
     AUTOSTAGE_CHECK_AS(ConfigError, distinct.insert(b).second, "profiler batch size ", b,
                        " is listed twice; list each size once");
   }
-  AUTOSTAGE_CHECK_AS(ConfigError, warmupRuns >= 0, "profiler warmupRuns must be >= 0, got ",
+  AUTOSTAGE_CHECK_AS(ConfigError, warmupRuns >= 1, "profiler warmupRuns must be >= 1, got ",
                      warmupRuns);
   AUTOSTAGE_CHECK_AS(ConfigError, repeats >= 3, "profile_repeats must be >= 3 (each figure is a ",
                      "median of at least 3 timed runs), got ", repeats);
@@ -54,7 +54,7 @@ std::string ProfilerOptions::toString() const {
   for (size_t i = 0; i < batchSizes.size(); ++i) out << (i ? "," : "") << batchSizes[i];
   out << (batchSizes.empty() ? "auto" : "") << "] warmup=" << warmupRuns << " repeats=" << repeats
       << " calibration_blocks=" << calibrationBlocks << " calibration_repeats="
-      << calibrationRepeats << " seed=" << seed << " cache="
+      << calibrationRepeats << " seed=" << seed << " normalize_load=" << normalizeLoad << " cache="
       << (cacheFile.empty() ? (cacheDir.empty() ? "none" : cacheDir) : cacheFile)
       << " opt_param_factor=" << optParamFactor;
   return out.str();

@@ -12,7 +12,9 @@ struct ProfilerOptions {
   // Micro-batch sizes to measure each node at (>= 2 distinct for the linear fit). Empty: half
   // and full example batch (just the full one when the example batch is 1).
   std::vector<int64_t> batchSizes;
-  int warmupRuns = 1;   // untimed runs before the timed ones
+  int warmupRuns = 1;   // untimed runs before the timed ones (>= 1; the first records memory)
+  // Scale times by a reference kernel's slowdown (Note [Load normalization], node_runner.cpp).
+  bool normalizeLoad = false;
   int repeats = 5;      // timed runs; the median is kept
   // Real multi-node blocks measured to fit the calibration factor (0: no calibration).
   int calibrationBlocks = 4;

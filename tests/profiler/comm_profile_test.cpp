@@ -1,6 +1,6 @@
 #include "profiler/comm_profile.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include <mutex>
 

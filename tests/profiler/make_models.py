@@ -27,7 +27,7 @@ def transformer(layers, hidden, heads, batch, seq):
 def build(name):
     torch.manual_seed(0)
     if name == "transformer":
-        return transformer(4, 256, 4, 16, 64)
+        return transformer(4, 256, 4, 8, 32)
     if name == "bert24":
         return transformer(24, 256, 4, 8, 128)
     if name == "resnet18":

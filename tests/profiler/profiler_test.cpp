@@ -1,6 +1,6 @@
 #include "profiler/profiler.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include <filesystem>
 
