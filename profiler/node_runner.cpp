@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <mutex>
 #include <sstream>
 #include <unordered_set>
 
@@ -139,22 +141,29 @@ c10::IValue detached(const c10::IValue& value) {
 
 // Note [Load normalization]
 // Other jobs sharing the cores slow every kernel by a factor that drifts over seconds. A fixed
-// small matmul timed before and after each measurement estimates the current slowdown against
-// the fastest the reference ever ran in this process; times are scaled by that ratio, so node
-// and block measurements taken at different moments stay comparable.
-double referenceSeconds(MeasurementBackend& backend) {
-  static const at::Tensor a = torch::randn({64, 64}), b = torch::randn({64, 64});
-  std::vector<double> times;
-  for (int i = 0; i < 3; ++i) times.push_back(backend.time([&] { (void)torch::mm(a, b); }));
-  return median(times);
+// matmul (about a millisecond of work), re-timed at most every kRefreshSeconds, estimates the
+// current slowdown against the fastest it ever ran in this process; measured times are scaled
+// by that ratio, so node and block measurements taken at different moments stay comparable.
+constexpr double kRefreshSeconds = 0.25;
+
+double wallNow() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
-double loadScale(double reference) {
-  static std::atomic<double> best{1e30};
-  double seen = best.load();
-  while (reference < seen && !best.compare_exchange_weak(seen, reference)) {
+double loadScale(MeasurementBackend& backend) {
+  static std::mutex mutex;
+  static double lastRefresh = -1e30, current = 1, best = 1e30;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (wallNow() - lastRefresh > kRefreshSeconds) {
+    static const at::Tensor a = torch::randn({128, 128}), b = torch::randn({128, 128});
+    std::vector<double> times;
+    for (int i = 0; i < 3; ++i) times.push_back(backend.time([&] { (void)torch::mm(a, b); }));
+    current = median(times);
+    best = std::min(best, current);
+    lastRefresh = wallNow();
   }
-  return std::min(1.0, best.load() / reference);
+  return std::min(1.0, best / current);
 }
 
 // One run that records memory figures (deterministic on the CPU allocator) and serves as the
@@ -281,7 +290,7 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
   RunMeasurement result;
   std::vector<c10::IValue> values = measureMemory(graph, function, args, backend, &result);
   if (outputs) *outputs = std::move(values);
-  double reference = settings.normalizeLoad ? referenceSeconds(backend) : 0;
+  double scaleBefore = settings.normalizeLoad ? loadScale(backend) : 1;
   std::vector<double> forward, backwardTimes;
   for (int run = 1; run < settings.warmupRuns + settings.repeats; ++run) {
     PreparedArgs prepared = prepare(graph, function, args);
@@ -295,8 +304,7 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
     forward.push_back(f);
     backwardTimes.push_back(b);
   }
-  double scale = 1;
-  if (settings.normalizeLoad) scale = loadScale((reference + referenceSeconds(backend)) / 2);
+  double scale = settings.normalizeLoad ? (scaleBefore + loadScale(backend)) / 2 : 1;
   result.forwardSeconds = scale * median(forward);
   result.backwardSeconds = scale * median(backwardTimes);
   return result;
