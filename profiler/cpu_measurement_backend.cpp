@@ -1,5 +1,6 @@
-// CPU measurement: steady-clock wall time and the counting CPU allocator.
+// CPU measurement: steady-clock wall time (or process CPU time) and the counting CPU allocator.
 #include <chrono>
+#include <ctime>
 
 #include "profiler/cpu_memory_tracker.h"
 #include "profiler/measurement_backend.h"
@@ -9,25 +10,36 @@ namespace {
 
 class CpuMeasurementBackend final : public MeasurementBackend {
  public:
-  CpuMeasurementBackend() : tracker_(CpuMemoryTracker::install()) {}
+  explicit CpuMeasurementBackend(CpuClock clock)
+      : tracker_(CpuMemoryTracker::install()), clock_(clock) {}
   std::string deviceKind() const override { return "cpu"; }
   double time(const std::function<void()>& work) override {
-    auto start = std::chrono::steady_clock::now();
+    double start = now();
     work();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return now() - start;
   }
   int64_t currentMemory() const override { return tracker_.currentBytes(); }
   int64_t peakMemory() const override { return tracker_.peakBytes(); }
   void resetPeakMemory() override { tracker_.resetPeak(); }
 
  private:
+  double now() const {
+    if (clock_ == CpuClock::Wall)
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+
   CpuMemoryTracker& tracker_;
+  CpuClock clock_;
 };
 
 }  // namespace
 
-std::unique_ptr<MeasurementBackend> createCpuMeasurementBackend() {
-  return std::make_unique<CpuMeasurementBackend>();
+std::unique_ptr<MeasurementBackend> createCpuMeasurementBackend(CpuClock clock) {
+  return std::make_unique<CpuMeasurementBackend>(clock);
 }
 
 }  // namespace autostage::profiler

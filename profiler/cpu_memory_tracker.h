@@ -25,6 +25,9 @@ class CpuMemoryTracker final : public c10::Allocator {
   int64_t allocationCount() const { return allocations_.load(); }
 
   c10::DataPtr allocate(size_t bytes) const override;
+  // Every non-empty DataPtr we return has this deleter and context == data, so kernels that
+  // use raw_allocate/raw_deallocate work with the tracker installed.
+  c10::DeleterFnPtr raw_deleter() const override { return &CpuMemoryTracker::release; }
 
  private:
   explicit CpuMemoryTracker(c10::Allocator* base) : base_(base) {}

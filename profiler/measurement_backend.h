@@ -24,6 +24,11 @@ class MeasurementBackend {
   virtual void resetPeakMemory() = 0;
 };
 
-std::unique_ptr<MeasurementBackend> createCpuMeasurementBackend();
+// How the CPU backend times work. Wall: steady clock. ProcessCpu: CPU time of this process
+// (all its threads): immune to other jobs sharing the cores, equal to wall time for
+// single-threaded work on an idle core; use it with one intra-op thread on a loaded machine.
+enum class CpuClock { Wall, ProcessCpu };
+
+std::unique_ptr<MeasurementBackend> createCpuMeasurementBackend(CpuClock clock = CpuClock::Wall);
 
 }  // namespace autostage::profiler

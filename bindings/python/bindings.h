@@ -9,5 +9,7 @@ namespace autostage::bindings {
 void bindCore(pybind11::module_& m);
 // IR import from a ScriptModule, IR object, exported subgraphs.
 void bindTorchscript(pybind11::module_& m);
+// autostage.Module's C++ side, get_rank/get_world_size/barrier, options.
+void bindStaging(pybind11::module_& m);
 
 }  // namespace autostage::bindings

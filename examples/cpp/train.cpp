@@ -1,12 +1,13 @@
 // C++ example: train a TorchScript model with autostage across MPI ranks.
 //
 //   mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1
-//          build/examples/cpp/autostage_train_example [model.pt|-] [stages] [micro_batches]
+//          build/examples/cpp/autostage_train_example [model.pt|-]
 //
 // Without model.pt a small MLP (8 -> 64 -> 64 -> 4) is built in place. Every rank feeds its own
 // local batch of 16 random samples; the wrapped module returns the rows of that local batch and
 // the ordinary `loss.backward()` drives the pipeline backward and gradient synchronisation.
-// Until the lead wires the real profiler + planner in, the plan comes from uniformPlanner.
+// Rank 0 profiles the model and plans stages with the decomposer (options from the config table,
+// e.g. AUTOSTAGE_PARTITION_NUM=2 to force two stages); the partition log shows what it chose.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -14,8 +15,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
-#include "staging/module.h"
-#include "staging/simple_planner.h"
+#include "bindings/cpp/module.h"
 
 namespace {
 
@@ -43,13 +43,8 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   torch::jit::Module model = argc > 1 && std::string(argv[1]) != "-" ? torch::jit::load(argv[1])
                                                                       : builtinMlp();
-  staging::UniformPlanOptions plan;
-  plan.stageCount = argc > 2 ? std::atoi(argv[2]) : 2;
-  plan.microBatchCount = argc > 3 ? std::atoi(argv[3]) : 2;
-  staging::ModuleOptions options;
-  options.planner = staging::uniformPlanner(plan);
   try {
-    staging::Module module(model, options);
+    autostage::Module module(model);
     const int64_t localBatch = 16;
     for (int step = 0; step < 5; ++step) {
       at::Tensor x = torch::randn({localBatch, 8});

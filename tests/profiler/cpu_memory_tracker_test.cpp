@@ -1,6 +1,6 @@
 #include "profiler/cpu_memory_tracker.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include <torch/torch.h>
 

@@ -1,0 +1,77 @@
+// autostage.Module's C++ side (autostage::Module), process-group functions and options.
+#include <pybind11/stl.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings/cpp/module.h"
+#include "bindings/python/bindings.h"
+#include "comm/registry.h"
+#include "core/config.h"
+#include "core/error.h"
+#include "core/proto/deployment_file.h"
+
+namespace autostage::bindings {
+namespace {
+
+namespace py = pybind11;
+
+std::unique_ptr<Module> makeModule(const py::object& script, const std::string& deploymentPath) {
+  auto module = torch::jit::as_module(script);
+  AUTOSTAGE_CHECK(module.has_value(), "expected a torch.jit.ScriptModule, got ",
+                  std::string(py::str(script.get_type())));
+  ModuleOptions options;
+  options.deploymentPath = deploymentPath;
+  return std::make_unique<Module>(*module, options);
+}
+
+template <typename Method>
+std::vector<at::Tensor> callReleased(Module& module, Method method,
+                                     const std::vector<at::Tensor>& inputs) {
+  std::vector<c10::IValue> values(inputs.begin(), inputs.end());
+  py::gil_scoped_release release;  // forward may communicate with other ranks
+  return (module.*method)(values);
+}
+
+comm::Backend& world() { return *comm::sharedBackend("mpi"); }
+
+}  // namespace
+
+void bindStaging(py::module_& m) {
+  py::class_<Module>(m, "_Module")
+      .def(py::init(&makeModule), py::arg("script_module"), py::arg("deployment_path") = "")
+      .def("forward", [](Module& mod, const std::vector<at::Tensor>& inputs) {
+        return callReleased(mod, &Module::forward, inputs);
+      })
+      .def("train_step", [](Module& mod, const std::vector<at::Tensor>& inputs) {
+        return callReleased(mod, &Module::trainStep, inputs);
+      })
+      .def_property_readonly("ready", &Module::ready)
+      .def("parameters", &Module::parameters)
+      .def("named_parameters", &Module::namedParameters)
+      .def("save_deployment",
+           [](const Module& mod, const std::string& path) {
+             core::saveDeployment(mod.deployment(), path);
+           })
+      .def_property_readonly("rank", &Module::rank)
+      .def_property_readonly("world_size", &Module::worldSize);
+
+  m.def("get_rank", [] { return world().rank(); }, "This process's rank (MPI_COMM_WORLD).");
+  m.def("get_world_size", [] { return world().worldSize(); });
+  m.def(
+      "barrier",
+      [] {
+        py::gil_scoped_release release;
+        world().barrier(world().world());
+      },
+      "Waits until every rank arrives (fails after comm_timeout_s naming the missing ranks).");
+  m.def(
+      "_set_option",
+      [](const std::string& key, const std::string& value) {
+        core::globalConfig().set(key, value, "autostage.Module(" + key + "=...)");
+      },
+      py::arg("key"), py::arg("value"));
+  m.def("show_config", [] { return core::globalConfig().toString(); },
+        "Effective option values and where each came from.");
+}
+
+}  // namespace autostage::bindings

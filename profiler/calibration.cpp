@@ -1,0 +1,135 @@
+#include "profiler/calibration.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "profiler/cost_model.h"
+
+namespace autostage::profiler {
+namespace {
+
+std::vector<core::NodeId> range(core::NodeId begin, core::NodeId end) {
+  std::vector<core::NodeId> ids;
+  for (core::NodeId n = begin; n < end; ++n) ids.push_back(n);
+  return ids;
+}
+
+// Values after running nodes [0, end) under no_grad on inputs resized to `batch`.
+ValueMap valuesBefore(const torchscript::ImportedModel& model,
+                      const std::vector<c10::IValue>& inputs, core::NodeId end, int64_t batch) {
+  ValueMap values = seedValues(model, inputs, batch);
+  if (end <= 0) return values;
+  torchscript::ExportedFunction prefix = torchscript::exportSubgraph(model.graph, range(0, end));
+  std::vector<c10::IValue> args = gatherArgs(model.graph, prefix, values);
+  torch::NoGradGuard noGrad;
+  std::vector<c10::IValue> outputs = executeFunction(prefix, std::move(args));
+  for (size_t i = 0; i < outputs.size(); ++i) values[prefix.outputs()[i]] = outputs[i];
+  return values;
+}
+
+int64_t paramBytesFed(const core::Graph& graph, const std::vector<core::ValueId>& inputs) {
+  int64_t total = 0;
+  for (core::ValueId v : inputs) {
+    const core::Value& value = graph.value(v);
+    if (value.producer == core::kNoNode && value.cls == core::ValueClass::Param)
+      total += std::max<int64_t>(0, value.type.bytes());
+  }
+  return total;
+}
+
+double relativeError(double predicted, double measured) {
+  return measured > 0 ? std::abs(predicted - measured) / measured : 0;
+}
+
+}  // namespace
+
+BlockMeasurement measureBlock(const torchscript::ImportedModel& model,
+                              const std::vector<c10::IValue>& exampleInputs, core::NodeId begin,
+                              core::NodeId end, int64_t batch, MeasurementBackend& backend,
+                              const RunSettings& settings) {
+  AUTOSTAGE_CHECK_AS(PlanError, 0 <= begin && begin < end &&
+                                    end <= static_cast<core::NodeId>(model.graph.nodeCount()),
+                     "block [", begin, ", ", end, ") is not a non-empty node range of graph '",
+                     model.graph.name(), "' with ", model.graph.nodeCount(), " nodes");
+  ValueMap values = valuesBefore(model, exampleInputs, begin, batch);
+  torchscript::ExportedFunction block = torchscript::exportSubgraph(model.graph, range(begin, end));
+  std::vector<c10::IValue> args = gatherArgs(model.graph, block, values);
+  values.clear();
+  RunMeasurement run = measureRun(model.graph, block, args, backend, settings);
+  BlockMeasurement result;
+  result.forwardSeconds = run.forwardSeconds;
+  result.backwardSeconds = run.backwardSeconds;
+  result.peakBytes = paramBytesFed(model.graph, block.inputs()) + run.inputBytes + run.peakBytes;
+  return result;
+}
+
+std::vector<std::pair<core::NodeId, core::NodeId>> pickBlocks(const core::Graph& graph,
+                                                              const core::GraphProfile& profile,
+                                                              int64_t batch, int count,
+                                                              double minSeconds, uint64_t seed) {
+  std::vector<core::NodeId> starts;
+  for (const core::Node& n : graph.nodes()) {
+    core::ValueClass cls = graph.nodeClass(n.id);
+    if (cls == core::ValueClass::Batch || cls == core::ValueClass::Loss) starts.push_back(n.id);
+  }
+  std::vector<std::pair<core::NodeId, core::NodeId>> blocks;
+  if (starts.empty()) return blocks;
+  std::mt19937_64 random(seed);
+  const auto total = static_cast<core::NodeId>(graph.nodeCount());
+  for (int i = 0; i < count; ++i) {
+    core::NodeId begin = starts[random() % starts.size()];
+    core::NodeId end = begin;
+    double seconds = 0;
+    while (end < total && (seconds < minSeconds || end == begin)) {
+      const core::NodeProfile& p = profile.nodes.at(end);
+      seconds += p.forwardSeconds.at(batch) + p.backwardSeconds.at(batch);
+      ++end;
+    }
+    blocks.emplace_back(begin, end);
+  }
+  return blocks;
+}
+
+CalibrationResult calibrate(const torchscript::ImportedModel& model,
+                            const std::vector<c10::IValue>& exampleInputs,
+                            const core::GraphProfile& profile, MeasurementBackend& backend,
+                            const ProfilerOptions& options) {
+  int64_t batch = profile.batchSizes.empty() ? exampleBatchSizeOf(exampleInputs)
+                                             : profile.batchSizes.back();
+  core::GraphProfile raw = profile;
+  raw.calibration = 1;
+  CalibrationResult result;
+  double predictedSum = 0, measuredSum = 0;
+  for (auto [begin, end] : pickBlocks(model.graph, raw, batch, options.calibrationBlocks,
+                                      options.calibrationMinSeconds, options.seed)) {
+    BlockPrediction predicted = predictBlock(model.graph, raw, range(begin, end), batch, 0);
+    BlockMeasurement measured = measureBlock(model, exampleInputs, begin, end, batch, backend,
+                                             {options.warmupRuns, options.calibrationRepeats,
+                                              options.normalizeLoad});
+    result.samples.push_back({begin, end, predicted.seconds(), measured.seconds(),
+                              predicted.peakBytes, measured.peakBytes});
+    predictedSum += predicted.seconds();
+    measuredSum += measured.seconds();
+  }
+  if (result.samples.empty() || predictedSum <= 0) return result;
+  result.factor = measuredSum / predictedSum;
+  for (const CalibrationSample& s : result.samples) {
+    result.error += relativeError(result.factor * s.predictedSeconds, s.measuredSeconds);
+    result.memoryError += relativeError(static_cast<double>(s.predictedBytes),
+                                        static_cast<double>(s.measuredBytes));
+  }
+  result.error /= static_cast<double>(result.samples.size());
+  result.memoryError /= static_cast<double>(result.samples.size());
+  core::logger("Profiler")->info(
+      "calibrated on {} blocks at batch {}: factor {:.3f}, time error {:.1f}%, memory error "
+      "{:.1f}%", result.samples.size(), batch, result.factor, 100 * result.error,
+      100 * result.memoryError);
+  return result;
+}
+
+}  // namespace autostage::profiler

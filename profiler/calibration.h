@@ -1,0 +1,63 @@
+#pragma once
+// Measuring real multi-node blocks and fitting the composed model's correction factor.
+//
+// measureBlock runs a contiguous node range [begin, end) as one exported function, with inputs
+// from a real forward pass of the nodes before it, and reports forward/backward time and peak
+// memory measured the way predictBlock (cost_model.h) predicts them with optParamFactor 0:
+// parameters + stage inputs + peak of forward and backward.
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "core/profile.h"
+#include "core/torchscript/importer.h"
+#include "profiler/measurement_backend.h"
+#include "profiler/node_runner.h"
+#include "profiler/profiler_options.h"
+
+namespace autostage::profiler {
+
+struct BlockMeasurement {
+  double forwardSeconds = 0;
+  double backwardSeconds = 0;
+  int64_t peakBytes = 0;
+  double seconds() const { return forwardSeconds + backwardSeconds; }
+};
+
+BlockMeasurement measureBlock(const torchscript::ImportedModel& model,
+                              const std::vector<c10::IValue>& exampleInputs, core::NodeId begin,
+                              core::NodeId end, int64_t batch, MeasurementBackend& backend,
+                              const RunSettings& settings);
+
+// `count` random contiguous ranges [begin, end), each starting at a BATCH/LOSS node and grown
+// until its uncalibrated predicted time reaches `minSeconds` (or the graph ends).
+std::vector<std::pair<core::NodeId, core::NodeId>> pickBlocks(const core::Graph& graph,
+                                                              const core::GraphProfile& profile,
+                                                              int64_t batch, int count,
+                                                              double minSeconds, uint64_t seed);
+
+struct CalibrationSample {
+  core::NodeId begin = 0, end = 0;
+  double predictedSeconds = 0;  // uncalibrated
+  double measuredSeconds = 0;
+  int64_t predictedBytes = 0;
+  int64_t measuredBytes = 0;
+};
+
+struct CalibrationResult {
+  double factor = 1;  // sum measured / sum predicted time
+  double error = 0;   // mean relative error of the calibrated time predictions
+  double memoryError = 0;  // mean relative error of the peak memory predictions
+  std::vector<CalibrationSample> samples;
+};
+
+// Measures options.calibrationBlocks blocks at the largest profiled batch size; logs the result.
+CalibrationResult calibrate(const torchscript::ImportedModel& model,
+                            const std::vector<c10::IValue>& exampleInputs,
+                            const core::GraphProfile& profile, MeasurementBackend& backend,
+                            const ProfilerOptions& options);
+
+}  // namespace autostage::profiler

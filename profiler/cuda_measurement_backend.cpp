@@ -1,0 +1,108 @@
+// CUDA measurement: events bracket the work on the current stream, so queued kernels count.
+// Memory: with a CUDA build of LibTorch, the caching allocator's aggregate allocated-bytes
+// statistics (current and peak). LibTorch builds without the c10/cuda headers (Debian's CPU
+// build ships them incomplete) fall back to cudaMemGetInfo: current = used device memory, peak =
+// the largest value seen at time() boundaries (a lower bound; documented in the header).
+#include "profiler/cuda_measurement_backend.h"
+
+#include <algorithm>
+#include <string>
+
+#include <cuda_runtime.h>
+
+#if __has_include(<c10/cuda/impl/cuda_cmake_macros.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#define AUTOSTAGE_CUDA_ALLOCATOR_STATS 1
+#else
+#define AUTOSTAGE_CUDA_ALLOCATOR_STATS 0
+#endif
+
+#include "core/error.h"
+
+namespace autostage::profiler {
+namespace {
+
+void checkCuda(cudaError_t status, const char* what) {
+  AUTOSTAGE_CHECK(status == cudaSuccess, "CUDA call ", what, " failed: ",
+                  cudaGetErrorString(status), "; check the device and driver");
+}
+
+class CudaMeasurementBackend final : public MeasurementBackend {
+ public:
+  explicit CudaMeasurementBackend(int device) : device_(device) {
+    int count = 0;
+    checkCuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+    AUTOSTAGE_CHECK_AS(UnsupportedError, device >= 0 && device < count, "CUDA device ", device,
+                       " requested but ", count, " devices are visible; set CUDA_VISIBLE_DEVICES");
+    cudaDeviceProp props{};
+    checkCuda(cudaGetDeviceProperties(&props, device), "cudaGetDeviceProperties");
+    kind_ = std::string("cuda:") + props.name;
+    checkCuda(cudaSetDevice(device_), "cudaSetDevice");
+    checkCuda(cudaEventCreate(&start_), "cudaEventCreate");
+    checkCuda(cudaEventCreate(&stop_), "cudaEventCreate");
+  }
+  ~CudaMeasurementBackend() override {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+
+  std::string deviceKind() const override { return kind_; }
+
+  double time(const std::function<void()>& work) override {
+    checkCuda(cudaSetDevice(device_), "cudaSetDevice");
+    cudaStream_t stream = currentStream();
+    checkCuda(cudaEventRecord(start_, stream), "cudaEventRecord");
+    work();
+    checkCuda(cudaEventRecord(stop_, stream), "cudaEventRecord");
+    checkCuda(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    observe();
+    float ms = 0;
+    checkCuda(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return ms / 1e3;
+  }
+
+#if AUTOSTAGE_CUDA_ALLOCATOR_STATS
+  int64_t currentMemory() const override { return stats().current; }
+  int64_t peakMemory() const override { return stats().peak; }
+  void resetPeakMemory() override { c10::cuda::CUDACachingAllocator::resetPeakStats(device_); }
+
+ private:
+  cudaStream_t currentStream() const {
+    return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+  }
+  c10::cuda::CUDACachingAllocator::Stat stats() const {
+    using c10::cuda::CUDACachingAllocator::StatType;
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_)
+        .allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)];
+  }
+  void observe() {}
+#else
+  int64_t currentMemory() const override { return usedBytes(); }
+  int64_t peakMemory() const override { return std::max(peak_, usedBytes()); }
+  void resetPeakMemory() override { peak_ = usedBytes(); }
+
+ private:
+  cudaStream_t currentStream() const { return nullptr; }  // the legacy default stream
+  int64_t usedBytes() const {
+    size_t free = 0, total = 0;
+    checkCuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return static_cast<int64_t>(total - free);
+  }
+  void observe() { peak_ = std::max(peak_, usedBytes()); }
+  int64_t peak_ = 0;
+#endif
+
+  int device_;
+  std::string kind_;
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<MeasurementBackend> createCudaMeasurementBackend(int device) {
+  return std::make_unique<CudaMeasurementBackend>(device);
+}
+
+}  // namespace autostage::profiler

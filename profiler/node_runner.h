@@ -1,0 +1,84 @@
+#pragma once
+// Running exported node subsets for measurement: value environments filled by a real forward
+// pass, batch resizing, and the one function through which the profiler executes model code
+// (executeFunction), whose call counter proves that a cached run executes nothing.
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+
+#include "core/torchscript/exporter.h"
+#include "core/torchscript/importer.h"
+#include "profiler/measurement_backend.h"
+
+namespace autostage::profiler {
+
+using ValueMap = std::unordered_map<core::ValueId, c10::IValue>;
+
+// The only way the profiler runs model code. Counts every call.
+std::vector<c10::IValue> executeFunction(const torchscript::ExportedFunction& function,
+                                         std::vector<c10::IValue> args);
+// Calls of executeFunction since the process started.
+int64_t executionCount();
+
+// Tensor (or tuple/list of tensors) with dim 0 resized to `batch`: narrowed when smaller,
+// repeated cyclically when larger. Other values are returned unchanged.
+c10::IValue resizeBatch(const c10::IValue& value, int64_t fromBatch, int64_t batch);
+
+// Dim 0 of the first tensor (inside tuples/lists too) with at least one dimension; 1 if none.
+int64_t exampleBatchSizeOf(const std::vector<c10::IValue>& inputs);
+
+// Graph inputs: example inputs resized to `batch` (BATCH inputs) and the model's parameter
+// tensors (PARAM inputs, shared, not copied).
+ValueMap seedValues(const torchscript::ImportedModel& model,
+                    const std::vector<c10::IValue>& exampleInputs, int64_t batch);
+
+// Arguments of `function` from `values`; throws Error naming the first missing value.
+std::vector<c10::IValue> gatherArgs(const core::Graph& graph,
+                                    const torchscript::ExportedFunction& function,
+                                    const ValueMap& values);
+
+// "name: Float(8, 16), ..." of the function's inputs, for failure reports.
+std::string describeInputs(const core::Graph& graph, const std::vector<c10::IValue>& args,
+                           const std::vector<core::ValueId>& ids);
+
+// Measured costs of one training step (forward with autograd recording, then backward with
+// all-ones output gradients) of an exported subset. Memory figures are relative to the usage
+// before the run (model parameters and the value environment excluded) and leave out the
+// input copies (inputBytes), which a pipeline stage holds anyway.
+struct RunMeasurement {
+  double forwardSeconds = 0;   // median of the timed runs
+  double backwardSeconds = 0;  // median; 0 when no output needs a gradient
+  int64_t inputBytes = 0;      // floating non-BATCH inputs (fed as grad-requiring copies)
+  int64_t outputBytes = 0;     // distinct storages of the outputs
+  int64_t keptBytes = 0;       // held after forward: outputs + tensors saved for backward
+  int64_t gradientBytes = 0;   // parameter gradients created by backward
+  int64_t peakBytes = 0;       // peak during forward + backward (includes the above)
+  int64_t activationBytes() const { return std::max<int64_t>(0, keptBytes - outputBytes); }
+  int64_t workingBytes() const {
+    return std::max<int64_t>(0, peakBytes - keptBytes - gradientBytes);
+  }
+};
+
+struct RunSettings {
+  int warmupRuns = 1;  // >= 1: the first run records memory and is never timed
+  int repeats = 5;
+  bool normalizeLoad = false;  // see Note [Load normalization] in node_runner.cpp
+};
+
+// Inputs that are PARAM graph inputs are fed as the model's own tensors (gradients are reset
+// to undefined around each run); other tensors are fed as detached clones, floating ones
+// (except BATCH graph inputs) requiring grad, as they would inside a pipeline stage.
+RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedFunction& function,
+                          const std::vector<c10::IValue>& args, MeasurementBackend& backend,
+                          const RunSettings& settings,
+                          std::vector<c10::IValue>* outputs = nullptr);
+
+// Median of a non-empty sample.
+double median(std::vector<double> values);
+
+}  // namespace autostage::profiler

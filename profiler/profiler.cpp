@@ -1,0 +1,284 @@
+#include "profiler/profiler.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/proto/profile_file.h"
+#include "profiler/calibration.h"
+#include "profiler/comm_profile.h"
+#include "profiler/cost_model.h"
+#include "profiler/node_runner.h"
+#include "profiler/progress.h"
+
+namespace autostage::profiler {
+namespace {
+
+// A unit of the forward pass: a node group (profiled) or a node outside every group (run only
+// to produce values). Units run in order of their last node, which respects dependencies.
+struct Unit {
+  core::NodeId last = core::kNoNode;
+  int group = -1;
+  std::vector<core::NodeId> nodes;
+  std::unique_ptr<torchscript::ExportedFunction> function;
+  std::string exportFailure;
+};
+
+std::vector<Unit> buildUnits(const core::Graph& graph, const std::vector<NodeGroup>& groups) {
+  std::vector<Unit> units;
+  std::vector<bool> grouped(graph.nodeCount(), false);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    units.push_back({groups[g].key, static_cast<int>(g), groups[g].nodes, nullptr, ""});
+    for (core::NodeId n : groups[g].nodes) grouped[n] = true;
+  }
+  for (core::NodeId n = 0; n < static_cast<core::NodeId>(graph.nodeCount()); ++n)
+    if (!grouped[n]) units.push_back({n, -1, {n}, nullptr, ""});
+  std::sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.last < b.last; });
+  for (Unit& unit : units) {
+    try {
+      unit.function = std::make_unique<torchscript::ExportedFunction>(
+          torchscript::exportSubgraph(graph, unit.nodes));
+    } catch (const std::exception& e) {
+      unit.exportFailure = std::string("cannot export: ") + e.what();
+    }
+  }
+  return units;
+}
+
+// Measurements of one group at each batch size (absent where it failed).
+struct GroupSamples {
+  std::vector<int64_t> batches;
+  std::vector<RunMeasurement> runs;
+  std::string failure;
+  int64_t failedBatch = -1;
+};
+
+// The interpreter wraps errors in a multi-line traceback; its last non-empty line says what
+// went wrong (e.g. `RuntimeError: shape '[8, 16]' is invalid for input of size 256`).
+std::string lastLine(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  return last.empty() ? text : last;
+}
+
+class ForwardPass {
+ public:
+  ForwardPass(const torchscript::ImportedModel& model, std::vector<Unit>& units,
+              MeasurementBackend& backend, const RunSettings& settings)
+      : model_(model), units_(units), backend_(backend), settings_(settings) {}
+
+  // Runs every unit at `batch`, measuring group units into `samples`.
+  void run(const std::vector<c10::IValue>& inputs, int64_t batch,
+           std::vector<GroupSamples>& samples, ProgressReporter& progress) {
+    values_ = seedValues(model_, inputs, batch);
+    countUses();
+    for (Unit& unit : units_) {
+      std::string failure = runUnit(unit, batch, unit.group >= 0 ? &samples[unit.group] : nullptr);
+      if (unit.group >= 0) {
+        if (!failure.empty()) recordFailure(unit, batch, failure, samples[unit.group]);
+        progress.advance();
+      }
+      release(unit);
+    }
+    values_.clear();
+  }
+
+ private:
+  // Returns "" on success, else what went wrong.
+  std::string runUnit(Unit& unit, int64_t batch, GroupSamples* samples) {
+    if (!unit.function) return unit.exportFailure;
+    std::vector<c10::IValue> args;
+    try {
+      args = gatherArgs(model_.graph, *unit.function, values_);
+      std::vector<c10::IValue> outputs;
+      if (samples) {
+        RunMeasurement m =
+            measureRun(model_.graph, *unit.function, args, backend_, settings_, &outputs);
+        samples->batches.push_back(batch);
+        samples->runs.push_back(m);
+      } else {
+        torch::NoGradGuard noGrad;
+        outputs = executeFunction(*unit.function, args);
+      }
+      for (size_t i = 0; i < outputs.size(); ++i) values_[unit.function->outputs()[i]] = outputs[i];
+    } catch (const std::exception& e) {
+      std::string shapes = describeInputs(model_.graph, args, unit.function->inputs());
+      return lastLine(e.what()) + (shapes.empty() ? "" : " (inputs: " + shapes + ")");
+    }
+    return "";
+  }
+
+  void recordFailure(const Unit& unit, int64_t batch, const std::string& failure,
+                     GroupSamples& samples) {
+    std::string label = nodeLabel(model_.graph, unit.last);
+    core::logger("Profiler")->warn("{} failed at batch size {}: {}", label, batch, failure);
+    if (samples.failure.empty()) {
+      std::ostringstream out;
+      out << label << " failed at batch size " << batch << ": " << failure;
+      samples.failure = out.str();
+      samples.failedBatch = batch;
+    }
+  }
+
+  void countUses() {
+    remaining_.assign(model_.graph.valueCount(), 0);
+    for (const Unit& unit : units_)
+      if (unit.function)
+        for (core::ValueId v : unit.function->inputs()) ++remaining_[v];
+  }
+
+  // Drops values no later unit reads (graph outputs are kept).
+  void release(const Unit& unit) {
+    if (!unit.function) return;
+    for (core::ValueId v : unit.function->inputs())
+      if (--remaining_[v] == 0 && !model_.graph.isGraphOutput(v)) values_.erase(v);
+  }
+
+  const torchscript::ImportedModel& model_;
+  std::vector<Unit>& units_;
+  MeasurementBackend& backend_;
+  RunSettings settings_;
+  ValueMap values_;
+  std::vector<int> remaining_;
+};
+
+core::NodeProfile fitGroup(core::NodeId key, const GroupSamples& s, int64_t paramBytes) {
+  core::NodeProfile p;
+  p.node = key;
+  p.paramBytes = paramBytes;
+  p.failure = s.failure;
+  if (!s.failure.empty()) {
+    p.maxBatch = 0;
+    for (int64_t b : s.batches)
+      if (b < s.failedBatch) p.maxBatch = std::max(p.maxBatch, b);
+  }
+  if (s.runs.empty()) return p;
+  std::vector<double> xs(s.batches.begin(), s.batches.end());
+  auto fit = [&](auto field) {
+    std::vector<double> ys;
+    for (const RunMeasurement& m : s.runs) ys.push_back(static_cast<double>(field(m)));
+    return fitLinear(xs, ys);
+  };
+  p.forwardSeconds = fit([](const RunMeasurement& m) { return m.forwardSeconds; });
+  p.backwardSeconds = fit([](const RunMeasurement& m) { return m.backwardSeconds; });
+  p.outputBytes = fit([](const RunMeasurement& m) { return m.outputBytes; });
+  p.activationBytes = fit([](const RunMeasurement& m) { return m.activationBytes(); });
+  p.workingBytes = fit([](const RunMeasurement& m) { return m.workingBytes(); });
+  return p;
+}
+
+}  // namespace
+
+std::string nodeLabel(const core::Graph& graph, core::NodeId node) {
+  const core::Node& n = graph.node(node);
+  std::ostringstream out;
+  out << "node " << node << " " << n.kind;
+  if (!n.scope.empty()) out << " (" << n.scope << ")";
+  if (!n.outputs.empty()) out << " -> " << graph.value(n.outputs[0]).name;
+  return out.str();
+}
+
+std::vector<int64_t> resolveBatchSizes(const ProfilerOptions& options, int64_t exampleBatch) {
+  std::vector<int64_t> sizes = options.batchSizes;
+  if (sizes.empty()) {
+    if (exampleBatch > 1) sizes.push_back(exampleBatch / 2);
+    sizes.push_back(exampleBatch);
+  }
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
+}
+
+std::string modelDtype(const torchscript::ImportedModel& model) {
+  for (const at::Tensor& t : model.paramTensors)
+    if (t.is_floating_point()) return c10::toString(t.scalar_type());
+  for (core::ValueId v : model.graph.batchInputs()) {
+    const core::Type& type = model.graph.value(v).type;
+    if (type.isTensor() && core::isFloatingPoint(type.dtype())) return core::dtypeName(type.dtype());
+  }
+  return "Float";
+}
+
+std::string profileCachePath(const ProfilerOptions& options, const std::string& graphHash,
+                             const std::string& deviceKind, const std::string& dtype) {
+  if (!options.cacheFile.empty()) return options.cacheFile;
+  if (options.cacheDir.empty()) return "";
+  std::string device = deviceKind;
+  for (char& c : device)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+  return options.cacheDir + "/" + graphHash + "-" + device + "-" + dtype + ".profile";
+}
+
+core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
+                                const std::vector<c10::IValue>& exampleInputs,
+                                MeasurementBackend& backend, const ProfilerOptions& options) {
+  options.validate();
+  const core::Graph& graph = model.graph;
+  std::vector<int64_t> batches = resolveBatchSizes(options, exampleBatchSizeOf(exampleInputs));
+  std::vector<NodeGroup> groups = nodeGroups(graph);
+  std::vector<Unit> units = buildUnits(graph, groups);
+  std::vector<GroupSamples> samples(groups.size());
+  ProgressReporter progress(static_cast<int64_t>(groups.size() * batches.size()), "nodes",
+                            options.progressBar);
+  ForwardPass pass(model, units, backend,
+                   {options.warmupRuns, options.repeats, options.normalizeLoad});
+  for (int64_t batch : batches) pass.run(exampleInputs, batch, samples, progress);
+
+  core::GraphProfile profile;
+  profile.graphHash = graph.hash();
+  profile.deviceKind = backend.deviceKind();
+  profile.dtype = modelDtype(model);
+  profile.batchSizes = batches;
+  profile.nodes.resize(graph.nodeCount());
+  for (core::NodeId n = 0; n < static_cast<core::NodeId>(graph.nodeCount()); ++n)
+    profile.nodes[n].node = n;
+  std::vector<int64_t> paramBytes = paramBytesByNode(graph);
+  int failures = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    core::NodeId key = groups[g].key;
+    profile.nodes[key] = fitGroup(key, samples[g], paramBytes[key]);
+    failures += samples[g].failure.empty() ? 0 : 1;
+  }
+  progress.finish("profiled " + std::to_string(groups.size()) + " node groups of " +
+                  std::to_string(graph.nodeCount()) + " nodes at " +
+                  std::to_string(batches.size()) + " batch sizes (" + std::to_string(failures) +
+                  " failed)");
+  return profile;
+}
+
+core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
+                                const std::vector<c10::IValue>& exampleInputs,
+                                MeasurementBackend& backend, const ProfilerOptions& options) {
+  options.validate();
+  auto log = core::logger("Profiler");
+  log->info("profiler options: {}", options.toString());
+  std::string hash = model.graph.hash(), dtype = modelDtype(model);
+  std::string path = profileCachePath(options, hash, backend.deviceKind(), dtype);
+  if (!path.empty() && std::filesystem::exists(path)) {
+    core::GraphProfile cached = core::loadProfileFor(path, hash, backend.deviceKind(), dtype);
+    log->info("loaded profile of graph {} from cache {}; skipping profiling", hash, path);
+    return cached;
+  }
+  core::GraphProfile profile = profileNodes(model, exampleInputs, backend, options);
+  if (options.calibrationBlocks > 0) {
+    CalibrationResult result = calibrate(model, exampleInputs, profile, backend, options);
+    profile.calibration = result.factor;
+    profile.calibrationError = result.error;
+  }
+  profile.comm = configuredCommProfile();
+  if (!path.empty()) {
+    std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    core::saveProfile(profile, path);
+    log->info("saved profile of graph {} to {}", hash, path);
+  }
+  return profile;
+}
+
+}  // namespace autostage::profiler

@@ -1,0 +1,44 @@
+#pragma once
+// Options of the profiler (profileGraph, calibrate): filled from the config table
+// (profile_* keys), validated once, logged once at start. Torch-free.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace autostage::profiler {
+
+struct ProfilerOptions {
+  // Micro-batch sizes to measure each node at (>= 2 distinct for the linear fit). Empty: half
+  // and full example batch (just the full one when the example batch is 1).
+  std::vector<int64_t> batchSizes;
+  int warmupRuns = 1;   // untimed runs before the timed ones (>= 1; the first records memory)
+  // Scale times by a reference kernel's slowdown (Note [Load normalization], node_runner.cpp).
+  bool normalizeLoad = false;
+  int repeats = 5;      // timed runs; the median is kept
+  // Real multi-node blocks measured to fit the calibration factor (0: no calibration).
+  int calibrationBlocks = 4;
+  int calibrationRepeats = 7;
+  // Smallest forward+backward time a calibration block should have (seconds).
+  double calibrationMinSeconds = 2e-3;
+  uint64_t seed = 1;
+  // Directory of cached profiles (empty: none); a file there is named by graph hash, device
+  // kind and dtype. cacheFile, when set, names the cache file directly (wins over cacheDir).
+  std::string cacheDir;
+  std::string cacheFile;
+  double optParamFactor = 2;  // optimizer state bytes per parameter byte (for predictions)
+  // Live progress bar on stderr (only when it is a terminal).
+  bool progressBar = true;
+
+  // Throws ConfigError naming the bad field, what came and what would be valid.
+  void validate() const;
+  std::string toString() const;
+  // From the global config: profile_cache_dir, profile_batch_sizes, profile_repeats,
+  // profile_calibration_blocks, opt_param_factor.
+  static ProfilerOptions fromConfig();
+};
+
+// Parses "4,8, 16" into sizes; throws ConfigError naming `origin` on anything else.
+std::vector<int64_t> parseBatchSizes(const std::string& text, const std::string& origin);
+
+}  // namespace autostage::profiler

@@ -1,0 +1,91 @@
+// Acceptance: after calibration, the composed cost model predicts forward+backward time of
+// random contiguous blocks (each >= 2 ms) within 20% and their peak memory within 20%, for an
+// MLP, a transformer encoder and torchvision resnet18. Prints the errors it measured.
+#include "catch_torch.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include <ATen/Parallel.h>
+
+#include "profiler/calibration.h"
+#include "profiler/cost_model.h"
+#include "profiler/profiler.h"
+#include "test_models.h"
+
+using namespace autostage;
+using namespace autostage::profiler;
+
+namespace {
+
+constexpr double kTolerance = 0.20;
+
+std::vector<core::NodeId> range(core::NodeId begin, core::NodeId end) {
+  std::vector<core::NodeId> ids;
+  for (core::NodeId n = begin; n < end; ++n) ids.push_back(n);
+  return ids;
+}
+
+// Per-node predictions of a block, to see where a bad prediction comes from.
+void printBreakdown(const core::Graph& graph, const core::GraphProfile& profile,
+                    core::NodeId begin, core::NodeId end, int64_t batch) {
+  for (core::NodeId n = begin; n < end; ++n) {
+    const core::NodeProfile& p = profile.nodes[n];
+    std::printf("  %-60s fwd %.3f ms bwd %.3f ms\n", nodeLabel(graph, n).c_str(),
+                1e3 * p.forwardSeconds.at(batch), 1e3 * p.backwardSeconds.at(batch));
+  }
+}
+
+void checkAccuracy(const std::string& name, const testing::TestModel& m) {
+  // One thread: the machine is shared, and two threads fighting other jobs make every
+  // measurement (reference and prediction alike) noisy.
+  at::set_num_threads(1);
+  torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  // Process CPU time: other engineers' builds share these 2 cores; wall time would measure them.
+  auto backend = createCpuMeasurementBackend(CpuClock::ProcessCpu);
+  ProfilerOptions options;
+  options.progressBar = false;
+  options.normalizeLoad = true;
+  core::GraphProfile profile = profileGraph(model, m.inputs, *backend, options);
+  int64_t batch = profile.batchSizes.back();
+  std::printf("%s: %zu nodes, calibration factor %.3f, in-sample calibration error %.1f%%\n",
+              name.c_str(), model.graph.nodeCount(), profile.calibration,
+              100 * profile.calibrationError);
+  // Fresh blocks (another seed than calibration's), measured independently.
+  auto blocks = pickBlocks(model.graph, profile, batch, 3, 3e-3 / profile.calibration, 977);
+  REQUIRE(blocks.size() == 3);
+  for (auto [begin, end] : blocks) {
+    BlockPrediction predicted = predictBlock(model.graph, profile, range(begin, end), batch, 0);
+    BlockMeasurement measured =
+        measureBlock(model, m.inputs, begin, end, batch, *backend, {2, 9, true});
+    double timeError = std::abs(predicted.seconds() - measured.seconds()) / measured.seconds();
+    double memoryError = std::abs(static_cast<double>(predicted.peakBytes - measured.peakBytes)) /
+                         static_cast<double>(measured.peakBytes);
+    std::printf(
+        "%s block [%d, %d): time predicted %.2f ms measured %.2f ms (error %.1f%%), peak "
+        "predicted %.2f MiB measured %.2f MiB (error %.1f%%)\n",
+        name.c_str(), begin, end, 1e3 * predicted.seconds(), 1e3 * measured.seconds(),
+        100 * timeError, predicted.peakBytes / 1048576.0, measured.peakBytes / 1048576.0,
+        100 * memoryError);
+    if (timeError > kTolerance) printBreakdown(model.graph, profile, begin, end, batch);
+    INFO(name << " block [" << begin << ", " << end << ")");
+    CHECK(measured.seconds() >= 2e-3);
+    CHECK(timeError <= kTolerance);
+    CHECK(memoryError <= kTolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("accuracy: MLP blocks", "[profiler][accuracy]") {
+  torch::manual_seed(11);
+  checkAccuracy("mlp", testing::makeMlp(512, 8, 64));
+}
+
+TEST_CASE("accuracy: transformer encoder blocks", "[profiler][accuracy]") {
+  checkAccuracy("transformer", testing::loadTracedModel("transformer"));
+}
+
+TEST_CASE("accuracy: resnet18 blocks", "[profiler][accuracy]") {
+  checkAccuracy("resnet18", testing::loadTracedModel("resnet18"));
+}

@@ -1,0 +1,159 @@
+#include "profiler/profiler.h"
+
+#include "catch_torch.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "profiler/cost_model.h"
+#include "profiler/node_runner.h"
+#include "test_models.h"
+
+using namespace autostage;
+using namespace autostage::profiler;
+
+namespace {
+
+ProfilerOptions quickOptions() {
+  ProfilerOptions options;
+  options.repeats = 3;
+  options.calibrationBlocks = 0;
+  options.progressBar = false;
+  return options;
+}
+
+std::string freshDir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("autostage_profiler_test_" + name);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+std::vector<core::NodeId> groupsOfKind(const core::Graph& g, const std::string& kind) {
+  std::vector<core::NodeId> ids;
+  for (const NodeGroup& group : nodeGroups(g))
+    if (g.node(group.key).kind == kind) ids.push_back(group.key);
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("MLP node profiles: exact bytes, positive times, all groups measured", "[profiler]") {
+  torch::manual_seed(3);
+  const int64_t width = 64, batch = 16;
+  testing::TestModel m = testing::makeMlp(width, 3, batch);
+  torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  auto backend = createCpuMeasurementBackend();
+  core::GraphProfile profile = profileNodes(model, m.inputs, *backend, quickOptions());
+  REQUIRE(profile.nodes.size() == model.graph.nodeCount());
+  CHECK(profile.batchSizes == std::vector<int64_t>{8, 16});
+  CHECK(profile.deviceKind == "cpu");
+  CHECK(profile.dtype == "Float");
+  CHECK(profile.graphHash == model.graph.hash());
+
+  std::vector<core::NodeId> linear = groupsOfKind(model.graph, "aten::addmm");
+  std::vector<core::NodeId> relu = groupsOfKind(model.graph, "aten::relu");
+  REQUIRE(linear.size() == 3);
+  REQUIRE(relu.size() == 3);
+  const double row = width * 4.0;  // bytes of one sample's activation
+  int64_t params = 0;
+  for (const auto& p : profile.nodes) params += p.paramBytes;
+  CHECK(params == 3 * (width * width + width) * 4);
+  for (core::NodeId n : linear) {
+    const core::NodeProfile& p = profile.nodes[n];
+    INFO(nodeLabel(model.graph, n));
+    CHECK(p.failure.empty());
+    CHECK(p.paramBytes == (width * width + width) * 4);
+    CHECK(p.forwardSeconds.at(batch) > 0);
+    CHECK(p.backwardSeconds.at(batch) > 0);
+    CHECK(p.outputBytes.at(batch) == Approx(batch * row));
+    CHECK(p.outputBytes.at(4) == Approx(4 * row));
+    // addmm keeps its input (mat1) for the weight gradient; the weight is a parameter.
+    CHECK(p.activationBytes.at(batch) == Approx(batch * row));
+  }
+  for (core::NodeId n : relu) {
+    INFO(nodeLabel(model.graph, n));
+    CHECK(profile.nodes[n].outputBytes.at(batch) == Approx(batch * row));
+    CHECK(profile.nodes[n].activationBytes.at(batch) == Approx(0));  // relu keeps its output
+    CHECK(profile.nodes[n].paramBytes == 0);
+  }
+}
+
+TEST_CASE("a cached profile is loaded without executing any node", "[profiler]") {
+  torch::manual_seed(4);
+  testing::TestModel m = testing::makeMlp(32, 2, 8);
+  torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  auto backend = createCpuMeasurementBackend();
+  ProfilerOptions options = quickOptions();
+  options.calibrationBlocks = 1;
+  options.cacheDir = freshDir("cache");
+
+  int64_t before = executionCount();
+  core::GraphProfile first = profileGraph(model, m.inputs, *backend, options);
+  int64_t afterFirst = executionCount();
+  CHECK(afterFirst > before + static_cast<int64_t>(nodeGroups(model.graph).size()));
+  std::string path = profileCachePath(options, model.graph.hash(), "cpu", "Float");
+  REQUIRE(std::filesystem::exists(path));
+
+  core::GraphProfile second = profileGraph(model, m.inputs, *backend, options);
+  CHECK(executionCount() == afterFirst);  // nothing ran
+  CHECK(second == first);
+  CHECK(second.calibration == first.calibration);
+
+  // Pointing another graph at this cache file is refused, naming the field.
+  testing::TestModel other = testing::makeMlp(32, 3, 8);
+  torchscript::ImportedModel otherModel = torchscript::importModule(other.module, other.inputs);
+  ProfilerOptions wrong = options;
+  wrong.cacheFile = path;
+  CHECK_THROWS_AS(profileGraph(otherModel, other.inputs, *backend, wrong), FormatError);
+  CHECK_THROWS_WITH(profileGraph(otherModel, other.inputs, *backend, wrong),
+                    Catch::Contains("graph_hash") && Catch::Contains(otherModel.graph.hash()));
+  CHECK(executionCount() == afterFirst);
+}
+
+TEST_CASE("a node that fails is reported with its input shapes and the run goes on",
+          "[profiler]") {
+  torch::manual_seed(5);
+  testing::TestModel m = testing::makeBatchEightOnlyModel();
+  torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  auto backend = createCpuMeasurementBackend();
+  ProfilerOptions options = quickOptions();
+  options.batchSizes = {8, 16};  // 16: the example batch repeated twice
+  core::GraphProfile profile = profileNodes(model, m.inputs, *backend, options);
+
+  std::vector<core::NodeId> reshape = groupsOfKind(model.graph, "aten::reshape");
+  std::vector<core::NodeId> linear = groupsOfKind(model.graph, "aten::addmm");
+  REQUIRE(reshape.size() == 1);
+  REQUIRE(linear.size() == 2);
+  const core::NodeProfile& bad = profile.nodes[reshape[0]];
+  CHECK_THAT(bad.failure, Catch::Contains("aten::reshape") && Catch::Contains("batch size 16") &&
+                              Catch::Contains("Float[16, 16]"));
+  CHECK(bad.maxBatch == 8);
+  CHECK(bad.forwardSeconds.at(8) > 0);  // measured where it worked
+  // fc1 before it works at both sizes; fc2 after it gets no input at 16.
+  CHECK(profile.nodes[linear[0]].failure.empty());
+  CHECK(profile.nodes[linear[1]].maxBatch == 8);
+  std::vector<core::NodeId> all;
+  for (core::NodeId n = 0; n < static_cast<core::NodeId>(model.graph.nodeCount()); ++n)
+    all.push_back(n);
+  CHECK(predictBlock(model.graph, profile, all, 8, 0).feasible);
+  CHECK_FALSE(predictBlock(model.graph, profile, all, 16, 0).feasible);
+}
+
+TEST_CASE("profiler options validate and come from the config table", "[profiler]") {
+  ProfilerOptions options;
+  CHECK_NOTHROW(options.validate());
+  options.repeats = 2;
+  CHECK_THROWS_WITH(options.validate(), Catch::Contains("at least 3"));
+  options = ProfilerOptions();
+  options.batchSizes = {4, 4};
+  CHECK_THROWS_AS(options.validate(), ConfigError);
+  CHECK(parseBatchSizes("4, 8,16", "test") == std::vector<int64_t>{4, 8, 16});
+  CHECK(parseBatchSizes("", "test").empty());
+  CHECK_THROWS_WITH(parseBatchSizes("4,x", "test"), Catch::Contains("'x'"));
+  CHECK(resolveBatchSizes(ProfilerOptions(), 6) == std::vector<int64_t>{3, 6});
+  CHECK(resolveBatchSizes(ProfilerOptions(), 1) == std::vector<int64_t>{1});
+  ProfilerOptions fromConfig = ProfilerOptions::fromConfig();
+  CHECK(fromConfig.repeats == 5);
+  CHECK(fromConfig.calibrationBlocks == 4);
+  CHECK_THAT(fromConfig.toString(), Catch::Contains("repeats=5"));
+}

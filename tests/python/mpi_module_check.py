@@ -1,0 +1,67 @@
+"""Run under mpirun (see test_module.py): autostage.Module on N ranks vs plain PyTorch."""
+import copy
+import sys
+
+import torch
+
+import autostage
+
+
+def make_model():
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.Tanh(),
+        torch.nn.Linear(32, 32), torch.nn.Tanh(),
+        torch.nn.Linear(32, 32), torch.nn.Tanh(),
+        torch.nn.Linear(32, 4))
+
+
+def main():
+    steps, local_batch, lr = 3, 8, 0.1
+    reference = make_model()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=lr)
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    wrapped = autostage.Module(model, optimizer, partition_num=2, pipeline_num=2)
+    rank, world = autostage.get_rank(), autostage.get_world_size()
+    failures = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(world * local_batch, 8, generator=g)
+        y = torch.randn(world * local_batch, 4, generator=g)
+        rows = slice(rank * local_batch, (rank + 1) * local_batch)
+
+        ref_opt.zero_grad()
+        ref_out = reference(x)
+        torch.nn.functional.mse_loss(ref_out, y).backward()
+        ref_opt.step()
+
+        optimizer.zero_grad()
+        out = wrapped(x[rows])
+        if not torch.allclose(out, ref_out[rows].detach(), rtol=1e-5, atol=1e-6):
+            failures.append(f"step {step}: output rows differ by {(out - ref_out[rows]).abs().max()}")
+        torch.nn.functional.mse_loss(out, y[rows]).backward()
+        optimizer.step()
+
+    local = {p.data_ptr() for p in wrapped.local_parameters()}
+    if not local:
+        failures.append("no local parameters after deployment")
+    if any(p.data_ptr() not in local for g in optimizer.param_groups for p in g["params"]):
+        failures.append("optimizer still holds parameters of other stages")
+    ref_params = dict(reference.named_parameters())
+    checked = 0
+    for name, p in model.named_parameters():
+        if p.data_ptr() in local:
+            checked += 1
+            if not torch.allclose(p, ref_params[name], rtol=1e-4, atol=1e-6):
+                failures.append(f"parameter {name} differs by {(p - ref_params[name]).abs().max()}")
+    print(f"rank {rank}: checked {checked} local parameters over {steps} steps; "
+          f"{len(failures)} failures", flush=True)
+    for f in failures:
+        print(f"rank {rank}: FAIL {f}", flush=True)
+    autostage.barrier()
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
