@@ -132,8 +132,8 @@ BlockPrediction predictBlock(const core::Graph& graph, const core::GraphProfile&
     p.inputBytes = valueBytes(graph, boundary.inputs, batch, true);
     p.outputBytes = valueBytes(graph, boundary.outputs, batch, false);
   }
-  p.peakBytes = static_cast<int64_t>(p.paramBytes * (2 + optParamFactor)) + 2 * p.inputBytes +
-                p.activationBytes + 2 * p.outputBytes + p.workingBytes;
+  p.peakBytes = static_cast<int64_t>(p.paramBytes * (2 + optParamFactor)) + p.inputBytes +
+                p.activationBytes + p.outputBytes + p.workingBytes;
   return p;
 }
 

@@ -5,14 +5,10 @@
 // Note [Block composition]
 //   time(block, b)   = calibration * sum over profiled nodes of time_n(b)
 //   memory(block, b) = params * (2 + optParamFactor)          (weights, grads, optimizer state)
-//                    + 2 * bytes of floating boundary inputs (received activations and
-//                                                             their gradients, sent back)
+//                    + bytes of floating boundary inputs     (received activations)
 //                    + sum of activation_n(b)                (kept from forward for backward)
-//                    + 2 * bytes of boundary outputs         (held until backward; their
-//                                                             received gradients)
-//                    + max over nodes of working_n(b)        (temporaries of the busiest node,
-//                                                             measured without its own input,
-//                                                             output and parameter gradients)
+//                    + bytes of the block's boundary outputs (held until backward)
+//                    + max over nodes of working_n(b)        (temporaries of the busiest node)
 // Node groups (see nodeGroups) are keyed by their BATCH/LOSS node; PARAM/CONST nodes carry no
 // time of their own and are covered by the calibration factor.
 

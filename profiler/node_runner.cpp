@@ -183,10 +183,7 @@ std::vector<c10::IValue> measureMemory(const core::Graph& graph,
   result->inputBytes = prepared.leafBytes;
   result->keptBytes = backend.currentMemory() - base - prepared.leafBytes;
   std::vector<at::Tensor> diff = differentiable(outputs);
-  std::vector<at::Tensor> ones = onesLike(diff);
-  result->outputGradBytes = distinctStorageBytes(ones);
-  backward(diff, ones);
-  ones.clear();
+  backward(diff, onesLike(diff));
   result->peakBytes = backend.peakMemory() - base - prepared.leafBytes;
   std::vector<at::Tensor> grads;
   for (const auto& p : prepared.params) grads.push_back(p.grad());

@@ -57,14 +57,10 @@ struct RunMeasurement {
   int64_t outputBytes = 0;     // distinct storages of the outputs
   int64_t keptBytes = 0;       // held after forward: outputs + tensors saved for backward
   int64_t gradientBytes = 0;   // parameter gradients created by backward
-  int64_t outputGradBytes = 0; // the all-ones output gradients fed to backward
   int64_t peakBytes = 0;       // peak during forward + backward (includes the above)
   int64_t activationBytes() const { return std::max<int64_t>(0, keptBytes - outputBytes); }
-  // Temporaries beyond kept tensors and gradients of parameters, inputs and outputs (a block
-  // holds those for all its nodes at once; see Note [Block composition] in cost_model.h).
   int64_t workingBytes() const {
-    return std::max<int64_t>(
-        0, peakBytes - keptBytes - gradientBytes - inputBytes - outputGradBytes);
+    return std::max<int64_t>(0, peakBytes - keptBytes - gradientBytes);
   }
 };
 
