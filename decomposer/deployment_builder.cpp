@@ -41,11 +41,39 @@ std::vector<char> dependsOnParams(const core::Graph& graph) {
   return depends;
 }
 
-core::StageDeployment makeStage(const Blocking& blocking, const StagePlan& p, const StageEstimate& e, int id) {
+// Note [Replicated nodes in a stage]
+// Atomic grouping copies a PARAM/CONST node into every block that reads it, so stage node lists
+// can share such nodes, and a shared one makes a stage non-convex (a path leaves the stage
+// through it into an earlier stage and comes back). A stage therefore keeps a PARAM/CONST node
+// only when every consumer of it is kept in the same stage (decided in reverse topological
+// order); the runtime recomputes the others from parameters (Note [Routes]). Kept sets are convex:
+// nothing kept feeds a node outside the stage except through BATCH values, which routes carry.
+std::vector<core::NodeId> ownedNodes(const core::Graph& graph, const std::vector<core::NodeId>& nodes) {
+  std::vector<char> kept(graph.nodeCount(), 0);
+  for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+    core::NodeId id = *it;
+    if (isBatchNode(graph, id)) {
+      kept[id] = 1;
+      continue;
+    }
+    bool owned = true, used = false;
+    for (core::ValueId v : graph.node(id).outputs) {
+      owned = owned && !graph.isGraphOutput(v);
+      for (core::NodeId c : graph.consumers(v)) used = true, owned = owned && kept[c];
+    }
+    kept[id] = owned && used;
+  }
+  std::vector<core::NodeId> result;
+  for (core::NodeId id : nodes)
+    if (kept[id]) result.push_back(id);
+  return result;
+}
+
+core::StageDeployment makeStage(const core::Graph& graph, const Blocking& blocking, const StagePlan& p, const StageEstimate& e, int id) {
   core::StageDeployment s;
   s.id = id;
   s.name = "STAGE_" + std::to_string(p.firstBlock) + "_" + std::to_string(p.lastBlock);
-  s.nodes = blocking.stageNodes(p.firstBlock, p.lastBlock);
+  s.nodes = ownedNodes(graph, blocking.stageNodes(p.firstBlock, p.lastBlock));
   for (int r = 0; r < p.replicaCount; ++r) s.ranks.push_back(p.firstRank + r);
   s.recompute = p.recompute;
   s.forwardSeconds = e.forwardSeconds;
@@ -148,7 +176,7 @@ core::Deployment buildDeployment(const core::Graph& graph, const Blocking& block
   d.schedule = scheduleName(plan.schedule);
   d.decomposer = plan.decomposer;
   for (size_t s = 0; s < plan.stages.size(); ++s)
-    d.stages.push_back(makeStage(blocking, plan.stages[s], evaluation.stages[s], static_cast<int>(s)));
+    d.stages.push_back(makeStage(graph, blocking, plan.stages[s], evaluation.stages[s], static_cast<int>(s)));
   d.routes = computeRoutes(graph, d.stages);
   d.options = optionMap(request.options);
   d.predictedIterationSeconds = evaluation.iterationSeconds;
