@@ -41,12 +41,11 @@ def main():
     rank, world = autostage.get_rank(), autostage.get_world_size()
 
     local_batch = 16
-    for step in range(5):
-        generator = torch.Generator().manual_seed(step)  # same global batch on every rank
-        x = torch.randn(world * local_batch, 64, generator=generator)
-        y = torch.randint(0, 10, (world * local_batch,), generator=generator)
-        rows = slice(rank * local_batch, (rank + 1) * local_batch)
-
+    generator = torch.Generator().manual_seed(1)  # the same global batch on every rank
+    x = torch.randn(world * local_batch, 64, generator=generator)
+    y = torch.randint(0, 10, (world * local_batch,), generator=generator)
+    rows = slice(rank * local_batch, (rank + 1) * local_batch)  # this rank's share
+    for step in range(8):
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x[rows]), y[rows])
         loss.backward()

@@ -37,6 +37,7 @@ comm::Backend& world() { return *comm::sharedBackend("mpi"); }
 }  // namespace
 
 void bindStaging(py::module_& m) {
+  comm::registerBuiltinBackends();
   py::class_<Module>(m, "_Module")
       .def(py::init(&makeModule), py::arg("script_module"), py::arg("deployment_path") = "")
       .def("forward", [](Module& mod, const std::vector<at::Tensor>& inputs) {
