@@ -1,6 +1,7 @@
 """Run under mpirun (see test_module.py): autostage.Module on N ranks vs plain PyTorch."""
-import copy
+import os
 import sys
+import tempfile
 
 import torch
 
@@ -55,6 +56,17 @@ def main():
             checked += 1
             if not torch.allclose(p, ref_params[name], rtol=1e-4, atol=1e-6):
                 failures.append(f"parameter {name} differs by {(p - ref_params[name]).abs().max()}")
+    # Plan reuse: a fresh module deployed from the saved plan computes what a fresh model does.
+    path = os.path.join(tempfile.gettempdir(), f"autostage_check_{os.getpid()}.deployment")
+    wrapped.save_deployment(path)
+    reloaded = autostage.Module(make_model(), load_deployment=path)
+    x = torch.randn(world * local_batch, 8, generator=torch.Generator().manual_seed(7))
+    rows = slice(rank * local_batch, (rank + 1) * local_batch)
+    expected = make_model()(x)[rows].detach()
+    got = reloaded(x[rows]).detach()
+    os.remove(path)
+    if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+        failures.append(f"module from saved deployment differs by {(got - expected).abs().max()}")
     print(f"rank {rank}: checked {checked} local parameters over {steps} steps; "
           f"{len(failures)} failures", flush=True)
     for f in failures:

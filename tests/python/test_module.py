@@ -27,3 +27,4 @@ def test_module_on_four_ranks_matches_plain_pytorch():
     assert "FAIL" not in log, log
     assert "Routes verification passed." in log
     assert "Module is ready. (rank0)" in log
+    assert "Loading deployment from" in log  # the second module reused the saved plan
