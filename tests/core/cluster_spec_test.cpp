@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/proto/cluster_file.h"
 #include "core/proto/file_format.h"
+#include "tests/core/scratch_files.h"
 
 using namespace autostage;
 using namespace autostage::core;
@@ -16,12 +17,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  fs::path dir =
-      fs::temp_directory_path() / ("autostage_cluster_spec_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir / name;
-}
+fs::path scratch(const std::string& name) { return testing::scratchPath("cluster_spec_test", name); }
 
 void writeText(const fs::path& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;

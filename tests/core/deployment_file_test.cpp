@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/proto/file_format.h"
+#include "tests/core/scratch_files.h"
 
 using namespace autostage;
 using namespace autostage::core;
@@ -15,17 +16,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  fs::path dir =
-      fs::temp_directory_path() / ("autostage_deployment_file_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir / name;
-}
+fs::path scratch(const std::string& name) { return testing::scratchPath("deployment_file_test", name); }
 
-std::string readBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+std::string readBytes(const fs::path& path) { return testing::readFileBytes(path); }
 
 StageDeployment stage(int id, std::vector<NodeId> nodes, std::vector<int> ranks) {
   StageDeployment s;

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/proto/file_format.h"
+#include "tests/core/scratch_files.h"
 
 using namespace autostage;
 using namespace autostage::core;
@@ -15,17 +16,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
-  fs::path dir =
-      fs::temp_directory_path() / ("autostage_profile_file_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir / name;
-}
+fs::path scratch(const std::string& name) { return testing::scratchPath("profile_file_test", name); }
 
-std::string readBytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+std::string readBytes(const fs::path& path) { return testing::readFileBytes(path); }
 
 // Four node entries with distinct values in every field (so a swapped field would show), one
 // failed node, one unfilled entry (node == kNoNode), a measured comm profile.

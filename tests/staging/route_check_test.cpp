@@ -5,7 +5,6 @@
 
 #include "core/error.h"
 #include "core/torchscript/importer.h"
-#include "staging/simple_planner.h"
 #include "test_support.h"
 
 namespace autostage::staging {
@@ -58,23 +57,6 @@ TEST_CASE("route verification names what is wrong", "[staging]") {
     d.stages[1].nodes.pop_back();
     CHECK_THROWS_WITH(verifyRoutes(graph, d), Catch::Contains("is in no stage"));
   }
-}
-
-TEST_CASE("the uniform planner builds the same deployment as the tests' reference", "[staging]") {
-  core::Graph graph = mlpGraph();
-  UniformPlanOptions options;
-  options.stageCount = 2;
-  options.microBatchCount = 2;
-  core::Deployment planned = uniformPlan(graph, 4, 16, options);
-  core::Deployment reference = testing::makeDeployment(graph, {{0, 1}, {2, 3}}, 4, 2);
-  REQUIRE(planned.stages.size() == 2);
-  for (int s = 0; s < 2; ++s) {
-    CHECK(planned.stages[s].nodes == reference.stages[s].nodes);
-    CHECK(planned.stages[s].ranks == reference.stages[s].ranks);
-  }
-  CHECK(planned.routes == reference.routes);
-  options.stageCount = 3;
-  CHECK_THROWS_AS(uniformPlan(graph, 4, 16, options), ConfigError);
 }
 
 }  // namespace
