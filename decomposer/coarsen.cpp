@@ -30,9 +30,13 @@ GroupCosts groupCosts(const core::Graph& graph, const core::GraphProfile& profil
     c.name = main.scope.empty() ? main.kind : main.scope;
     // PARAM/CONST nodes carry no batch-dependent cost (core/profile.h): the main node's profile
     // is the group's.
+    // Node times are measured alone; the profile's calibration (measured/predicted on real
+    // multi-node blocks) corrects their sum, so it scales every time here.
     const core::NodeProfile& p = profile.nodes[g.main];
-    c.forwardSeconds = p.forwardSeconds;
-    c.backwardSeconds = p.backwardSeconds;
+    c.forwardSeconds = {p.forwardSeconds.fixed * profile.calibration,
+                        p.forwardSeconds.perSample * profile.calibration};
+    c.backwardSeconds = {p.backwardSeconds.fixed * profile.calibration,
+                         p.backwardSeconds.perSample * profile.calibration};
     c.activationBytes = p.activationBytes;
     c.workingBytes = p.workingBytes;
     result.costs.push_back(c);

@@ -126,3 +126,18 @@ TEST_CASE("tied embedding is a parameter shared by the first and last block", "[
     if (p.bytes == embeddingBytes && p.blocks.front() == 0 && p.blocks.back() == b.blockCount() - 1) found = true;
   REQUIRE(found);
 }
+
+TEST_CASE("the profile's calibration factor scales block times, not bytes", "[decomposer]") {
+  SyntheticModel m = smallBert(2);
+  Blocking plain = buildBlocking(m.graph, m.profile, 16, 8);
+  m.profile.calibration = 1.5;
+  Blocking calibrated = buildBlocking(m.graph, m.profile, 16, 8);
+  REQUIRE(plain.request.blocks.size() == calibrated.request.blocks.size());
+  for (size_t i = 0; i < plain.request.blocks.size(); ++i) {
+    const BlockCost& a = plain.request.blocks[i];
+    const BlockCost& b = calibrated.request.blocks[i];
+    CHECK(b.forwardSeconds.at(8) == Approx(1.5 * a.forwardSeconds.at(8)));
+    CHECK(b.backwardSeconds.at(8) == Approx(1.5 * a.backwardSeconds.at(8)));
+    CHECK(b.activationBytes == a.activationBytes);
+  }
+}
