@@ -29,6 +29,8 @@ const std::vector<OptionSpec>& optionTable() {
       {"min_pipeline", T::Int, "1", "smallest micro-batch count the planner tries"},
       {"max_pipeline", T::Int, "32", "largest micro-batch count the planner tries (powers of two)"},
       {"schedule", T::String, "auto", "pipeline schedule: gpipe, 1f1b or auto (planner chooses)"},
+      {"recompute", T::String, "auto",
+       "activation recomputation per stage: auto (planner chooses), always or never"},
       {"mem_limit_gb", T::Float, "0", "device memory to plan for in GiB (0: the device's own memory)"},
       {"mem_margin", T::Float, "0.1", "fraction of device memory kept free as a safety margin"},
       {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)"},

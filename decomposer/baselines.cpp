@@ -24,7 +24,7 @@ void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestS
     int r = static_cast<int>(std::min<int64_t>(replicas, request.batchSize / microBatches));
     if (r < 1) continue;
     for (Schedule schedule : request.options.scheduleCandidates()) {
-      for (bool recompute : {false, true}) {
+      for (bool recompute : request.options.recomputeCandidates()) {
         Plan plan;
         plan.microBatchCount = microBatches;
         plan.schedule = schedule;

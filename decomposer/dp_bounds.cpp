@@ -20,7 +20,7 @@ core::LinkCost fasterLink(const core::LinkCost& a, const core::LinkCost& b) {
 double frugalStageTime(const CostModel& model, const RangeTotals& range, int first, int last, int r,
                        int microBatches, Schedule schedule, bool* stop) {
   double best = kInf, growing = kInf;
-  for (bool recompute : {false, true}) {
+  for (bool recompute : model.request().options.recomputeCandidates()) {
     StageChoice choice{first, last, r, 0, recompute, 0};
     StageEstimate e = model.stage(range, choice, microBatches, schedule);
     growing = std::min(growing, e.totalMemoryBytes - e.commBufferBytes -

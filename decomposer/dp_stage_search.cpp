@@ -91,7 +91,7 @@ class SuffixSearch {
         if (cells_[source].empty()) continue;
         for (int r : replicas_) {
           if (u + r > units_) break;
-          for (bool recompute : {false, true}) extend(ranges, source, a, u, r, recompute);
+          for (bool recompute : recomputeCandidates_) extend(ranges, source, a, u, r, recompute);
         }
       }
     }
@@ -193,6 +193,7 @@ class SuffixSearch {
   Best& best_;
   int blocks_ = 0, unit_ = 1, units_ = 1, forcedStages_ = 0, kCap_ = 0;
   std::vector<int> replicas_;
+  const std::vector<bool> recomputeCandidates_ = request_.options.recomputeCandidates();
   std::vector<std::vector<Label>> cells_;
   std::unique_ptr<PrefixBounds> bounds_;  // Note [Prefix bounds] in dp_bounds.h
 };

@@ -16,7 +16,7 @@ double smallestBlockMemory(const CostModel& model, int b) {
   for (int microBatches : request.options.microBatchCandidates()) {
     for (int r = 1; r <= request.devices; ++r) {
       if (model.microBatchPerReplica(microBatches, r) == 0) break;
-      for (bool recompute : {false, true}) {
+      for (bool recompute : request.options.recomputeCandidates()) {
         StageChoice choice{b, b, r, 0, recompute, 0};
         double m = model.stage(choice, microBatches, Schedule::OneFOneB).totalMemoryBytes;
         if (best < 0 || m < best) best = m;
@@ -46,11 +46,15 @@ std::string infeasibleMessage(const PlanRequest& request) {
       << " devices, batch " << request.batchSize << "). The smallest per-device memory that could "
       << "work is at least " << needed / margin << " bytes: block " << neediest << " ("
       << request.blocks[neediest].name << ") needs " << needed
-      << " bytes even alone, recomputed, with the most replicas and micro-batches. The largest "
+      << " bytes even alone, with the most replicas and micro-batches"
+      << (request.options.recompute == "never" ? " (recompute=never)" : ", recomputed")
+      << ". The largest "
       << "indivisible block is block " << largest << " (" << request.blocks[largest].name << ") with "
       << largestParams << " parameter bytes. To fix: give more device memory (mem_limit_gb / "
       << "--device-memory), lower mem_margin or opt_param_factor, raise max_pipeline, use more "
-      << "devices, a smaller batch, or raise max_blocks so large blocks can be split.";
+      << "devices, a smaller batch, "
+      << (request.options.recompute == "never" ? "allow recomputation (recompute=auto), " : "")
+      << "or raise max_blocks so large blocks can be split.";
   return out.str();
 }
 

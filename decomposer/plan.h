@@ -28,6 +28,7 @@ struct PlanOptions {
   int minPipeline = 1;
   int maxPipeline = 32;
   std::string schedule = "auto";  // gpipe | 1f1b | auto
+  std::string recompute = "auto";  // auto | always | never (activation recomputation per stage)
   double memLimitGb = 0;          // 0: the device's own memory
   double memMargin = 0.1;
   double optParamFactor = 2;
@@ -40,6 +41,8 @@ struct PlanOptions {
   // exactly pipelineNum when forced.
   std::vector<int> microBatchCandidates() const;
   std::vector<Schedule> scheduleCandidates() const;
+  // Recompute settings the search tries per stage: {false, true} for auto, else the forced one.
+  std::vector<bool> recomputeCandidates() const;
 };
 
 // Costs of one block of the linear block sequence. Times and bytes grow with the per-replica

@@ -33,6 +33,8 @@ void PlanOptions::validate() const {
                      " must satisfy 1 <= min_pipeline <= max_pipeline");
   AUTOSTAGE_CHECK_AS(ConfigError, schedule == "auto" || schedule == "gpipe" || schedule == "1f1b",
                      "option schedule='", schedule, "' is unknown; use gpipe, 1f1b or auto");
+  AUTOSTAGE_CHECK_AS(ConfigError, recompute == "auto" || recompute == "always" || recompute == "never",
+                     "option recompute='", recompute, "' is unknown; use auto, always or never");
   AUTOSTAGE_CHECK_AS(ConfigError, memLimitGb >= 0, "option mem_limit_gb=", memLimitGb,
                      " must be >= 0 (0: use the device's memory)");
   AUTOSTAGE_CHECK_AS(ConfigError, memMargin >= 0 && memMargin < 1, "option mem_margin=", memMargin,
@@ -46,7 +48,7 @@ std::string PlanOptions::toString() const {
   out << "decomposer=" << decomposer << " max_blocks=" << maxBlocks
       << " partition_num=" << partitionNum << " pipeline_num=" << pipelineNum
       << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
-      << " schedule=" << schedule << " mem_limit_gb=" << memLimitGb
+      << " schedule=" << schedule << " recompute=" << recompute << " mem_limit_gb=" << memLimitGb
       << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor;
   return out.str();
 }
@@ -60,6 +62,7 @@ PlanOptions PlanOptions::fromConfig(const core::Config& config) {
   o.minPipeline = static_cast<int>(config.getInt("min_pipeline"));
   o.maxPipeline = static_cast<int>(config.getInt("max_pipeline"));
   o.schedule = config.getString("schedule");
+  o.recompute = config.getString("recompute");
   o.memLimitGb = config.getFloat("mem_limit_gb");
   o.memMargin = config.getFloat("mem_margin");
   o.optParamFactor = config.getFloat("opt_param_factor");
@@ -73,6 +76,12 @@ std::vector<int> PlanOptions::microBatchCandidates() const {
   for (int m = 1; m <= maxPipeline; m *= 2)
     if (m >= minPipeline) result.push_back(m);
   return result;
+}
+
+std::vector<bool> PlanOptions::recomputeCandidates() const {
+  if (recompute == "always") return {true};
+  if (recompute == "never") return {false};
+  return {false, true};
 }
 
 std::vector<Schedule> PlanOptions::scheduleCandidates() const {

@@ -64,6 +64,7 @@ void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
     else if (key == "min_pipeline") o.minPipeline = std::stoi(v);
     else if (key == "max_pipeline") o.maxPipeline = std::stoi(v);
     else if (key == "schedule") o.schedule = v;
+    else if (key == "recompute") o.recompute = v;
     else if (key == "mem_limit_gb") o.memLimitGb = std::stod(v);
     else if (key == "mem_margin") o.memMargin = std::stod(v);
     else if (key == "opt_param_factor") o.optParamFactor = std::stod(v);

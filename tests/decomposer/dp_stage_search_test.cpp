@@ -58,8 +58,10 @@ class Exhaustive {
     if (request_.options.partitionNum > 0 && count != request_.options.partitionNum) return;
     double sum = 0, maxForward = 0, maxBackward = 0, maxStage = 0, maxAllreduce = 0;
     int rank = request_.devices - devicesUsed;
+    const std::string& forced = request_.options.recompute;
     for (int s = 0; s < count; ++s) {
       const Stage& st = stages_[s];
+      if ((forced == "always" && !st.recompute) || (forced == "never" && st.recompute)) return;
       if (model_.microBatchPerReplica(microBatches_, st.replicas) == 0) return;
       StageChoice c{st.first, st.last, st.replicas, rank, st.recompute, count - 1 - s};
       StageEstimate e = model_.stage(c, microBatches_, schedule_);
@@ -100,6 +102,7 @@ TEST_CASE("DP objective equals exhaustive search on 240 random small instances",
     PlanRequest request = testing::randomRequest(rng, blocks, devices);
     if (instance % 7 == 3) request.options.partitionNum = 1 + static_cast<int>(rng() % std::min(blocks, devices));
     if (instance % 5 == 1) request.options.schedule = "1f1b";
+    if (instance % 6 == 2) request.options.recompute = instance % 12 == 2 ? "always" : "never";
     INFO("instance " << instance << "\n" << request.toText());
     double reference = Exhaustive(request).best();
     if (reference == kInf) {
@@ -109,6 +112,10 @@ TEST_CASE("DP objective equals exhaustive search on 240 random small instances",
     }
     Plan plan = planDynamicProgramming(request);
     REQUIRE(near(plan.predictedSeconds, reference));
+    for (const auto& stage : plan.stages) {
+      if (request.options.recompute == "always") REQUIRE(stage.recompute);
+      if (request.options.recompute == "never") REQUIRE_FALSE(stage.recompute);
+    }
     PlanEvaluation evaluation = evaluatePlan(request, plan);
     REQUIRE(evaluation.feasible);
     REQUIRE(near(evaluation.iterationSeconds, plan.predictedSeconds));

@@ -18,6 +18,7 @@ TEST_CASE("plan request text form replays to the same plan", "[decomposer]") {
   r.deviceMemory = 1e12;
   r.sharedParams.push_back({1.5e8, {1, 4}});
   r.options.partitionNum = 2;
+  r.options.recompute = "never";
   PlanRequest back = PlanRequest::parse(r.toText());
   REQUIRE(back.toText() == r.toText());
   Plan a = planStages(r), b = planStages(back);
@@ -35,6 +36,14 @@ TEST_CASE("plan options come from the config table and are validated", "[decompo
   REQUIRE(o.decomposer == "uniform");
   REQUIRE(o.microBatchCandidates() == std::vector<int>{1, 2, 4, 8});
   REQUIRE(o.scheduleCandidates() == std::vector<Schedule>{Schedule::OneFOneB});
+  REQUIRE(o.recomputeCandidates() == std::vector<bool>{false, true});
+  config.set("recompute", "always");
+  REQUIRE(PlanOptions::fromConfig(config).recomputeCandidates() == std::vector<bool>{true});
+  config.set("recompute", "never");
+  REQUIRE(PlanOptions::fromConfig(config).recomputeCandidates() == std::vector<bool>{false});
+  config.set("recompute", "sometimes");
+  REQUIRE_THROWS_WITH(PlanOptions::fromConfig(config), Catch::Contains("recompute='sometimes'"));
+  config.set("recompute", "auto");
   config.set("pipeline_num", "4");
   REQUIRE(PlanOptions::fromConfig(config).microBatchCandidates() == std::vector<int>{4});
   config.set("decomposer", "magic");
