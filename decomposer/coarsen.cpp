@@ -19,7 +19,28 @@ core::LinearCost& operator+=(core::LinearCost& a, const core::LinearCost& b) {
 
 struct GroupCosts {
   std::vector<BlockCost> costs;  // one per group; cutBytesAfter = cut after the group
+  std::vector<char> pinned;  // pinned[i]: a value the runtime cannot split crosses the cut after group i
 };
+
+// The traced batch size: dim 0 of the first BATCH graph input with a known shape; -1 if none.
+int64_t tracedBatch(const core::Graph& graph) {
+  for (core::ValueId v : graph.inputs()) {
+    const core::Value& value = graph.value(v);
+    if (value.cls == core::ValueClass::Batch && value.type.isTensor() && value.type.shapeKnown() &&
+        !value.type.shape().empty())
+      return value.type.shape()[0];
+  }
+  return -1;
+}
+
+// Whether the runtime can split `v` by samples: a tensor whose dim 0 is the traced batch (or whose
+// shape is unknown). Note [Non-tensor values are not cut].
+bool splittable(const core::Value& v, int64_t batch) {
+  if (!v.type.isTensor()) return false;
+  if (batch < 0 || !v.type.shapeKnown()) return true;
+  if (!v.type.shape().empty() && v.type.shape()[0] < 0) return true;  // dynamic dim 0
+  return !v.type.shape().empty() && v.type.shape()[0] == batch;
+}
 
 GroupCosts groupCosts(const core::Graph& graph, const core::GraphProfile& profile,
                       const std::vector<AtomicGroup>& groups) {
@@ -45,25 +66,37 @@ GroupCosts groupCosts(const core::Graph& graph, const core::GraphProfile& profil
   std::vector<int> groupOf(graph.nodeCount(), -1);
   for (size_t i = 0; i < groups.size(); ++i) groupOf[groups[i].main] = static_cast<int>(i);
   std::vector<core::LinearCost> delta(groups.size() + 1);
+  std::vector<int> pinnedDelta(groups.size() + 1, 0);
+  const int64_t batch = tracedBatch(graph);
   for (const core::Value& v : graph.values()) {
     if (v.producer == core::kNoNode || groupOf[v.producer] < 0) continue;
     int p = groupOf[v.producer], q = p;
     for (const core::Use& u : v.uses) q = std::max(q, groupOf[u.node]);
     if (q == p) continue;
+    if (!splittable(v, batch)) {  // Note [Non-tensor values are not cut]
+      ++pinnedDelta[p];
+      --pinnedDelta[q];
+    }
     core::LinearCost bytes = valueBytes(graph, profile, v.id);
     delta[p] += bytes;
     delta[q] += core::LinearCost{-bytes.fixed, -bytes.perSample};
   }
   core::LinearCost running;
+  int pinned = 0;
+  result.pinned.assign(groups.size(), 0);
   for (size_t i = 0; i < groups.size(); ++i) {
     running += delta[i];
+    pinned += pinnedDelta[i];
     result.costs[i].cutBytesAfter = running;
+    result.pinned[i] = pinned > 0;
   }
   return result;
 }
 
-// Doubly linked blocks merged through a lazy priority queue of boundary scores.
-std::vector<int> mergeGroups(const std::vector<BlockCost>& groups, int maxBlocks, double batch) {
+// Doubly linked blocks merged through a lazy priority queue of boundary scores. Pinned boundaries
+// are merged first, whatever the block count.
+std::vector<int> mergeGroups(const std::vector<BlockCost>& groups, const std::vector<char>& pinned,
+                             int maxBlocks, double batch) {
   const int n = static_cast<int>(groups.size());
   std::vector<double> weight(n), cut(n);
   double smallestCut = INFINITY;
@@ -78,12 +111,25 @@ std::vector<int> mergeGroups(const std::vector<BlockCost>& groups, int maxBlocks
   // Block i is identified by its first group; its last group is next[i] - 1.
   auto score = [&](int i) {
     double ratio = smallestCut / cut[next[i] - 1];
-    return (weight[i] + weight[next[i]]) * ratio * ratio;
+    return (weight[i] + weight[next[i]]) * ratio * ratio * ratio * ratio;
   };
+  int blocks = n;
+  for (int i = 0; i + 1 < n;) {  // blocks joined over pinned boundaries; i is a block's first group
+    int j = next[i];
+    if (j < n && pinned[j - 1]) {
+      weight[i] += weight[j];
+      alive[j] = 0;
+      next[i] = next[j];
+      if (next[j] < n) prev[next[j]] = i;
+      --blocks;
+    } else {
+      i = j;
+    }
+  }
   using Entry = std::tuple<double, int, int>;  // score, block, version
   std::priority_queue<Entry, std::vector<Entry>, std::greater<>> queue;
-  for (int i = 0; i + 1 < n; ++i) queue.push({score(i), i, 0});
-  int blocks = n;
+  for (int i = 0; i + 1 < n; i = next[i])
+    if (next[i] < n) queue.push({score(i), i, 0});
   while (blocks > maxBlocks && !queue.empty()) {
     auto [s, i, v] = queue.top();
     queue.pop();
@@ -184,7 +230,7 @@ Blocking buildBlocking(const core::Graph& graph, const core::GraphProfile& profi
   Blocking b;
   b.groups = atomicGroups(graph);
   GroupCosts costs = groupCosts(graph, profile, b.groups);
-  b.blockFirstGroup = mergeGroups(costs.costs, std::max(1, maxBlocks), referenceBatch);
+  b.blockFirstGroup = mergeGroups(costs.costs, costs.pinned, std::max(1, maxBlocks), referenceBatch);
   fillBlocks(graph, profile, b, costs.costs);
   return b;
 }

@@ -5,11 +5,24 @@
 //
 // Note [Merge order]
 // Adjacent blocks are merged greedily by the smallest score
-//   (weight_left + weight_right) * (smallest cut / cut between them)^2
+//   (weight_left + weight_right) * (smallest cut / cut between them)^4
 // where weight is forward + backward time at the reference batch and cut is the bytes of BATCH
 // values crossing the boundary. Boundaries with large cuts (inside a transformer or ResNet block,
 // where residual and attention tensors are alive) are merged first; the cheap boundaries between
-// repeated layers, where only the hidden state crosses, survive as block boundaries.
+// repeated layers, where only the hidden state crosses, survive as block boundaries. The fourth
+// power lets a doubled cut outweigh an up to 16x heavier merge: with boundaries pinned inside
+// each layer (below), a square left a double-width cut standing next to a cheap layer boundary.
+//
+// Note [Non-tensor values are not cut]
+// A boundary crossed by a value the runtime cannot split by samples is never a block boundary:
+// a non-tensor (an int from aten::size, a list, a tuple, an optional), or a tensor whose dim 0 is
+// not the traced batch (a 0-dim tensor, a [batch*seq, vocab] flattening, a sequence-first
+// activation, an attention mask built from sizes). Such values cannot be re-split between stages
+// with different replica counts (a traced `x.size(0)` is the micro-batch size of *that* replica),
+// so the groups on both sides are merged before the greedy merge, even past max_blocks. (A tensor
+// whose dim 0 only happens to equal the batch is indistinguishable and stays cuttable.) A model
+// that takes `b = x.size(0)` at the start and uses it at the end therefore has one block and runs
+// data-parallel; reading the size where it is used keeps the layers cuttable.
 
 #include <vector>
 

@@ -29,6 +29,19 @@ double smallestBlockMemory(const CostModel& model, int b) {
 }  // namespace
 
 std::string infeasibleMessage(const PlanRequest& request) {
+  const int blocks = static_cast<int>(request.blocks.size());
+  const int forced = request.options.partitionNum;
+  if (forced > blocks || forced > request.devices) {
+    std::ostringstream out;
+    out << "partition_num=" << forced << " asks for more stages than there are "
+        << (forced > request.devices ? "devices (" + std::to_string(request.devices) + ")"
+                                     : "cuttable blocks (" + std::to_string(blocks) + ")")
+        << ". Use partition_num <= " << std::min(blocks, request.devices)
+        << " or 0 to let the planner choose. Blocks are never cut where a value crossing the "
+        << "cut cannot be split by samples (ints from x.size(), tensors whose dim 0 is not the "
+        << "batch); read sizes where they are used and keep the batch in dim 0 to get more cuts.";
+    return out.str();
+  }
   CostModel model(request);
   double needed = 0, largestParams = -1;
   int neediest = 0, largest = 0;

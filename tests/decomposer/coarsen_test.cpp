@@ -141,3 +141,66 @@ TEST_CASE("the profile's calibration factor scales block times, not bytes", "[de
     CHECK(b.activationBytes == a.activationBytes);
   }
 }
+
+// Note [Non-tensor values are not cut]: the int of aten::size and the list built from it are
+// read three groups later; no block boundary may fall between, even with room for one block per
+// group, while the tensor-only boundaries stay cuttable.
+TEST_CASE("boundaries crossed by non-tensor values are never block boundaries", "[decomposer]") {
+  core::Graph g("sized");
+  ValueId x = g.addInput("x", tensor({8, 4}), core::ValueClass::Batch);
+  ValueId zero = g.node(g.addNode("prim::Constant", {}, {core::Type::scalar(core::TypeKind::Int)})).outputs[0];
+  auto relu = [&](ValueId in) { return g.node(g.addNode("aten::relu", {in}, {tensor({8, 4})})).outputs[0]; };
+  ValueId a = relu(x);                                                                   // group 0
+  NodeId size = g.addNode("aten::size", {a, zero}, {core::Type::scalar(core::TypeKind::Int)});  // 1
+  ValueId b = relu(a);                                                                   // group 2
+  ValueId c = relu(b);                                                                   // group 3
+  ValueId minusOne = g.node(g.addNode("prim::Constant", {}, {core::Type::scalar(core::TypeKind::Int)})).outputs[0];
+  NodeId list = g.addNode("prim::ListConstruct", {g.node(size).outputs[0], minusOne},
+                          {core::Type::list(core::Type::scalar(core::TypeKind::Int))});  // group 4
+  NodeId view = g.addNode("aten::view", {c, g.node(list).outputs[0]}, {tensor({8, 4})});  // group 5
+  ValueId d = relu(g.node(view).outputs[0]);                                            // group 6
+  NodeId loss = g.addNode("aten::sum", {d}, {core::Type::tensor(core::DType::Float32, {})});
+  g.addOutput(g.node(loss).outputs[0]);
+  g.classifyValues();
+
+  core::GraphProfile profile;
+  profile.graphHash = g.hash();
+  profile.nodes.resize(g.nodeCount());
+  for (auto& p : profile.nodes) p.forwardSeconds = {1e-3, 1e-4};
+  Blocking blocking = buildBlocking(g, profile, 100, 8);
+  REQUIRE(blocking.groups.size() == 8);
+  REQUIRE(blocking.groups[1].main == size);
+  REQUIRE(blocking.groups[5].main == view);
+  // Groups 1..5 form one block; the tensor-only boundaries after groups 0, 5 and 6 remain.
+  REQUIRE(blocking.blockFirstGroup == std::vector<int>{0, 1, 6, 7, 8});
+  for (int blk = 0; blk < blocking.blockCount(); ++blk)
+    REQUIRE(g.isConvex(blocking.stageNodes(blk, blk)));
+  // max_blocks cannot undo the pin: asking for 8 blocks still gives 4.
+  REQUIRE(buildBlocking(g, profile, 8, 8).blockCount() == 4);
+}
+
+// A [batch*4] flattening (dim 0 is not the traced batch 8) cannot be split by samples either.
+TEST_CASE("boundaries crossed by tensors whose dim 0 is not the batch are never block boundaries",
+          "[decomposer]") {
+  core::Graph g("flattened");
+  ValueId x = g.addInput("x", tensor({8, 4}), core::ValueClass::Batch);
+  auto op = [&](const char* kind, ValueId in, std::vector<int64_t> shape) {
+    return g.node(g.addNode(kind, {in}, {tensor(std::move(shape))})).outputs[0];
+  };
+  ValueId a = op("aten::relu", x, {8, 4});        // group 0
+  ValueId flat = op("aten::flatten", a, {32});    // group 1
+  ValueId b = op("aten::relu", flat, {32});       // group 2
+  ValueId back = op("aten::reshape", b, {8, 4});  // group 3
+  ValueId c = op("aten::relu", back, {8, 4});     // group 4
+  NodeId loss = g.addNode("aten::sum", {c}, {core::Type::tensor(core::DType::Float32, {})});
+  g.addOutput(g.node(loss).outputs[0]);
+  g.classifyValues();
+  core::GraphProfile profile;
+  profile.graphHash = g.hash();
+  profile.nodes.resize(g.nodeCount());
+  for (auto& p : profile.nodes) p.forwardSeconds = {1e-3, 1e-4};
+  Blocking blocking = buildBlocking(g, profile, 100, 8);
+  REQUIRE(blocking.groups.size() == 6);
+  // The 0-dim loss is a graph output read by no later group, so the cut before it stays.
+  REQUIRE(blocking.blockFirstGroup == std::vector<int>{0, 1, 4, 5, 6});
+}

@@ -149,3 +149,18 @@ TEST_CASE("infeasible request names the needed memory and the options", "[decomp
     REQUIRE(message.find("mem_limit_gb") != std::string::npos);
   }
 }
+
+TEST_CASE("partition_num above the block or device count says which and what to use", "[decomposer]") {
+  std::mt19937 rng(11);
+  PlanRequest request = testing::randomRequest(rng, 3, 8);
+  request.deviceMemory = 1e18;  // memory is not the reason
+  request.options.partitionNum = 4;
+  REQUIRE_THROWS_WITH(planDynamicProgramming(request),
+                      Catch::Contains("more stages than there are cuttable blocks (3)") &&
+                          Catch::Contains("partition_num <= 3"));
+  request = testing::randomRequest(rng, 6, 2);
+  request.deviceMemory = 1e18;
+  request.options.partitionNum = 3;
+  REQUIRE_THROWS_WITH(planDynamicProgramming(request),
+                      Catch::Contains("more stages than there are devices (2)"));
+}
