@@ -72,7 +72,6 @@ class CausalLM(torch.nn.Module):
         self.head = torch.nn.Linear(dim, vocab, bias=False)
         if tied:
             self.head.weight = self.token.weight
-        self.vocab = vocab
 
     def forward(self, tokens):
         x = self.token(tokens) + self.position  # every batch has exactly `seq` tokens
@@ -89,9 +88,14 @@ class LMWithLoss(torch.nn.Module):
         self.lm = lm
 
     def forward(self, tokens, targets):
-        logits = self.lm(tokens)
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, self.lm.vocab),
-                                                 targets.reshape(-1))
+        return next_token_loss(self.lm(tokens), targets)
+
+
+def next_token_loss(logits, targets):
+    """Mean cross-entropy over every position. The logits [batch, seq, vocab] are transposed to
+    [batch, vocab, seq] rather than flattened to [batch * seq, vocab], so every value keeps the
+    batch in dim 0 (autostage splits boundary values along dim 0)."""
+    return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets)
 
 
 def synthetic_batch(batch, seq, vocab, generator):
@@ -143,9 +147,7 @@ def main(argv):
         tokens, targets = synthetic_batch(args.batch, args.seq, args.vocab, generator)
         optimizer.zero_grad()
         if args.mode == "forward":
-            logits = model(tokens)
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, args.vocab),
-                                                     targets.reshape(-1))
+            loss = next_token_loss(model(tokens), targets)
             loss.backward()
         else:
             loss = model.train_step(tokens, targets)
