@@ -17,9 +17,10 @@ import torch
 def parse_args(argv):
     p = argparse.ArgumentParser(description="Train a torchvision ResNet with autostage.")
     p.add_argument("--arch", default="resnet18",
-                   help="torchvision.models constructor: resnet18 (default), resnet34, resnet50, ...")
+                   help="torchvision.models constructor: resnet18 (default), resnet50, ...")
     p.add_argument("--batch", type=int, default=8, help="images per rank (default: 8)")
-    p.add_argument("--image-size", type=int, default=32, help="image height and width (default: 32)")
+    p.add_argument("--image-size", type=int, default=32,
+                   help="image height and width (default: 32)")
     p.add_argument("--classes", type=int, default=10, help="number of classes (default: 10)")
     p.add_argument("--steps", type=int, default=3, help="training steps (default: 3)")
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default: 0.01)")
@@ -28,7 +29,8 @@ def parse_args(argv):
     args = p.parse_args(argv)
     for name in ("batch", "image_size", "classes", "steps"):
         if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+            flag = "--" + name.replace("_", "-")
+            p.error(f"{flag} must be a positive integer, got {getattr(args, name)}")
     if args.batch < 2:
         p.error("--batch must be at least 2: BatchNorm needs more than one value per channel")
     return args
@@ -49,7 +51,7 @@ def main(argv):
 
     torch.manual_seed(0)  # the same initial model on every rank
     model = build_model(args.arch, args.classes)
-    rank, world = autostage.get_rank(), autostage.get_world_size()
+    rank = autostage.get_rank()
     if rank == 0:
         print(f"#Parameters={sum(p.numel() for p in model.parameters())}", flush=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)

@@ -4,7 +4,8 @@
         /usr/bin/python3 examples/transformer_lm.py [--layers 4] [--dim 128] [--mode train_step]
 
 The model: token + position embedding, LAYERS pre-norm transformer layers (causal self-attention
-+ GELU MLP), a final LayerNorm and an LM head whose weight is tied to the token embedding (--untied for a separate one).
++ GELU MLP), a final LayerNorm and an LM head whose weight is tied to the token embedding
+(--untied for a separate one).
 Two ways to train:
   --mode forward     (default) out = model(tokens); cross_entropy(out, targets).backward():
                      autostage runs the pipeline forward, the loss is computed outside it.
@@ -99,7 +100,7 @@ def next_token_loss(logits, targets):
 
 
 def synthetic_batch(batch, seq, vocab, generator):
-    """Counting sequences: token t+1 = token t + 1 (mod vocab); targets are inputs shifted by one."""
+    """Counting sequences: token t+1 = token t + 1 (mod vocab); targets = inputs shifted by one."""
     start = torch.randint(0, vocab, (batch, 1), generator=generator)
     ramp = (start + torch.arange(seq + 1)) % vocab
     return ramp[:, :-1].contiguous(), ramp[:, 1:].contiguous()
@@ -135,7 +136,7 @@ def main(argv):
     torch.manual_seed(0)  # the same initial model on every rank
     lm = CausalLM(args.vocab, args.dim, args.layers, args.heads, args.seq, tied=not args.untied)
     model = lm if args.mode == "forward" else LMWithLoss(lm)
-    rank, world = autostage.get_rank(), autostage.get_world_size()
+    rank = autostage.get_rank()
     if rank == 0:
         print(f"#Parameters={sum(p.numel() for p in model.parameters())}", flush=True)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)

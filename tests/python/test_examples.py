@@ -16,8 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 BUILD_PYTHON = os.path.join(ROOT, "build", "python")
 EXAMPLES = os.path.join(ROOT, "examples")
-ENV_KEYS = ("OMP_NUM_THREADS", "PYTHONPATH", "AUTOSTAGE_PROFILE_REPEATS", "AUTOSTAGE_COMM_TIMEOUT_S",
-            "AUTOSTAGE_PROFILE_CALIBRATION_BLOCKS")
+ENV_KEYS = ("OMP_NUM_THREADS", "PYTHONPATH", "AUTOSTAGE_PROFILE_REPEATS",
+            "AUTOSTAGE_COMM_TIMEOUT_S", "AUTOSTAGE_PROFILE_CALIBRATION_BLOCKS")
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 
 
@@ -44,7 +44,8 @@ def check_output(log, parameters, steps, stages):
     assert len(losses) == steps, log
     assert all(math.isfinite(v) and v > 0 for v in losses), losses
     assert "[Decomposer] [info] Available device memory:" in log, log
-    assert len(re.findall(r"\[DPStaging\] \[info\] graph=STAGE_\d+_\d+ repl=\d+", log)) == stages, log
+    stage_lines = re.findall(r"\[DPStaging\] \[info\] graph=STAGE_\d+_\d+ repl=\d+", log)
+    assert len(stage_lines) == stages, log
     assert len(re.findall(r"Assigned subgraph STAGE_\d+_\d+ to rank\[", log)) == stages, log
     assert "Routes verification passed." in log
     assert "Module is ready. (rank0)" in log
