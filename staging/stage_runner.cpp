@@ -161,10 +161,17 @@ std::unordered_map<core::ValueId, at::Tensor> StageRunner::backward(
   AUTOSTAGE_INTERNAL_ASSERT(it != saved_.end(), "stage ", stage_.name, " has no forward state for micro-batch ", micro);
   Saved saved = std::move(it->second);
   saved_.erase(it);
-  if (stage_.recompute) {  // Note [Recompute]
+  // Note [Recompute]: the buffers as the forward left them, restored once the re-run's autograd
+  // graph (which checks their version counters) has been consumed.
+  std::vector<at::Tensor> buffers, kept;
+  if (stage_.recompute) {
+    buffers = params_.buffers();
+    for (const at::Tensor& b : buffers) kept.push_back(b.clone());
     at::Tensor current = swapRngState(*saved.rngState);
-    at::AutoGradMode grad(true);
-    saved.outputs = run(saved.inputs);
+    {
+      at::AutoGradMode grad(true);
+      saved.outputs = run(saved.inputs);
+    }
     swapRngState(current);
   }
   AUTOSTAGE_INTERNAL_ASSERT(outputGrads.size() == saved.outputs.size(), "stage ", stage_.name,
@@ -180,6 +187,11 @@ std::unordered_map<core::ValueId, at::Tensor> StageRunner::backward(
   if (!roots.empty()) {
     at::AutoGradMode grad(true);
     torch::autograd::backward(roots, grads);
+  }
+  saved.outputs.clear();
+  {
+    at::NoGradGuard noGrad;
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(kept[i]);
   }
   std::unordered_map<core::ValueId, at::Tensor> inputGrads;
   for (core::ValueId v : gradientInputs_) {
