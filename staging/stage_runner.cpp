@@ -95,6 +95,11 @@ StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& 
   }
 }
 
+// Note [Stage inputs are copied]
+// The stage's graph may update an input in place (ResNet's `relu_` or `add_` right after a stage
+// boundary). On a leaf that requires grad autograd refuses that, and a recompute stage must find
+// its saved inputs unchanged when it re-runs, so those inputs are fed as copies (a clone is
+// differentiable: the gradient still reaches the leaf).
 std::vector<at::Tensor> StageRunner::run(
     const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
   std::unordered_map<core::ValueId, c10::IValue> derived;
@@ -107,8 +112,9 @@ std::vector<at::Tensor> StageRunner::run(
   std::vector<c10::IValue> args;
   for (core::ValueId v : function_.inputs()) {
     auto routed = inputs.find(v);
-    if (routed != inputs.end()) {
-      args.emplace_back(routed->second);
+    if (routed != inputs.end()) {  // Note [Stage inputs are copied]
+      const at::Tensor& t = routed->second;
+      args.emplace_back(stage_.recompute || t.requires_grad() ? t.clone() : t);
     } else if (params_.has(v)) {
       args.emplace_back(params_.tensor(v));
     } else {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/error.h"
 #include "core/log.h"
 #include "decomposer/planner.h"
 #include "profiler/comm_profile.h"
@@ -39,6 +40,11 @@ core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Co
 staging::PlanningCallback autoPlanner() {
   return [](const staging::PlanningInput& in) {
     const core::Config& config = core::globalConfig();
+    int64_t forcedStages = config.getInt("partition_num");
+    AUTOSTAGE_CHECK_AS(ConfigError, forcedStages <= in.worldSize, "partition_num=", forcedStages,
+                       " asks for more pipeline stages than this job's ", in.worldSize,
+                       " rank(s), and every stage needs a rank of its own; set partition_num to "
+                       "at most ", in.worldSize, " (0 lets the planner choose) or launch more ranks");
     core::logger("Module")->info("Running profiler ...");
     auto measurement = profiler::createCpuMeasurementBackend();
     core::GraphProfile profile = profiler::profileGraph(

@@ -13,6 +13,7 @@ Reference (Note [BatchNorm reference] in reference.py): models without BatchNorm
 with the single-process full-batch run; BatchNorm models with the same model whose BatchNorm
 layers normalise each (micro-batch, replica) piece of the global batch separately.
 """
+import os
 import sys
 import traceback
 
@@ -23,6 +24,12 @@ from models import MODELS
 from reference import ReferenceRun
 
 RTOL, ATOL, STEPS, LOCAL_BATCH, LR = 1e-5, 1e-6, 3, 8, 1e-3
+VERBOSE = bool(os.environ.get("AUTOSTAGE_EQUIV_VERBOSE"))
+
+
+def say(line):
+    sys.stdout.write(line + "\n")  # one write per line: ranks share the terminal
+    sys.stdout.flush()
 
 # Covering design (checked by test_equivalence.py::test_matrix_is_a_covering_design): every
 # model on every rank count; per model every partition_num (1 on 1 rank, 2 on 2, 4 on 4), both
@@ -162,10 +169,10 @@ def expect_plan_error(cache_dir, rank, world):
     try:
         wrapped(inputs[0][:LOCAL_BATCH])
     except autostage.Error as e:
-        print(f"rank {rank}: ok partition_num={world * 2} on {world} ranks raised "
-              f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", flush=True)
+        say(f"rank {rank}: ok partition_num={world * 2} on {world} ranks raised "
+            f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
         return True
-    print(f"rank {rank}: FAIL partition_num={world * 2} on {world} ranks did not raise", flush=True)
+    say(f"rank {rank}: FAIL partition_num={world * 2} on {world} ranks did not raise")
     return False
 
 
@@ -182,15 +189,14 @@ def main():
             mismatch, count = run_config(config, cache_dir, rank, world)
         except Exception as e:  # report and go on: the next config starts a fresh module
             traceback.print_exc()
-            print(f"rank {rank}: FAIL config {index} [{describe(config)}]: "
-                  f"{type(e).__name__}: {e}", flush=True)
+            say(f"rank {rank}: FAIL config {index} [{describe(config)}]: {type(e).__name__}: {e}")
             failed += 1
             continue
         status = "FAIL" if mismatch.failures else "ok"
         failed += bool(mismatch.failures)
-        detail = "; ".join(mismatch.failures[:4])
-        print(f"rank {rank}: {status} config {index} [{describe(config)}] {count} local tensors, "
-              f"max error {mismatch.max_error:.3g}{': ' + detail if detail else ''}", flush=True)
+        detail = "; ".join(mismatch.failures[:None if VERBOSE else 4])
+        say(f"rank {rank}: {status} config {index} [{describe(config)}] {count} local tensors, "
+            f"max error {mismatch.max_error:.3g}{': ' + detail if detail else ''}")
     if world > 1 and not only and not expect_plan_error(cache_dir, rank, world):
         failed += 1
     autostage.barrier()
