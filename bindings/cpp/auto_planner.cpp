@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -20,6 +24,31 @@ int localRankCount(int worldSize) {
   int count = local ? std::atoi(local) : 1;
   return std::clamp(count, 1, std::max(worldSize, 1));
 }
+
+// Note [Profiling leaves the model untouched]
+// Profiling runs the model's own parameter and buffer tensors forward and backward: BatchNorm
+// running statistics and num_batches_tracked would advance and gradients would be left behind
+// (and then broadcast from rank 0 to every replica). The guard restores values and gradients.
+class ModelStateGuard {
+ public:
+  explicit ModelStateGuard(const std::vector<at::Tensor>& tensors) : tensors_(tensors) {
+    at::NoGradGuard noGrad;
+    for (const at::Tensor& t : tensors_) {
+      values_.push_back(t.clone());
+      grads_.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+    }
+  }
+  ~ModelStateGuard() {
+    at::NoGradGuard noGrad;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      tensors_[i].detach().copy_(values_[i]);
+      if (tensors_[i].requires_grad()) tensors_[i].mutable_grad() = grads_[i];
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> tensors_, values_, grads_;
+};
 
 }  // namespace
 
@@ -47,8 +76,12 @@ staging::PlanningCallback autoPlanner() {
                        "at most ", in.worldSize, " (0 lets the planner choose) or launch more ranks");
     core::logger("Module")->info("Running profiler ...");
     auto measurement = profiler::createCpuMeasurementBackend();
-    core::GraphProfile profile = profiler::profileGraph(
-        in.model, in.exampleInputs, *measurement, profiler::ProfilerOptions::fromConfig());
+    core::GraphProfile profile;
+    {
+      ModelStateGuard keep(in.model.paramTensors);
+      profile = profiler::profileGraph(in.model, in.exampleInputs, *measurement,
+                                       profiler::ProfilerOptions::fromConfig());
+    }
     profile.comm = profiler::configuredCommProfile();
     core::ClusterSpec cluster =
         localCluster(in.worldSize, localRankCount(in.worldSize), config);
