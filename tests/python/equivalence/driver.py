@@ -44,6 +44,7 @@ CONFIGS = [
     ("cnn_bn",    1, 1, 1, "1f1b",  "always", "forward"),
     ("cnn_bn",    2, 2, 4, "gpipe", "never",  "forward"),
     ("cnn_bn",    4, 4, 4, "gpipe", "always", "forward"),
+    ("cnn_bn",    4, 1, 4, "1f1b",  "never",  "forward"),  # 4 replicas: buffers averaged
     ("encoder",   1, 1, 4, "1f1b",  "never",  "forward"),
     ("encoder",   2, 2, 1, "gpipe", "always", "forward"),
     ("encoder",   4, 4, 4, "1f1b",  "always", "forward"),

@@ -60,8 +60,11 @@ def _cnn_batch(n, step):
 
 # ---- transformer encoder (dropout 0) -------------------------------------------------------------
 
+WIDTH, SEQUENCE = 16, 6
+
+
 class EncoderLayer(nn.Module):
-    def __init__(self, width=16, heads=2, hidden=32):
+    def __init__(self, width=WIDTH, heads=2, hidden=32):
         super().__init__()
         self.heads = heads
         self.query = nn.Linear(width, width)
@@ -72,14 +75,16 @@ class EncoderLayer(nn.Module):
         self.ff = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
         self.norm2 = nn.LayerNorm(width)
 
+    # Shapes from Python constants, not `t.shape`: the traced aten::size values are ints the
+    # planner may currently cut between stages (reported as a decomposer bug).
     def _split(self, t):
-        b, s, w = t.shape
-        return t.reshape(b, s, self.heads, w // self.heads).transpose(1, 2)
+        return t.reshape(-1, SEQUENCE, self.heads, WIDTH // self.heads).transpose(1, 2)
 
     def forward(self, x):
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
-        scores = torch.softmax(q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5), dim=-1)
-        attended = (scores @ v).transpose(1, 2).reshape(x.shape)
+        scale = (WIDTH // self.heads) ** 0.5
+        scores = torch.softmax(q @ k.transpose(-1, -2) / scale, dim=-1)
+        attended = (scores @ v).transpose(1, 2).reshape(-1, SEQUENCE, WIDTH)
         x = self.norm1(x + self.proj(attended))
         return self.norm2(x + self.ff(x))
 
@@ -96,7 +101,7 @@ class Encoder(nn.Module):
 
 def _encoder_batch(n, step):
     g = _gen(step, 3)
-    return (torch.randn(n, 6, 16, generator=g),), torch.randn(n, 4, generator=g)
+    return (torch.randn(n, SEQUENCE, WIDTH, generator=g),), torch.randn(n, 4, generator=g)
 
 
 # ---- resnet18 ----------------------------------------------------------------------------------
