@@ -32,25 +32,38 @@ GradientSync::GradientSync(std::vector<GradientGroup> groups, int64_t bucketByte
 }
 
 int GradientSync::syncBucket(comm::Backend& backend, const comm::Group& group,
-                             const std::vector<at::Tensor>& tensors) const {
+                             const std::vector<at::Tensor>& tensors, comm::ReduceOp op) const {
   std::vector<at::Tensor> flat;
-  for (const at::Tensor& p : tensors) {
-    const at::Tensor& g = p.grad();
-    flat.push_back(g.defined() ? g.reshape(-1) : at::zeros({p.numel()}, p.options()));
-  }
+  for (const at::Tensor& t : tensors) flat.push_back(t.reshape(-1));
   at::Tensor bucket = at::cat(flat);
-  backend.allReduce(bucket, comm::ReduceOp::Sum, group);
+  backend.allReduce(bucket, op, group);
   int64_t offset = 0;
-  for (const at::Tensor& p : tensors) {
-    at::Tensor part = bucket.narrow(0, offset, p.numel()).view(p.sizes());
-    offset += p.numel();
-    if (p.grad().defined()) {
-      p.mutable_grad().copy_(part);
-    } else {
-      p.mutable_grad() = part.clone();
-    }
+  for (const at::Tensor& t : tensors) {
+    t.copy_(bucket.narrow(0, offset, t.numel()).view(t.sizes()));
+    offset += t.numel();
   }
   return 1;
+}
+
+int GradientSync::syncAll(comm::Backend& backend, const comm::Group& group,
+                          const std::vector<at::Tensor>& tensors, comm::ReduceOp op) const {
+  int calls = 0;
+  std::vector<at::Tensor> bucket;
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
+    bool fits = bucket.empty() || (bucket.front().scalar_type() == t.scalar_type() &&
+                                   bytes + size <= bucketBytes_);
+    if (!fits) {
+      calls += syncBucket(backend, group, bucket, op);
+      bucket.clear();
+      bytes = 0;
+    }
+    bucket.push_back(t);
+    bytes += size;
+  }
+  if (!bucket.empty()) calls += syncBucket(backend, group, bucket, op);
+  return calls;
 }
 
 int GradientSync::run(comm::Backend& backend, const ParamStorage& params) const {
@@ -60,23 +73,18 @@ int GradientSync::run(comm::Backend& backend, const ParamStorage& params) const 
     if (group.ranks.size() < 2) continue;
     comm::Group commGroup(group.ranks);
     if (!commGroup.contains(backend.rank())) continue;
-    std::vector<at::Tensor> bucket;
-    int64_t bytes = 0;
+    std::vector<at::Tensor> grads, buffers;
     for (core::ValueId id : group.params) {
       const at::Tensor& p = params.tensor(id);
-      if (!p.requires_grad()) continue;
-      int64_t size = p.numel() * static_cast<int64_t>(p.element_size());
-      bool fits = bucket.empty() || (bucket.front().scalar_type() == p.scalar_type() &&
-                                     bytes + size <= bucketBytes_);
-      if (!fits) {
-        calls += syncBucket(backend, commGroup, bucket);
-        bucket.clear();
-        bytes = 0;
+      if (p.requires_grad()) {
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        grads.push_back(p.mutable_grad());
+      } else if (at::isFloatingType(p.scalar_type())) {
+        buffers.push_back(p);  // Note [Buffers across replicas]
       }
-      bucket.push_back(p);
-      bytes += size;
     }
-    if (!bucket.empty()) calls += syncBucket(backend, commGroup, bucket);
+    calls += syncAll(backend, commGroup, grads, comm::ReduceOp::Sum);
+    calls += syncAll(backend, commGroup, buffers, comm::ReduceOp::Average);
   }
   return calls;
 }

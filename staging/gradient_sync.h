@@ -14,6 +14,14 @@
 // Buckets: the parameters of one holder set, in graph input order, packed while they share a
 // dtype and stay within bucketBytes (a larger parameter gets a bucket of its own). Holder sets are
 // visited in ascending order on every rank, so overlapping groups are first used in one order.
+//
+// Note [Buffers across replicas]
+// Floating-point buffers (BatchNorm running statistics) are updated in place by every replica on
+// the micro-batch pieces it runs, so replicas drift apart. After the gradients, each holder set
+// averages its floating-point buffers (allreduce Average, same buckets), so every replica ends the
+// step with the same running statistics: for BatchNorm's linear momentum update that is one update
+// per micro-batch with the replica-averaged piece statistics. Integer buffers (num_batches_tracked)
+// are left alone: every replica counts the same micro-batches.
 
 #include <cstdint>
 #include <vector>
@@ -38,14 +46,17 @@ class GradientSync {
  public:
   GradientSync(std::vector<GradientGroup> groups, int64_t bucketBytes);
 
-  // Sums the gradients of the parameters in `params` over their holder sets (collective over
-  // each group this rank belongs to). Parameters without a gradient contribute zeros and
-  // receive one. Returns the number of allreduce calls made.
+  // Sums the gradients of the parameters in `params` over their holder sets and averages their
+  // floating-point buffers (collective over each group this rank belongs to). Parameters without
+  // a gradient contribute zeros and receive one. Returns the number of allreduce calls made.
   int run(comm::Backend& backend, const ParamStorage& params) const;
 
  private:
+  // Allreduces `tensors` in place, packed into buckets of at most bucketBytes_ of one dtype.
+  int syncAll(comm::Backend& backend, const comm::Group& group,
+              const std::vector<at::Tensor>& tensors, comm::ReduceOp op) const;
   int syncBucket(comm::Backend& backend, const comm::Group& group,
-                 const std::vector<at::Tensor>& tensors) const;
+                 const std::vector<at::Tensor>& tensors, comm::ReduceOp op) const;
   std::vector<GradientGroup> groups_;
   int64_t bucketBytes_;
 };

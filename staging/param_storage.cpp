@@ -46,6 +46,13 @@ std::vector<at::Tensor> ParamStorage::parameters() const {
   return out;
 }
 
+std::vector<at::Tensor> ParamStorage::buffers() const {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors_)
+    if (!t.requires_grad()) out.push_back(t);
+  return out;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> ParamStorage::namedTensors() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t i = 0; i < ids_.size(); ++i) out.emplace_back(names_[i], tensors_[i]);

@@ -36,6 +36,8 @@ class ParamStorage {
   const std::vector<core::ValueId>& ids() const { return ids_; }
   // Held tensors that require grad (what an optimiser on this rank should update), in id order.
   std::vector<at::Tensor> parameters() const;
+  // Held tensors that do not require grad (buffers such as BatchNorm running statistics).
+  std::vector<at::Tensor> buffers() const;
   // Held tensors with their state_dict names.
   std::vector<std::pair<std::string, at::Tensor>> namedTensors() const;
 

@@ -95,6 +95,11 @@ StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& 
   }
 }
 
+// Note [Stage inputs are copied]
+// The stage's graph may update an input in place (ResNet's `relu_` or `add_` right after a stage
+// boundary). On a leaf that requires grad autograd refuses that, and a recompute stage must find
+// its saved inputs unchanged when it re-runs, so those inputs are fed as copies (a clone is
+// differentiable: the gradient still reaches the leaf).
 std::vector<at::Tensor> StageRunner::run(
     const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
   std::unordered_map<core::ValueId, c10::IValue> derived;
@@ -107,8 +112,9 @@ std::vector<at::Tensor> StageRunner::run(
   std::vector<c10::IValue> args;
   for (core::ValueId v : function_.inputs()) {
     auto routed = inputs.find(v);
-    if (routed != inputs.end()) {
-      args.emplace_back(routed->second);
+    if (routed != inputs.end()) {  // Note [Stage inputs are copied]
+      const at::Tensor& t = routed->second;
+      args.emplace_back(stage_.recompute || t.requires_grad() ? t.clone() : t);
     } else if (params_.has(v)) {
       args.emplace_back(params_.tensor(v));
     } else {
@@ -161,10 +167,17 @@ std::unordered_map<core::ValueId, at::Tensor> StageRunner::backward(
   AUTOSTAGE_INTERNAL_ASSERT(it != saved_.end(), "stage ", stage_.name, " has no forward state for micro-batch ", micro);
   Saved saved = std::move(it->second);
   saved_.erase(it);
-  if (stage_.recompute) {  // Note [Recompute]
+  // Note [Recompute]: the buffers as the forward left them, restored once the re-run's autograd
+  // graph (which checks their version counters) has been consumed.
+  std::vector<at::Tensor> buffers, kept;
+  if (stage_.recompute) {
+    buffers = params_.buffers();
+    for (const at::Tensor& b : buffers) kept.push_back(b.clone());
     at::Tensor current = swapRngState(*saved.rngState);
-    at::AutoGradMode grad(true);
-    saved.outputs = run(saved.inputs);
+    {
+      at::AutoGradMode grad(true);
+      saved.outputs = run(saved.inputs);
+    }
     swapRngState(current);
   }
   AUTOSTAGE_INTERNAL_ASSERT(outputGrads.size() == saved.outputs.size(), "stage ", stage_.name,
@@ -180,6 +193,11 @@ std::unordered_map<core::ValueId, at::Tensor> StageRunner::backward(
   if (!roots.empty()) {
     at::AutoGradMode grad(true);
     torch::autograd::backward(roots, grads);
+  }
+  saved.outputs.clear();
+  {
+    at::NoGradGuard noGrad;
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].copy_(kept[i]);
   }
   std::unordered_map<core::ValueId, at::Tensor> inputGrads;
   for (core::ValueId v : gradientInputs_) {

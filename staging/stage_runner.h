@@ -12,8 +12,9 @@
 // Note [Recompute]
 // A recompute stage runs its forward without autograd, keeps only its routed inputs and the CPU
 // RNG state, and in backward restores that state, re-runs the forward with autograd and
-// back-propagates; dropout masks therefore match. (In-place buffer updates such as BatchNorm
-// running statistics happen twice for such stages.)
+// back-propagates; dropout masks therefore match. The stage's buffers are restored after the
+// re-run, so in-place buffer updates (BatchNorm running statistics, num_batches_tracked) happen
+// once per micro-batch, as without recompute.
 
 #include <map>
 #include <memory>

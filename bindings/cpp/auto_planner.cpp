@@ -4,7 +4,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "core/error.h"
 #include "core/log.h"
 #include "decomposer/planner.h"
 #include "profiler/comm_profile.h"
@@ -19,6 +24,31 @@ int localRankCount(int worldSize) {
   int count = local ? std::atoi(local) : 1;
   return std::clamp(count, 1, std::max(worldSize, 1));
 }
+
+// Note [Profiling leaves the model untouched]
+// Profiling runs the model's own parameter and buffer tensors forward and backward: BatchNorm
+// running statistics and num_batches_tracked would advance and gradients would be left behind
+// (and then broadcast from rank 0 to every replica). The guard restores values and gradients.
+class ModelStateGuard {
+ public:
+  explicit ModelStateGuard(const std::vector<at::Tensor>& tensors) : tensors_(tensors) {
+    at::NoGradGuard noGrad;
+    for (const at::Tensor& t : tensors_) {
+      values_.push_back(t.clone());
+      grads_.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+    }
+  }
+  ~ModelStateGuard() {
+    at::NoGradGuard noGrad;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      tensors_[i].detach().copy_(values_[i]);
+      if (tensors_[i].requires_grad()) tensors_[i].mutable_grad() = grads_[i];
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> tensors_, values_, grads_;
+};
 
 }  // namespace
 
@@ -39,10 +69,19 @@ core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Co
 staging::PlanningCallback autoPlanner() {
   return [](const staging::PlanningInput& in) {
     const core::Config& config = core::globalConfig();
+    int64_t forcedStages = config.getInt("partition_num");
+    AUTOSTAGE_CHECK_AS(ConfigError, forcedStages <= in.worldSize, "partition_num=", forcedStages,
+                       " asks for more pipeline stages than this job's ", in.worldSize,
+                       " rank(s), and every stage needs a rank of its own; set partition_num to "
+                       "at most ", in.worldSize, " (0 lets the planner choose) or launch more ranks");
     core::logger("Module")->info("Running profiler ...");
     auto measurement = profiler::createCpuMeasurementBackend();
-    core::GraphProfile profile = profiler::profileGraph(
-        in.model, in.exampleInputs, *measurement, profiler::ProfilerOptions::fromConfig());
+    core::GraphProfile profile;
+    {
+      ModelStateGuard keep(in.model.paramTensors);
+      profile = profiler::profileGraph(in.model, in.exampleInputs, *measurement,
+                                       profiler::ProfilerOptions::fromConfig());
+    }
     profile.comm = profiler::configuredCommProfile();
     core::ClusterSpec cluster =
         localCluster(in.worldSize, localRankCount(in.worldSize), config);

@@ -32,6 +32,23 @@ std::vector<at::Tensor> callReleased(Module& module, Method method,
   return (module.*method)(values);
 }
 
+py::dict deploymentInfo(const Module& mod) {
+  const core::Deployment& d = mod.deployment();
+  py::list stages;
+  for (const core::StageDeployment& stage : d.stages) {
+    py::dict entry;
+    entry["name"] = stage.name;
+    entry["ranks"] = stage.ranks;
+    entry["recompute"] = stage.recompute;
+    stages.append(entry);
+  }
+  py::dict info;
+  info["micro_batches"] = d.microBatchCount;
+  info["schedule"] = d.schedule;
+  info["stages"] = stages;
+  return info;
+}
+
 comm::Backend& world() { return *comm::sharedBackend("mpi"); }
 
 }  // namespace
@@ -49,6 +66,15 @@ void bindStaging(py::module_& m) {
       .def_property_readonly("ready", &Module::ready)
       .def("parameters", &Module::parameters)
       .def("named_parameters", &Module::namedParameters)
+      .def("local_tensors",
+           [](Module& mod) {
+             std::vector<at::Tensor> out;
+             for (auto& named : mod.executor().params().namedTensors()) out.push_back(named.second);
+             return out;
+           },
+           "Every parameter and buffer this rank holds (after deployment).")
+      .def("deployment_info", &deploymentInfo,
+           "Micro-batches, schedule and per-stage ranks/recompute of the deployment.")
       .def("save_deployment",
            [](const Module& mod, const std::string& path) {
              core::saveDeployment(mod.deployment(), path);

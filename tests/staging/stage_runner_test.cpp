@@ -65,6 +65,78 @@ TEST_CASE("a recompute stage restores the RNG state: dropout masks and gradients
   CHECK_FALSE(torch::equal(m.forward({x}).toTensor(), plain.output));
 }
 
+torch::jit::Module makeBatchNormModel() {
+  torch::jit::Module m("BatchNormModel");
+  m.register_parameter("weight", torch::ones({4}).requires_grad_(), false);
+  m.register_parameter("bias", torch::zeros({4}).requires_grad_(), false);
+  m.register_buffer("running_mean", torch::zeros({4}));
+  m.register_buffer("running_var", torch::ones({4}));
+  m.define(R"(
+def forward(self, x):
+    return torch.batch_norm(x, self.weight, self.bias, self.running_mean, self.running_var,
+                            True, 0.1, 1e-5, False)
+)");
+  return m;
+}
+
+// A one-stage deployment of the whole graph on rank 0.
+core::StageDeployment wholeGraphStage(const torchscript::ImportedModel& model, bool recompute) {
+  core::StageDeployment stage;
+  stage.name = "whole";
+  for (core::NodeId n = 0; n < core::NodeId(model.graph.nodeCount()); ++n) stage.nodes.push_back(n);
+  stage.ranks = {0};
+  stage.recompute = recompute;
+  return stage;
+}
+
+TEST_CASE("a recompute stage updates BatchNorm running statistics once per micro-batch",
+          "[staging]") {
+  for (bool recompute : {false, true}) {
+    CAPTURE(recompute);
+    torch::manual_seed(8);
+    at::Tensor x = torch::randn({6, 4}) + 2.0;
+    torch::jit::Module m = makeBatchNormModel();
+    torchscript::ImportedModel model = torchscript::importModule(m, {x});
+    m.attr("running_mean").toTensor().zero_();  // undo the import's trace run, if any
+    m.attr("running_var").toTensor().fill_(1.0);
+    ParamStorage params(model, model.graph.paramInputs());
+    StageRunner runner(model.graph, wholeGraphStage(model, recompute), params, {});
+    std::vector<at::Tensor> out = runner.forward(0, {{runner.routedInputs()[0], x}});
+    runner.backward(0, {torch::ones_like(out[0])});
+    // One momentum update with the batch's mean and unbiased variance.
+    CHECK(torch::allclose(m.attr("running_mean").toTensor(), 0.1 * x.mean(0)));
+    CHECK(torch::allclose(m.attr("running_var").toTensor(), 0.9 + 0.1 * x.var(0, true)));
+  }
+}
+
+TEST_CASE("a stage that updates its routed input in place back-propagates, also recomputed",
+          "[staging]") {
+  torch::jit::Module m("InPlaceInput");
+  m.register_parameter("w", (torch::randn({4, 3}) * 0.5).requires_grad_(), false);
+  m.define(R"(
+def forward(self, x):
+    x.add_(1.0)
+    return torch.matmul(x, self.w)
+)");
+  at::Tensor x = torch::randn({5, 4});
+  torchscript::ImportedModel model = torchscript::importModule(m, {x.clone()});
+  at::Tensor w = m.attr("w").toTensor();
+  at::Tensor g = torch::randn({5, 3});
+  for (bool recompute : {false, true}) {
+    CAPTURE(recompute);
+    ParamStorage params(model, model.graph.paramInputs());
+    core::ValueId input = model.graph.batchInputs()[0];
+    StageRunner runner(model.graph, wholeGraphStage(model, recompute), params, {input});
+    at::Tensor fed = x.clone();
+    std::vector<at::Tensor> out = runner.forward(0, {{input, fed}});
+    auto inputGrads = runner.backward(0, {g});
+    CHECK(torch::allclose(out[0], torch::matmul(x + 1.0, w.detach())));
+    CHECK(torch::allclose(w.grad(), torch::matmul((x + 1.0).t(), g)));  // x + 1, not x + 2
+    CHECK(torch::allclose(inputGrads.at(input), torch::matmul(g, w.detach().t())));
+    w.mutable_grad() = at::Tensor();
+  }
+}
+
 TEST_CASE("stageParams lists the parameters a stage reads, also through other stages' nodes",
           "[staging]") {
   torch::manual_seed(4);
