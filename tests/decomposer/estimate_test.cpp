@@ -104,7 +104,7 @@ TEST_CASE("on arbitrary uneven plans the estimate is a lower bound of the simula
   REQUIRE(worst[0] <= 1e-9);  // gpipe's closed form is exact
 }
 
-TEST_CASE("worked example of Note [1f1b pipeline estimate]", "[decomposer]") {
+TEST_CASE("worked example of the 1f1b pipeline estimate Note", "[decomposer]") {
   // f = b = 3 ms on stage 0, 1 ms on stage 1, two micro-batches: the schedule takes 12 ms, the
   // closed form sum + (M - 1) max says 14 ms.
   std::vector<StageTimes> stages{{3e-3, 3e-3}, {1e-3, 1e-3}};
@@ -152,7 +152,7 @@ TEST_CASE("schedule=auto returns the better of gpipe and 1f1b", "[decomposer]") 
   REQUIRE(compared >= 30);
 }
 
-TEST_CASE("1f1b wins when memory limits the micro-batches held; gpipe at most ties", "[decomposer]") {
+TEST_CASE("1f1b wins when memory limits the micro-batches held and gpipe at most ties", "[decomposer]") {
   // Four equal blocks of 4 GB parameters on four devices, each device fitting one block's
   // parameters, gradients and Adam state plus 4.5 GB of activations; the batch's activations are
   // 6.4 GB per block. gpipe holds the whole batch, so it only fits by recomputing; 1f1b holds at

@@ -79,7 +79,7 @@ TEST_CASE("single stage: simulated iteration is M micro-batches plus the allredu
 // (warm-up forwards hide part of the fill); on these deliberately heterogeneous random stages it
 // stays within 15%, and within 5% once micro-batches outnumber stages four to one. Plans of the
 // synthetic models agree within 5% (quality_test.cpp).
-TEST_CASE("planner estimate, evaluator and simulator agree on DP plans", "[decomposer]") {
+TEST_CASE("planner estimate and evaluator and simulator agree on DP plans", "[decomposer]") {
   std::mt19937 rng(99);
   int checked = 0;
   for (int instance = 0; instance < 150; ++instance) {
