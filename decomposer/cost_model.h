@@ -14,6 +14,9 @@
 //     1f1b:  max_s t_s                                   (stages alternate forward and backward)
 //     gpipe: max_s (F + sendF)_s + max_s (Bw + sendB)_s  (all forwards, then all backwards: two
 //            flow shops of identical jobs, each of makespan sum + (M - 1) * max)
+// The gpipe form is exact. The 1f1b form is neither an upper nor a lower bound of the schedule
+// for uneven stages (Note [1f1b pipeline estimate] in pipeline_time.h has a worked example, the
+// measured gaps, and a tight lower bound the tests check plans against).
 // A p2p transfer is intra-node when the sender's ranks and the neighbouring rank of the next
 // (previous) stage lie on one node; an allreduce is intra-node when its ranks lie on one node.
 // Memory per device: params + grads + opt_param_factor * params

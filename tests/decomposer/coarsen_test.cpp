@@ -63,7 +63,7 @@ TEST_CASE("synthetic transformer layers have 76 IR nodes", "[decomposer]") {
   REQUIRE(smallBert(3).graph.nodeCount() - smallBert(2).graph.nodeCount() == 76);
 }
 
-TEST_CASE("blocks are convex, cover every node, and cuts equal the prefix boundary", "[decomposer]") {
+TEST_CASE("blocks are convex and cover every node and cuts equal the prefix boundary", "[decomposer]") {
   SyntheticModel m = smallBert(3);
   Blocking b = buildBlocking(m.graph, m.profile, 20, 8);
   REQUIRE(b.blockCount() == 20);
@@ -127,7 +127,7 @@ TEST_CASE("tied embedding is a parameter shared by the first and last block", "[
   REQUIRE(found);
 }
 
-TEST_CASE("the profile's calibration factor scales block times, not bytes", "[decomposer]") {
+TEST_CASE("the profile calibration factor scales block times but not bytes", "[decomposer]") {
   SyntheticModel m = smallBert(2);
   Blocking plain = buildBlocking(m.graph, m.profile, 16, 8);
   m.profile.calibration = 1.5;

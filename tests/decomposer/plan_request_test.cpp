@@ -53,7 +53,7 @@ TEST_CASE("plan options come from the config table and are validated", "[decompo
   REQUIRE_THROWS_AS(bad.validate(), ConfigError);
 }
 
-TEST_CASE("baseline cuts: uniform by block count, param_balanced by parameter bytes", "[decomposer]") {
+TEST_CASE("baseline cuts: uniform by block count and param_balanced by parameter bytes", "[decomposer]") {
   REQUIRE(uniformCuts(10, 3) == std::vector<std::pair<int, int>>{{0, 3}, {4, 6}, {7, 9}});
   PlanRequest r;
   for (double bytes : {8.0, 1.0, 1.0, 1.0, 1.0, 4.0}) {

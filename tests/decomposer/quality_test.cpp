@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
+#include "estimate_check.h"
 
 using namespace autostage;
 using namespace autostage::decomposer;
@@ -67,6 +68,7 @@ TEST_CASE("DP beats uniform and param_balanced by 1.2x on a memory-tight GPT", "
   for (const PlanResult* r : {&dp, &uniform, &balanced}) {
     REQUIRE(r->simulation.peakMemory() <= r->blocking.request.memoryLimit());
     REQUIRE(r->simulation.iterationSeconds == Approx(r->evaluation.iterationSeconds).epsilon(0.05));
+    testing::requireEstimateMatchesSimulation(r->blocking.request, r->plan);
   }
 }
 
@@ -81,6 +83,7 @@ TEST_CASE("DP is never worse than data parallelism when that fits", "[decomposer
       REQUIRE(dp.evaluation.iterationSeconds <= dataParallel.evaluation.iterationSeconds);
       REQUIRE(dp.simulation.iterationSeconds <= dataParallel.simulation.iterationSeconds * 1.0001);
       REQUIRE(dp.simulation.iterationSeconds == Approx(dp.evaluation.iterationSeconds).epsilon(0.05));
+      testing::requireEstimateMatchesSimulation(dp.blocking.request, dp.plan);
     }
   }
 }

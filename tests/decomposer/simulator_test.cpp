@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_stage_search.h"
+#include "estimate_check.h"
 #include "random_requests.h"
 
 using namespace autostage;
@@ -78,7 +79,7 @@ TEST_CASE("single stage: simulated iteration is M micro-batches plus the allredu
 // (warm-up forwards hide part of the fill); on these deliberately heterogeneous random stages it
 // stays within 15%, and within 5% once micro-batches outnumber stages four to one. Plans of the
 // synthetic models agree within 5% (quality_test.cpp).
-TEST_CASE("planner estimate, evaluator and simulator agree on DP plans", "[decomposer]") {
+TEST_CASE("planner estimate and evaluator and simulator agree on DP plans", "[decomposer]") {
   std::mt19937 rng(99);
   int checked = 0;
   for (int instance = 0; instance < 150; ++instance) {
@@ -102,8 +103,7 @@ TEST_CASE("planner estimate, evaluator and simulator agree on DP plans", "[decom
       REQUIRE(sim.iterationSeconds <= plan.predictedSeconds * (1 + 1e-9));
       REQUIRE(deviation <= (plan.microBatchCount >= 4 * static_cast<int>(plan.stages.size()) ? 0.05 : 0.15));
     }
-    for (size_t s = 0; s < plan.stages.size(); ++s)
-      REQUIRE(sim.peakMemoryBytes[s] == Approx(e.stages[s].totalMemoryBytes).epsilon(1e-9));
+    testing::requireEstimateMatchesSimulation(r, plan);
     ++checked;
   }
   REQUIRE(checked >= 80);
