@@ -33,11 +33,11 @@ int64_t tracedBatch(const core::Graph& graph) {
   return -1;
 }
 
-// Whether the runtime can split `v` by samples: a tensor whose dim 0 is the traced batch (or whose
-// shape is unknown). Note [Non-tensor values are not cut].
+// Whether the runtime can split `v` by samples: a tensor of known shape whose dim 0 is the traced
+// batch (or dynamic). Note [Non-tensor values are not cut].
 bool splittable(const core::Value& v, int64_t batch) {
-  if (!v.type.isTensor()) return false;
-  if (batch < 0 || !v.type.shapeKnown()) return true;
+  if (!v.type.isTensor() || !v.type.shapeKnown()) return false;  // staging/route_check.cpp
+  if (batch < 0) return true;
   if (!v.type.shape().empty() && v.type.shape()[0] < 0) return true;  // dynamic dim 0
   return !v.type.shape().empty() && v.type.shape()[0] == batch;
 }

@@ -15,8 +15,8 @@
 //
 // Note [Non-tensor values are not cut]
 // A boundary crossed by a value the runtime cannot split by samples is never a block boundary:
-// a non-tensor (an int from aten::size, a list, a tuple, an optional), or a tensor whose dim 0 is
-// not the traced batch (a 0-dim tensor, a [batch*seq, vocab] flattening, a sequence-first
+// a non-tensor (an int from aten::size, a list, a tuple, an optional), a tensor of unknown shape,
+// or a tensor whose dim 0 is not the traced batch (a 0-dim tensor, a [batch*seq, vocab] flattening, a sequence-first
 // activation, an attention mask built from sizes). Such values cannot be re-split between stages
 // with different replica counts (a traced `x.size(0)` is the micro-batch size of *that* replica),
 // so the groups on both sides are merged before the greedy merge, even past max_blocks. (A tensor

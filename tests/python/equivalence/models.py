@@ -75,16 +75,16 @@ class EncoderLayer(nn.Module):
         self.ff = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width))
         self.norm2 = nn.LayerNorm(width)
 
-    # Shapes from Python constants, not `t.shape`: the traced aten::size values are ints the
-    # planner may currently cut between stages (reported as a decomposer bug).
+    # Shapes from `t.shape`: the traced aten::size ints must stay inside one stage
+    # (decomposer Note [Non-tensor values are not cut]).
     def _split(self, t):
-        return t.reshape(-1, SEQUENCE, self.heads, WIDTH // self.heads).transpose(1, 2)
+        b, s, w = t.shape
+        return t.reshape(b, s, self.heads, w // self.heads).transpose(1, 2)
 
     def forward(self, x):
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
-        scale = (WIDTH // self.heads) ** 0.5
-        scores = torch.softmax(q @ k.transpose(-1, -2) / scale, dim=-1)
-        attended = (scores @ v).transpose(1, 2).reshape(-1, SEQUENCE, WIDTH)
+        scores = torch.softmax(q @ k.transpose(-1, -2) / (q.shape[-1] ** 0.5), dim=-1)
+        attended = (scores @ v).transpose(1, 2).reshape(x.shape)
         x = self.norm1(x + self.proj(attended))
         return self.norm2(x + self.ff(x))
 
@@ -170,9 +170,9 @@ class WithLoss(nn.Module):
         self.net = _mlp()
 
     def forward(self, x, y):
-        # Not F.mse_loss: its traced broadcast_tensors -> Tensor[] -> ListUnpack can be cut by the
-        # planner (a list cannot cross a stage boundary; reported as a decomposer bug).
-        return ((self.net(x) - y) ** 2).mean()
+        # F.mse_loss traces to broadcast_tensors -> Tensor[] -> ListUnpack: the list must stay
+        # inside one stage (decomposer Note [Non-tensor values are not cut]).
+        return F.mse_loss(self.net(x), y)
 
 
 def _withloss_batch(n, step):
