@@ -110,8 +110,13 @@ void runCollective(MpiBackend::Impl& impl, const char* operation, const Group& g
   AUTOSTAGE_MPI_CHECK(start(impl.communicator(group), &request), "rank ", impl.rank, " starting ",
                       operation, " over group ", group.toString());
   auto what = [&] {
-    return "the other members of group " + group.toString() + " (" + operation +
-           (payload.empty() ? "" : " of " + payload) + ")";
+    std::string others;
+    for (int r : group.ranks())
+      if (r != impl.rank) others += (others.empty() ? "" : ",") + std::to_string(r);
+    bool one = group.size() == 2;
+    return std::string(one ? "rank " : "ranks ") + others +
+           (one ? ", the other member" : ", the other members") + " of group " +
+           group.toString() + " (" + operation + (payload.empty() ? "" : " of " + payload) + ")";
   };
   try {
     waitRequest(request, nullptr, Deadline(impl.options.timeoutSeconds), impl.rank, what,
