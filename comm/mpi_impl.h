@@ -52,4 +52,8 @@ enum class OnTimeout { Cancel, Free, Leave };
 void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadline, int rank,
                  const std::function<std::string()>& what, OnTimeout onTimeout);
 
+// Note [Liveness probe] (mpi_collectives.cpp): after a timeout, which other members of `group`
+// are alive and also timed out. Returns a sentence to append to the timeout message.
+std::string probeReport(MpiBackend::Impl& impl, const Group& group);
+
 }  // namespace autostage::comm

@@ -29,10 +29,23 @@ std::string whereOf(const Executor& executor, int rank) {
   return out.str();
 }
 
+// The TorchScript interpreter wraps an op's error in a script traceback of the generated stage
+// graph, which names no user code; its last line ("RuntimeError: index out of range in self")
+// is the part worth reporting.
+std::string withoutScriptTraceback(const std::string& message) {
+  if (message.find("failed in the TorchScript interpreter") == std::string::npos) return message;
+  size_t end = message.find_last_not_of("\n ");
+  if (end == std::string::npos) return message;
+  size_t begin = message.rfind('\n', end);
+  begin = begin == std::string::npos ? 0 : begin + 1;
+  return message.substr(begin, end + 1 - begin) + " (in the TorchScript interpreter)";
+}
+
 // Rethrows the exception being handled, same autostage class, with `where` in front.
 [[noreturn]] void rethrowAt(const std::string& where) {
   comm::StepStatus status = comm::StepStatus::fromCurrentException();
-  comm::throwErrorOfClass(status.errorClass, where + ": " + status.message);
+  comm::throwErrorOfClass(status.errorClass,
+                          where + ": " + withoutScriptTraceback(status.message));
 }
 
 // Keeps the executor of one forward alive until its backward has run.
@@ -108,14 +121,35 @@ std::string signatureOf(const std::vector<at::Tensor>& inputs, bool batchAsB) {
   return out.str();
 }
 
-// Every rank must pass the same shapes and dtypes; the message lists each rank's signature.
-void checkSameAcrossRanks(const std::vector<std::string>& signatures) {
-  bool same = std::all_of(signatures.begin(), signatures.end(),
-                          [&](const std::string& s) { return s == signatures[0]; });
+// What prepareStep exchanges: "<rows>\n<signature with B>\n<full signature>".
+std::string inputSummary(const std::vector<at::Tensor>& inputs) {
+  if (inputs.empty()) return "";
+  return std::to_string(inputs[0].size(0)) + "\n" + signatureOf(inputs, true) + "\n" +
+         signatureOf(inputs, false);
+}
+
+// Every rank must pass the same shapes and dtypes; the message lists each rank's.
+void checkSameAcrossRanks(const std::vector<std::string>& summaries) {
+  bool same = std::all_of(summaries.begin(), summaries.end(),
+                          [&](const std::string& s) { return s == summaries[0]; });
   if (same) return;
+  std::vector<std::vector<std::string>> parts;  // per rank: rows, signature with B, full
+  for (const std::string& s : summaries) {
+    std::vector<std::string> fields;
+    std::istringstream in(s);
+    for (std::string field; std::getline(in, field);) fields.push_back(field);
+    fields.resize(3);
+    parts.push_back(fields);
+  }
+  bool onlyRows = std::all_of(parts.begin(), parts.end(),
+                              [&](const auto& p) { return p[1] == parts[0][1]; });
   std::ostringstream list;
-  for (size_t r = 0; r < signatures.size(); ++r)
-    list << (r ? ", " : "") << "rank " << r << ": " << signatures[r];
+  for (size_t r = 0; r < parts.size(); ++r)
+    list << (r ? ", " : "") << "rank " << r << ": " << parts[r][onlyRows ? 0 : 2];
+  if (onlyRows) {
+    comm::throwAgreed("Error", "ranks passed different local batch sizes (" + list.str() +
+                                   "); every rank must pass the same number of samples");
+  }
   comm::throwAgreed("Error", "ranks passed inputs of different shapes or dtypes (" + list.str() +
                                  "); every rank must pass tensors of the same dtypes and shapes, "
                                  "including the local batch size in dim 0");
@@ -203,15 +237,15 @@ void Module::rethrowWithContext() const { rethrowAt(whereOf(*executor_, backend_
 std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inputs) {
   std::vector<at::Tensor> tensors;
   comm::StepStatus local;
-  std::string signature;
+  std::string summary;
   try {
     tensors = tensorsOf(inputs);
     checkBatchDims(tensors);
-    signature = signatureOf(tensors, false);
+    summary = inputSummary(tensors);
   } catch (...) {
     local = comm::StepStatus::fromCurrentException();
   }
-  checkSameAcrossRanks(comm::agreeAndGather(*backend_, "checking the inputs", local, signature));
+  checkSameAcrossRanks(comm::agreeAndGather(*backend_, "checking the inputs", local, summary));
   if (!executor_) {
     deploy(tensors);
   } else if (signatureOf(tensors, true) != tracedSignature_) {
@@ -291,7 +325,9 @@ void Module::validateDeployment(const core::Deployment& deployment) const {
                      "deployment field world_size is ", deployment.worldSize, " but this job has ",
                      backend_->worldSize(), " ranks; launch with ", deployment.worldSize,
                      " ranks, or plan again for this world size (drop load_deployment)");
-  AUTOSTAGE_CHECK_AS(FormatError, deployment.graphHash == model_->graph.hash(),
+  // A planner callback plans for this graph; a saved deployment may be for another one.
+  bool loaded = !options_.deploymentPath.empty();
+  AUTOSTAGE_CHECK_AS(FormatError, !loaded || deployment.graphHash == model_->graph.hash(),
                      "deployment field graph_hash is ", deployment.graphHash,
                      " but the traced model's graph hash is ", model_->graph.hash(),
                      "; the deployment was planned for a different model or input shape: load "

@@ -106,6 +106,7 @@ def main_cases(one_rank_deployment, results_dir):
     run_case("dim0_not_batch_rank0", only(0, (x, s[:3])))
     run_case("batch_differs_rank1", only(1, (x[:6], s[:6])))
     run_case("dtype_differs_rank2", only(2, (x.double(), s)))
+    run_case("shape_differs_rank3", only(3, (torch.randn(LOCAL_BATCH, 5, 8), s)))
     rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
     run_case("first_good_call", lambda: expect_close(m(x, s).detach(),
                                                      reference(gx, gs)[rows].detach(), "deploy"))

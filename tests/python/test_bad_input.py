@@ -32,8 +32,12 @@ EXPECTED = {
     "dim0_not_batch_rank0": ("Error", [
         "checking the inputs failed on rank 0: input 1 has 3 rows in dim 0 but input 0 has 8"]),
     "batch_differs_rank1": ("Error", [
+        "ranks passed different local batch sizes (rank 0: 8, rank 1: 6, rank 2: 8, "
+        "rank 3: 8); every rank must pass the same number of samples"]),
+    "shape_differs_rank3": ("Error", [
         "ranks passed inputs of different shapes or dtypes (rank 0: (Float[8, 3, 8], "
-        "Float[8, 4]), rank 1: (Float[6, 3, 8], Float[6, 4]), rank 2: (Float[8, 3, 8]"]),
+        "Float[8, 4]), rank 1: (Float[8, 3, 8], Float[8, 4]), rank 2: (Float[8, 3, 8], "
+        "Float[8, 4]), rank 3: (Float[8, 5, 8], Float[8, 4]))"]),
     "dtype_differs_rank2": ("Error", ["rank 2: (Double[8, 3, 8], Float[8, 4])"]),
     "first_good_call": ("OK", []),
     "shape_changed_no_replan": ("Error", [
@@ -78,6 +82,14 @@ def mpirun(args, env, recovery=False, timeout=600):
     return subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def keep_log(name, text):
+    """With BAD_INPUT_LOG_DIR set, keeps a run's output (docs/errors.md quotes it)."""
+    directory = os.environ.get("BAD_INPUT_LOG_DIR")
+    if directory:
+        with open(os.path.join(directory, name), "w") as f:
+            f.write(text)
+
+
 def parse_cases(log):
     cases = {}
     for match in re.finditer(r"^CASE (\S+) rank (\d): (.*)$", log, re.M):
@@ -103,6 +115,7 @@ def test_bad_inputs_raise_the_same_error_on_every_rank():
         with open(os.path.join(results, f"rank{rank}.txt")) as f:
             lines += f.read()
     shutil.rmtree(results)
+    keep_log("bad_input_cases.txt", lines)
     cases = parse_cases(lines)
     assert sorted(cases) == sorted(EXPECTED), log
     for name, (error_class, parts) in EXPECTED.items():
@@ -132,6 +145,7 @@ def test_killed_rank_makes_the_others_exit_within_the_timeout():
     run = mpirun(wrapper + [sys.executable, os.path.join(HERE, "rank_failure_check.py"),
                             "--mode", "kill"], env, recovery=True)
     log = run.stdout + run.stderr
+    keep_log("rank_killed.txt", log)
     kill = re.search(r"KILL rank 3 at ([\d.]+)", log)
     assert kill, log
     exits = {int(m.group(1)): (int(m.group(2)), float(m.group(3)))
@@ -141,10 +155,16 @@ def test_killed_rank_makes_the_others_exit_within_the_timeout():
         status, when = exits[rank]
         assert status != 0, log
         elapsed = when - float(kill.group(1))
-        # The wait that fails began at most a step before the kill; slack for a loaded machine.
-        assert COMM_TIMEOUT_S - 1 <= elapsed <= 2 * COMM_TIMEOUT_S + 20, (rank, elapsed, log)
-        assert re.search(rf"rank {rank} waited {COMM_TIMEOUT_S} s for [^:]*\brank 3\b", log), log
-        assert re.search(rf"aborting the job: uncaught \w+ on rank {rank}: ", log), log
+        # The failing wait began around the kill; + the liveness probe (<= 2 s) and slack for a
+        # loaded machine.
+        assert COMM_TIMEOUT_S - 1 <= elapsed <= COMM_TIMEOUT_S + 15, (rank, elapsed, log)
+        abort = re.search(rf"aborting the job: uncaught \w+ on rank {rank}: (.*)", log)
+        assert abort, log
+        reason = abort.group(1)
+        assert f"rank {rank} waited {COMM_TIMEOUT_S} s for " in reason, reason
+        # Note [Liveness probe]: the survivors answer each other, the dead rank does not.
+        assert re.search(r"A liveness probe of group \{[\d,]+\} got no answer within [\d.]+ s "
+                         r"from rank 3: it has probably died", reason), reason
     assert "UNEXPECTED normal end" not in log, log
 
 
@@ -155,9 +175,11 @@ def test_exception_in_a_stage_aborts_the_job_with_rank_and_stage():
                   "--mode", "raise"], env)
     elapsed = time.monotonic() - start
     log = run.stdout + run.stderr
+    keep_log("stage_exception.txt", log)
     assert run.returncode != 0, log
     assert re.search(r"aborting the job: uncaught \w+ on rank \d: rank \d, stage 0 \(\w+\): "
-                     r"index out of range", log), log
-    assert "MPI_ABORT was invoked" in log, log
+                     r"RuntimeError: index out of range in self \(in the TorchScript interpreter\)",
+                     log), log
+    # mpirun's own "MPI_ABORT was invoked" notice is not always printed when ranks die together.
     assert elapsed < 120, log  # aborted, not timed out
     assert "UNEXPECTED normal end" not in log, log

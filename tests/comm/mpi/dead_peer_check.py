@@ -39,6 +39,11 @@ def main():
         line = "SURVIVOR rank {}: rank {} {}".format(rank, rank, expected)
         if line not in output:
             failures.append("missing: " + line)
+        probe = "got no answer within 0.75 s from rank 3: it has probably died"
+        if not any(
+                l.startswith("SURVIVOR rank {}:".format(rank)) and probe in l
+                for l in output.splitlines()):
+            failures.append("rank {} does not name rank 3 as the silent member".format(rank))
     if "NO ERROR" in output:
         failures.append("a survivor received nothing yet reported no error")
     # Under --enable-recovery mpirun exits 0 whatever the ranks did; only mode exit can check it.
