@@ -163,15 +163,15 @@ std::string probeReport(MpiBackend::Impl& impl, const Group& group) {
   std::vector<int> silent = silentMembers(impl, group, seconds);
   std::ostringstream out;
   if (silent.empty()) {
-    out << " Every other member of group " << group.toString()
-        << " answered a liveness probe: all are alive.";
+    out << "; every other member of group " << group.toString()
+        << " answered a liveness probe: all are alive";
     return out.str();
   }
-  out << " A liveness probe of group " << group.toString() << " got no answer within " << seconds
+  out << "; a liveness probe of group " << group.toString() << " got no answer within " << seconds
       << " s from " << (silent.size() == 1 ? "rank " : "ranks ");
   for (size_t i = 0; i < silent.size(); ++i) out << (i ? "," : "") << silent[i];
   out << ": " << (silent.size() == 1 ? "it has" : "they have") << " probably died or "
-      << (silent.size() == 1 ? "is" : "are") << " stuck elsewhere.";
+      << (silent.size() == 1 ? "is" : "are") << " stuck elsewhere";
   return out.str();
 }
 

@@ -53,7 +53,8 @@ void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadl
                  const std::function<std::string()>& what, OnTimeout onTimeout);
 
 // Note [Liveness probe] (mpi_collectives.cpp): after a timeout, which other members of `group`
-// are alive and also timed out. Returns a sentence to append to the timeout message.
+// are alive and also timed out. Returns a clause ("; a liveness probe ...") to append to the
+// timeout message.
 std::string probeReport(MpiBackend::Impl& impl, const Group& group);
 
 }  // namespace autostage::comm

@@ -5,6 +5,8 @@
 --mode raise: rank 2 feeds a token id outside the embedding table; the stage replica that embeds
               those rows raises (with its rank and stage), the error is not caught, and the hook
               ends the job with MPI_Abort.
+--mode agreed: rank 1 calls the module with a keyword argument and nobody catches the error;
+              every rank raises it and exits normally with status 1 (no MPI_Abort).
 """
 import argparse
 import os
@@ -29,13 +31,16 @@ class TokenNet(torch.nn.Module):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["kill", "raise"], required=True)
+    parser.add_argument("--mode", choices=["kill", "raise", "agreed"], required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
     model = TokenNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     m = autostage.Module(model, optimizer, partition_num=2)
     rank = autostage.get_rank()
+    if args.mode == "agreed":
+        tokens = torch.zeros(8, 5, dtype=torch.long)
+        m(tokens=tokens) if rank == 1 else m(tokens)
     for step in range(3):
         tokens = torch.randint(0, 10, (8, 5), generator=torch.Generator().manual_seed(step))
         if args.mode == "raise" and step == 1 and rank == 2:

@@ -72,8 +72,8 @@ def mpi_env(**extra):
                 AUTOSTAGE_PROFILE_REPEATS="3", **extra)
 
 
-def mpirun(args, env, recovery=False, timeout=600):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4"]
+def mpirun(args, env, recovery=False, timeout=600, ranks=4):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
     if recovery:
         cmd.append("--enable-recovery")  # else mpirun kills every rank when one dies
     for name in env:
@@ -163,7 +163,7 @@ def test_killed_rank_makes_the_others_exit_within_the_timeout():
         reason = abort.group(1)
         assert f"rank {rank} waited {COMM_TIMEOUT_S} s for " in reason, reason
         # Note [Liveness probe]: the survivors answer each other, the dead rank does not.
-        assert re.search(r"A liveness probe of group \{[\d,]+\} got no answer within [\d.]+ s "
+        assert re.search(r"a liveness probe of group \{[\d,]+\} got no answer within [\d.]+ s "
                          r"from rank 3: it has probably died", reason), reason
     assert "UNEXPECTED normal end" not in log, log
 
@@ -183,3 +183,16 @@ def test_exception_in_a_stage_aborts_the_job_with_rank_and_stage():
     # mpirun's own "MPI_ABORT was invoked" notice is not always printed when ranks die together.
     assert elapsed < 120, log  # aborted, not timed out
     assert "UNEXPECTED normal end" not in log, log
+
+
+def test_uncaught_agreed_error_ends_every_rank_normally():
+    env = mpi_env(AUTOSTAGE_COMM_TIMEOUT_S="120")
+    run = mpirun([sys.executable, os.path.join(HERE, "rank_failure_check.py"),
+                  "--mode", "agreed"], env, ranks=2)
+    log = run.stdout + run.stderr
+    assert run.returncode != 0, log
+    expected = ("UnsupportedError: checking the call failed on rank 1: keyword arguments "
+                "(tokens) are not supported")
+    assert log.count(expected) == 2, log  # both ranks' tracebacks
+    assert "aborting the job" not in log, log
+    assert "step 0 done" not in log, log
