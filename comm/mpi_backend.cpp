@@ -62,6 +62,7 @@ void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadl
     if (done) return;
     if (deadline.expired()) break;
     if (Deadline::Clock::now() < spinUntil) continue;  // every MPI_Test advances the transfer
+    answerProbes();  // Note [Liveness probe]
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
   }
@@ -168,6 +169,7 @@ MpiBackend::MpiBackend(CommOptions options) : impl_(std::make_unique<Impl>()) {
   MPI_Comm_rank(local, &impl_->localRank);
   MPI_Comm_size(local, &impl_->localSize);
   MPI_Comm_free(&local);
+  setProbeCommunicator(impl_->collComm);
   core::setLogRank(impl_->rank, impl_->worldSize);
   core::logger("Comm")->debug("MPI backend: rank {} of {} (local {} of {}), tag bound {}, {}",
                               impl_->rank, impl_->worldSize, impl_->localRank, impl_->localSize,
@@ -175,6 +177,7 @@ MpiBackend::MpiBackend(CommOptions options) : impl_(std::make_unique<Impl>()) {
 }
 
 MpiBackend::~MpiBackend() {
+  if (probeCommunicator() == impl_->collComm) setProbeCommunicator(MPI_COMM_NULL);
   if (!MpiEnvironment::finalized()) impl_->freeAll();
 }
 

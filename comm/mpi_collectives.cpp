@@ -156,7 +156,32 @@ std::vector<int> silentMembers(MpiBackend::Impl& impl, const Group& group, doubl
   return silent;
 }
 
+std::atomic<MPI_Comm> probeComm{MPI_COMM_NULL};
+
 }  // namespace
+
+void setProbeCommunicator(MPI_Comm comm) { probeComm.store(comm); }
+MPI_Comm probeCommunicator() { return probeComm.load(); }
+
+void answerProbes() {
+  MPI_Comm comm = probeComm.load();
+  if (comm == MPI_COMM_NULL) return;
+  static const char answer = 1;
+  for (;;) {
+    int flag = 0;
+    MPI_Message message;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, kProbeTag, comm, &flag, &message, &status) != MPI_SUCCESS ||
+        !flag)
+      return;
+    char byte = 0;
+    MPI_Mrecv(&byte, 1, MPI_CHAR, &message, MPI_STATUS_IGNORE);  // matched: never blocks
+    MPI_Request request;
+    if (MPI_Isend(&answer, 1, MPI_CHAR, status.MPI_SOURCE, kProbeTag, comm, &request) ==
+        MPI_SUCCESS)
+      MPI_Request_free(&request);
+  }
+}
 
 std::string probeReport(MpiBackend::Impl& impl, const Group& group) {
   double seconds = std::clamp(impl.options.timeoutSeconds / 4, 0.2, 2.0);

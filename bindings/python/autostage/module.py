@@ -1,6 +1,7 @@
 """autostage.Module: wrap a model, launch with mpirun, train with the single-process loop."""
 
 import sys
+import weakref
 
 import torch
 
@@ -66,7 +67,9 @@ class Module(torch.nn.Module):
         if len(inputs) == 1 and isinstance(inputs[0], tuple):
             inputs = inputs[0]
         if self._impl is None:
-            self._impl = _autostage._Module(self._trace, self._load_deployment)
+            # The C++ side keeps the tracer: a weak reference avoids a cycle through it.
+            owner = weakref.ref(self)
+            self._impl = _autostage._Module(lambda xs: owner()._trace(xs), self._load_deployment)
         # Note [Bad input on one rank] (staging/module.h): a problem found here on any rank is
         # raised on every rank, so none is left waiting in the collective call below.
         _autostage._agree("checking the call", *self._call_problem(inputs, kwargs))
