@@ -42,7 +42,8 @@ def main():
             failures.append("missing: " + line)
         # Note [Liveness probe]: rank 3 never answers; a survivor that already aborted the job
         # (the others keep running under --enable-recovery) may be listed with it.
-        probe = re.compile(r"got no answer within 0\.75 s from ranks? (\d,)*3: \w+ \w+ probably died")
+        probe = re.compile(
+            r"got no answer within 0\.75 s from ranks? (\d,)*3: \w+ \w+ probably died")
         if not any(
                 l.startswith("SURVIVOR rank {}:".format(rank)) and probe.search(l)
                 for l in output.splitlines()):
