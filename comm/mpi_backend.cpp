@@ -62,6 +62,7 @@ void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadl
     if (done) return;
     if (deadline.expired()) break;
     if (Deadline::Clock::now() < spinUntil) continue;  // every MPI_Test advances the transfer
+    answerProbes();  // Note [Liveness probe]
     std::this_thread::sleep_for(sleep);
     sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
   }
@@ -79,9 +80,10 @@ namespace {
 // A pending isend/irecv. The deadline starts when wait() is called.
 class MpiWork : public Work {
  public:
-  MpiWork(MPI_Request request, at::Tensor tensor, int rank, int peer, int tag, bool isRecv,
-          double timeoutSeconds)
-      : request_(request),
+  MpiWork(MPI_Request request, at::Tensor tensor, MpiBackend::Impl* impl, int rank, int peer,
+          int tag, bool isRecv, double timeoutSeconds)
+      : impl_(impl),
+        request_(request),
         tensor_(std::move(tensor)),
         rank_(rank),
         peer_(peer),
@@ -97,9 +99,13 @@ class MpiWork : public Work {
   void wait() override {
     if (done_) return;
     MPI_Status status;
-    waitRequest(
-        request_, &status, Deadline(timeoutSeconds_), rank_, [&] { return text(); },
-        isRecv_ ? OnTimeout::Cancel : OnTimeout::Free);
+    try {
+      waitRequest(
+          request_, &status, Deadline(timeoutSeconds_), rank_, [&] { return text(); },
+          isRecv_ ? OnTimeout::Cancel : OnTimeout::Free);
+    } catch (const CommError& e) {
+      throw CommError(e.what() + probeReport(*impl_, Group::world(impl_->worldSize)));
+    }
     finish(status);
   }
   bool isCompleted() override {
@@ -128,6 +134,7 @@ class MpiWork : public Work {
                        peer_, " (tag ", tag_, ") but received ", count,
                        "; sender and receiver must agree on dtype and shape");
   }
+  MpiBackend::Impl* impl_;  // the backend outlives its Work handles
   MPI_Request request_;
   at::Tensor tensor_;
   int rank_, peer_, tag_;
@@ -162,6 +169,7 @@ MpiBackend::MpiBackend(CommOptions options) : impl_(std::make_unique<Impl>()) {
   MPI_Comm_rank(local, &impl_->localRank);
   MPI_Comm_size(local, &impl_->localSize);
   MPI_Comm_free(&local);
+  setProbeCommunicator(impl_->collComm);
   core::setLogRank(impl_->rank, impl_->worldSize);
   core::logger("Comm")->debug("MPI backend: rank {} of {} (local {} of {}), tag bound {}, {}",
                               impl_->rank, impl_->worldSize, impl_->localRank, impl_->localSize,
@@ -169,6 +177,7 @@ MpiBackend::MpiBackend(CommOptions options) : impl_(std::make_unique<Impl>()) {
 }
 
 MpiBackend::~MpiBackend() {
+  if (probeCommunicator() == impl_->collComm) setProbeCommunicator(MPI_COMM_NULL);
   if (!MpiEnvironment::finalized()) impl_->freeAll();
 }
 
@@ -199,7 +208,7 @@ std::unique_ptr<Work> MpiBackend::isend(const at::Tensor& tensor, int dst, int t
   AUTOSTAGE_MPI_CHECK(MPI_Isend(tensor.data_ptr(), mpiCount(tensor, "send"), mpiTypeOf(tensor), dst,
                                 tag, impl_->p2pComm, &request),
                       "rank ", impl_->rank, " sending to rank ", dst, " tag ", tag);
-  return std::make_unique<MpiWork>(request, tensor, impl_->rank, dst, tag, false,
+  return std::make_unique<MpiWork>(request, tensor, impl_.get(), impl_->rank, dst, tag, false,
                                    impl_->options.timeoutSeconds);
 }
 
@@ -211,7 +220,7 @@ std::unique_ptr<Work> MpiBackend::irecv(const at::Tensor& tensor, int src, int t
   AUTOSTAGE_MPI_CHECK(MPI_Irecv(tensor.data_ptr(), mpiCount(tensor, "recv"), mpiTypeOf(tensor), src,
                                 tag, impl_->p2pComm, &request),
                       "rank ", impl_->rank, " receiving from rank ", src, " tag ", tag);
-  return std::make_unique<MpiWork>(request, tensor, impl_->rank, src, tag, true,
+  return std::make_unique<MpiWork>(request, tensor, impl_.get(), impl_->rank, src, tag, true,
                                    impl_->options.timeoutSeconds);
 }
 

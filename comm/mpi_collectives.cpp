@@ -1,7 +1,12 @@
 // MpiBackend's collectives and sub-group communicators.
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
+#include <sstream>
+#include <thread>
+#include <vector>
 
 #include "comm/mpi_backend.h"
 #include "comm/mpi_check.h"
@@ -101,6 +106,101 @@ void MpiBackend::createGroup(const Group& group) {
 }
 
 namespace {
+// Note [Liveness probe]
+// A timed-out collective cannot tell which member is missing, and a timed-out receive cannot tell
+// whether its peer died or waits for someone else. So a rank that timed out sends a one-byte
+// probe to every other member of the group (the world, for point-to-point waits) over the world
+// collective communicator (whose point-to-point traffic never meets its collectives) and listens
+// for theirs for a short window (comm_timeout_s / 4, at most 2 s). Ranks that timed out at about
+// the same time answer each other; one that died, or is stuck elsewhere, does not. The backend
+// is not to be used after a timeout (Backend contract), so probes of a later timeout never meet
+// stale ones.
+constexpr int kProbeTag = 32001;
+
+std::vector<int> silentMembers(MpiBackend::Impl& impl, const Group& group, double seconds) {
+  std::vector<int> others;
+  for (int r : group.ranks())
+    if (r != impl.rank) others.push_back(r);
+  // Leaked on purpose: a probe may never be received, and its buffer must outlive it.
+  static const char probe = 1;
+  char* answers = new char[others.size()];
+  std::vector<MPI_Request> sends(others.size()), recvs(others.size());
+  for (size_t i = 0; i < others.size(); ++i) {
+    MPI_Isend(&probe, 1, MPI_CHAR, others[i], kProbeTag, impl.collComm, &sends[i]);
+    MPI_Irecv(&answers[i], 1, MPI_CHAR, others[i], kProbeTag, impl.collComm, &recvs[i]);
+  }
+  std::vector<bool> answered(others.size(), false);
+  Deadline window(seconds);
+  size_t pending = others.size();
+  while (pending > 0 && !window.expired()) {
+    for (size_t i = 0; i < others.size(); ++i) {
+      int done = 0;
+      if (!answered[i] && MPI_Test(&recvs[i], &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && done) {
+        answered[i] = true;
+        --pending;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<int> silent;
+  for (size_t i = 0; i < others.size(); ++i) {
+    if (!answered[i]) {
+      silent.push_back(others[i]);
+      MPI_Cancel(&recvs[i]);
+      MPI_Request_free(&recvs[i]);
+    }
+    int done = 0;
+    MPI_Test(&sends[i], &done, MPI_STATUS_IGNORE);
+    if (!done) MPI_Request_free(&sends[i]);
+  }
+  return silent;
+}
+
+std::atomic<MPI_Comm> probeComm{MPI_COMM_NULL};
+
+}  // namespace
+
+void setProbeCommunicator(MPI_Comm comm) { probeComm.store(comm); }
+MPI_Comm probeCommunicator() { return probeComm.load(); }
+
+void answerProbes() {
+  MPI_Comm comm = probeComm.load();
+  if (comm == MPI_COMM_NULL) return;
+  static const char answer = 1;
+  for (;;) {
+    int flag = 0;
+    MPI_Message message;
+    MPI_Status status;
+    if (MPI_Improbe(MPI_ANY_SOURCE, kProbeTag, comm, &flag, &message, &status) != MPI_SUCCESS ||
+        !flag)
+      return;
+    char byte = 0;
+    MPI_Mrecv(&byte, 1, MPI_CHAR, &message, MPI_STATUS_IGNORE);  // matched: never blocks
+    MPI_Request request;
+    if (MPI_Isend(&answer, 1, MPI_CHAR, status.MPI_SOURCE, kProbeTag, comm, &request) ==
+        MPI_SUCCESS)
+      MPI_Request_free(&request);
+  }
+}
+
+std::string probeReport(MpiBackend::Impl& impl, const Group& group) {
+  double seconds = std::clamp(impl.options.timeoutSeconds / 4, 0.2, 2.0);
+  std::vector<int> silent = silentMembers(impl, group, seconds);
+  std::ostringstream out;
+  if (silent.empty()) {
+    out << "; every other member of group " << group.toString()
+        << " answered a liveness probe: all are alive";
+    return out.str();
+  }
+  out << "; a liveness probe of group " << group.toString() << " got no answer within " << seconds
+      << " s from " << (silent.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < silent.size(); ++i) out << (i ? "," : "") << silent[i];
+  out << ": " << (silent.size() == 1 ? "it has" : "they have") << " probably died or "
+      << (silent.size() == 1 ? "is" : "are") << " stuck elsewhere";
+  return out.str();
+}
+
+namespace {
 // Runs one non-blocking collective to completion against the timeout. Collective requests
 // cannot be cancelled, so a timed-out one is left behind (the backend is unusable after it).
 void runCollective(MpiBackend::Impl& impl, const char* operation, const Group& group,
@@ -110,15 +210,20 @@ void runCollective(MpiBackend::Impl& impl, const char* operation, const Group& g
   AUTOSTAGE_MPI_CHECK(start(impl.communicator(group), &request), "rank ", impl.rank, " starting ",
                       operation, " over group ", group.toString());
   auto what = [&] {
-    return "the other members of group " + group.toString() + " (" + operation +
-           (payload.empty() ? "" : " of " + payload) + ")";
+    std::string others;
+    for (int r : group.ranks())
+      if (r != impl.rank) others += (others.empty() ? "" : ",") + std::to_string(r);
+    bool one = group.size() == 2;
+    return std::string(one ? "rank " : "ranks ") + others +
+           (one ? ", the other member" : ", the other members") + " of group " +
+           group.toString() + " (" + operation + (payload.empty() ? "" : " of " + payload) + ")";
   };
   try {
     waitRequest(request, nullptr, Deadline(impl.options.timeoutSeconds), impl.rank, what,
                 OnTimeout::Leave);
-  } catch (const CommError&) {
+  } catch (const CommError& e) {
     impl.abandonedRequests = true;
-    throw;
+    throw CommError(e.what() + probeReport(impl, group));
   }
 }
 }  // namespace

@@ -52,4 +52,15 @@ enum class OnTimeout { Cancel, Free, Leave };
 void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadline, int rank,
                  const std::function<std::string()>& what, OnTimeout onTimeout);
 
+// Note [Liveness probe] (mpi_collectives.cpp): after a timeout, which other members of `group`
+// are alive and also timed out. Returns a clause ("; a liveness probe ...") to append to the
+// timeout message.
+std::string probeReport(MpiBackend::Impl& impl, const Group& group);
+// Where waiting ranks answer probes: the collective communicator of the latest MPI backend
+// (MPI_COMM_NULL: none). answerProbes() answers pending probes without blocking; waitRequest
+// calls it while it sleeps, so a rank blocked in any wait counts as alive.
+void setProbeCommunicator(MPI_Comm comm);
+MPI_Comm probeCommunicator();
+void answerProbes();
+
 }  // namespace autostage::comm

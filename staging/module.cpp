@@ -1,25 +1,57 @@
 #include "staging/module.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "comm/agreement.h"
 #include "comm/registry.h"
+#include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/proto/deployment_file.h"
 #include "staging/route_check.h"
+#include "staging/sample_range.h"
 
 namespace autostage::staging {
 namespace {
 
-constexpr const char* kPlanErrorPrefix = "autostage-plan-error:";
+// "rank 2, stage 1 (STAGE_3_5)" or "rank 2 (no stage)".
+std::string whereOf(const Executor& executor, int rank) {
+  std::ostringstream out;
+  out << "rank " << rank;
+  int stage = executor.localStage();
+  if (stage < 0) return out.str() + " (no stage)";
+  out << ", stage " << stage << " (" << executor.deployment().stages[stage].name << ")";
+  return out.str();
+}
+
+// The TorchScript interpreter wraps an op's error in a script traceback of the generated stage
+// graph, which names no user code; its last line ("RuntimeError: index out of range in self")
+// is the part worth reporting.
+std::string withoutScriptTraceback(const std::string& message) {
+  if (message.find("failed in the TorchScript interpreter") == std::string::npos) return message;
+  size_t end = message.find_last_not_of("\n ");
+  if (end == std::string::npos) return message;
+  size_t begin = message.rfind('\n', end);
+  begin = begin == std::string::npos ? 0 : begin + 1;
+  return message.substr(begin, end + 1 - begin) + " (in the TorchScript interpreter)";
+}
+
+// Rethrows the exception being handled, same autostage class, with `where` in front.
+[[noreturn]] void rethrowAt(const std::string& where) {
+  comm::StepStatus status = comm::StepStatus::fromCurrentException();
+  comm::throwErrorOfClass(status.errorClass,
+                          where + ": " + withoutScriptTraceback(status.message));
+}
 
 // Keeps the executor of one forward alive until its backward has run.
 struct PipelineStep : torch::CustomClassHolder {
   std::shared_ptr<Executor> executor;
+  int rank = 0;
   std::vector<at::Tensor> outputs;
 };
 
@@ -35,7 +67,11 @@ struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
                                                  torch::autograd::variable_list grads) {
     auto step = c10::static_intrusive_pointer_cast<PipelineStep>(
         ctx->saved_data["step"].toCapsule());
-    step->executor->backward(grads);
+    try {
+      step->executor->backward(grads);
+    } catch (...) {
+      rethrowAt(whereOf(*step->executor, step->rank));
+    }
     return {at::Tensor(), at::Tensor()};
   }
 };
@@ -49,6 +85,74 @@ std::vector<at::Tensor> tensorsOf(const std::vector<c10::IValue>& inputs) {
     tensors.push_back(inputs[i].toTensor());
   }
   return tensors;
+}
+
+// Every input must be a tensor with the batch in dim 0, all with the same number of rows.
+void checkBatchDims(const std::vector<at::Tensor>& inputs) {
+  AUTOSTAGE_CHECK_AS(UnsupportedError, !inputs.empty(),
+                     "the model was called without inputs; autostage splits the inputs along dim "
+                     "0 (the batch), so forward needs at least one tensor argument");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    AUTOSTAGE_CHECK(inputs[i].dim() >= 1, "input ", i, " is a 0-dim tensor; every input is split "
+                    "along dim 0 (the batch): give it a batch dimension, or make a value shared "
+                    "by all samples a buffer or constant of the model");
+    AUTOSTAGE_CHECK(inputs[i].size(0) == inputs[0].size(0), "input ", i, " has ",
+                    inputs[i].size(0), " rows in dim 0 but input 0 has ", inputs[0].size(0),
+                    "; dim 0 of every input must be the batch (same size for all inputs): move "
+                    "the batch to dim 0, or make a value shared by all samples part of the model");
+  }
+  AUTOSTAGE_CHECK(inputs[0].size(0) >= 1, "the inputs have an empty batch (0 rows in dim 0); "
+                  "every rank must pass at least one sample");
+}
+
+// "(Float[8, 16], Long[8])"; with `batchAsB`, dim 0 is written as B.
+std::string signatureOf(const std::vector<at::Tensor>& inputs, bool batchAsB) {
+  std::ostringstream out;
+  out << "(";
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    out << (i ? ", " : "") << c10::toString(inputs[i].scalar_type()) << "[";
+    for (int64_t d = 0; d < inputs[i].dim(); ++d) {
+      out << (d ? ", " : "");
+      if (d == 0 && batchAsB) out << "B"; else out << inputs[i].size(d);
+    }
+    out << "]";
+  }
+  out << ")";
+  return out.str();
+}
+
+// What prepareStep exchanges: "<rows>\n<signature with B>\n<full signature>".
+std::string inputSummary(const std::vector<at::Tensor>& inputs) {
+  if (inputs.empty()) return "";
+  return std::to_string(inputs[0].size(0)) + "\n" + signatureOf(inputs, true) + "\n" +
+         signatureOf(inputs, false);
+}
+
+// Every rank must pass the same shapes and dtypes; the message lists each rank's.
+void checkSameAcrossRanks(const std::vector<std::string>& summaries) {
+  bool same = std::all_of(summaries.begin(), summaries.end(),
+                          [&](const std::string& s) { return s == summaries[0]; });
+  if (same) return;
+  std::vector<std::vector<std::string>> parts;  // per rank: rows, signature with B, full
+  for (const std::string& s : summaries) {
+    std::vector<std::string> fields;
+    std::istringstream in(s);
+    for (std::string field; std::getline(in, field);) fields.push_back(field);
+    fields.resize(3);
+    parts.push_back(fields);
+  }
+  bool onlyRows = std::all_of(parts.begin(), parts.end(),
+                              [&](const auto& p) { return p[1] == parts[0][1]; });
+  std::ostringstream list;
+  for (size_t r = 0; r < parts.size(); ++r)
+    list << (r ? ", " : "") << "rank " << r << ": " << parts[r][onlyRows ? 0 : 2];
+  if (onlyRows) {
+    comm::throwAgreed("Error", "ranks passed different local batch sizes (" + list.str() +
+                                   "); every rank must pass the same number of samples");
+  }
+  comm::throwAgreed("Error", "ranks passed inputs of different shapes or dtypes (" + list.str() +
+                                 "); every rank must pass tensors of the same dtypes and shapes, "
+                                 "including the local batch size in dim 0");
 }
 
 void logDeployment(const core::Deployment& d) {
@@ -65,6 +169,12 @@ void logDeployment(const core::Deployment& d) {
 
 }  // namespace
 
+ModuleOptions ModuleOptions::fromConfig() {
+  ModuleOptions options;
+  options.allowReplan = core::globalConfig().getBool("allow_replan");
+  return options;
+}
+
 void ModuleOptions::validate() const {
   AUTOSTAGE_CHECK_AS(ConfigError, planner || !deploymentPath.empty(),
                      "autostage::Module needs a planner callback or a deployment path; set "
@@ -76,8 +186,10 @@ void ModuleOptions::validate() const {
 std::string ModuleOptions::toString() const {
   std::ostringstream out;
   out << "backend=" << (backend ? backend->name() : std::string("mpi"))
-      << " planner=" << (planner ? "callback" : "none") << " deployment_path='"
-      << deploymentPath << "' gradient_bucket_bytes=" << gradientBucketBytes;
+      << " planner=" << (planner ? "callback" : "none") << " tracer="
+      << (tracer ? "callback" : "none") << " deployment_path='" << deploymentPath
+      << "' gradient_bucket_bytes=" << gradientBucketBytes
+      << " allow_replan=" << (allowReplan ? "true" : "false");
   return out.str();
 }
 
@@ -97,67 +209,143 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
 Module::~Module() = default;
 
 std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs) {
-  std::vector<at::Tensor> tensors = tensorsOf(inputs);
-  deployOnFirstCall(tensors);
+  std::vector<at::Tensor> tensors = prepareStep(inputs);
   auto step = c10::make_intrusive<PipelineStep>();
   step->executor = executor_;
-  step->outputs = executor_->forward(tensors);
+  step->rank = backend_->rank();
+  try {
+    step->outputs = executor_->forward(tensors);
+  } catch (...) {
+    rethrowWithContext();
+  }
   std::vector<at::Tensor> outputs = PipelineFunction::apply(anchor_, step);
   step->outputs.clear();  // the outputs hold the autograd node that holds `step`: no cycle
   return outputs;
 }
 
 std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs) {
-  std::vector<at::Tensor> tensors = tensorsOf(inputs);
-  deployOnFirstCall(tensors);
-  return executor_->trainStep(tensors);
+  std::vector<at::Tensor> tensors = prepareStep(inputs);
+  try {
+    return executor_->trainStep(tensors);
+  } catch (...) {
+    rethrowWithContext();
+  }
 }
 
-void Module::deployOnFirstCall(const std::vector<at::Tensor>& inputs) {
-  if (executor_) return;
+void Module::rethrowWithContext() const { rethrowAt(whereOf(*executor_, backend_->rank())); }
+
+std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inputs) {
+  std::vector<at::Tensor> tensors;
+  comm::StepStatus local;
+  std::string summary;
+  try {
+    tensors = tensorsOf(inputs);
+    checkBatchDims(tensors);
+    summary = inputSummary(tensors);
+  } catch (...) {
+    local = comm::StepStatus::fromCurrentException();
+  }
+  checkSameAcrossRanks(comm::agreeAndGather(*backend_, "checking the inputs", local, summary));
+  if (!executor_) {
+    deploy(tensors);
+  } else if (signatureOf(tensors, true) != tracedSignature_) {
+    std::string given = signatureOf(tensors, true);
+    if (!options_.allowReplan) {
+      comm::throwAgreed("Error", "the inputs " + given + " differ from the traced inputs " +
+                                     tracedSignature_ + " in dtype or in dims other than 0 "
+                                     "(the batch); pass inputs of the traced dtypes and shapes, "
+                                     "or set allow_replan=true to retrace and replan");
+    }
+    core::logger("Module")->info("Inputs changed from {} to {}: retracing and replanning "
+                                 "(allow_replan=true)", tracedSignature_, given);
+    deploy(tensors);
+  }
+  checkBatchFits(tensors[0].size(0));
+  return tensors;
+}
+
+void Module::deploy(const std::vector<at::Tensor>& inputs) {
+  executor_.reset();
   auto log = core::logger("Module");
   log->info("Tracing model ...");
   std::vector<c10::IValue> examples(inputs.begin(), inputs.end());
-  model_ = std::make_unique<torchscript::ImportedModel>(
-      torchscript::importModule(module_, examples));
+  comm::runAgreed(*backend_, "tracing and importing the model", [&] { importModel(examples); });
   log->info("Model graph: {} nodes, {} parameter tensors", model_->graph.nodeCount(),
             model_->paramTensors.size());
-  int64_t local = inputs.empty() || inputs[0].dim() < 1 ? 0 : inputs[0].size(0);
-  core::Deployment deployment = obtainDeployment(examples, local * backend_->worldSize());
+  int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
+  core::Deployment deployment = obtainDeployment(examples, globalBatch);
   if (backend_->rank() == 0) logDeployment(deployment);
-  verifyRoutes(model_->graph, deployment);
+  comm::runAgreed(*backend_, "validating the deployment",
+                  [&] { validateDeployment(deployment); });
   core::logger("DPStaging")->info("Routes verification passed.");
   ExecutorOptions executorOptions;
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;
   executor_ = std::make_shared<Executor>(*model_, std::move(deployment), backend_,
                                          executorOptions);
+  tracedSignature_ = signatureOf(inputs, true);
+  ++deploymentCount_;
   core::logger("Runtime")->info("Deployed stage {} on rank {} ({} local parameter tensors)",
                                 executor_->localStage(), backend_->rank(),
                                 executor_->params().ids().size());
   log->info("Module is ready. (rank{})", backend_->rank());
 }
 
+void Module::importModel(const std::vector<c10::IValue>& examples) {
+  model_.reset();
+  if (options_.tracer) module_ = options_.tracer(examples);
+  model_ = std::make_unique<torchscript::ImportedModel>(
+      torchscript::importModule(module_, examples));
+}
+
 core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& examples,
                                           int64_t globalBatch) {
+  core::Deployment deployment;
   if (!options_.deploymentPath.empty()) {
     core::logger("Module")->info("Loading deployment from {}", options_.deploymentPath);
-    return core::loadDeployment(options_.deploymentPath);
+    comm::runAgreed(*backend_, "loading the saved deployment",
+                    [&] { deployment = core::loadDeployment(options_.deploymentPath); });
+    return deployment;
   }
   std::string bytes;
-  if (backend_->rank() == 0) {
+  comm::runAgreed(*backend_, "planning", [&] {
+    if (backend_->rank() != 0) return;
     core::logger("DPStaging")->info("Planning on rank 0 (world size {}, batch size {}) ...",
                                     backend_->worldSize(), globalBatch);
-    try {
-      bytes = core::encodeDeployment(
-          options_.planner({*model_, examples, backend_->worldSize(), globalBatch}));
-    } catch (const std::exception& e) {
-      bytes = std::string(kPlanErrorPrefix) + e.what();
-    }
-  }
+    bytes = core::encodeDeployment(
+        options_.planner({*model_, examples, backend_->worldSize(), globalBatch}));
+  });
   if (backend_->worldSize() > 1) backend_->broadcastBytes(bytes, 0, backend_->world());
-  AUTOSTAGE_CHECK_AS(PlanError, bytes.rfind(kPlanErrorPrefix, 0) != 0,
-                     "planning on rank 0 failed: ", bytes.substr(std::strlen(kPlanErrorPrefix)));
   return core::decodeDeployment(bytes, "deployment broadcast from rank 0");
+}
+
+// Note [Bad input on one rank]: checks that would otherwise fail inside the executor's
+// collective construction, each naming the deployment field that does not fit this job.
+void Module::validateDeployment(const core::Deployment& deployment) const {
+  AUTOSTAGE_CHECK_AS(ConfigError, deployment.worldSize == backend_->worldSize(),
+                     "deployment field world_size is ", deployment.worldSize, " but this job has ",
+                     backend_->worldSize(), " ranks; launch with ", deployment.worldSize,
+                     " ranks, or plan again for this world size (drop load_deployment)");
+  // A planner callback plans for this graph; a saved deployment may be for another one.
+  bool loaded = !options_.deploymentPath.empty();
+  AUTOSTAGE_CHECK_AS(FormatError, !loaded || deployment.graphHash == model_->graph.hash(),
+                     "deployment field graph_hash is ", deployment.graphHash,
+                     " but the traced model's graph hash is ", model_->graph.hash(),
+                     "; the deployment was planned for a different model or input shape: load "
+                     "the deployment saved for this model, or plan again (drop load_deployment)");
+  verifyRoutes(model_->graph, deployment);
+}
+
+// Runs on every rank with the same (agreed) local batch, so the error needs no exchange.
+void Module::checkBatchFits(int64_t localBatch) const {
+  const core::Deployment& d = executor_->deployment();
+  try {
+    BatchLayout layout(localBatch, backend_->worldSize(), d.microBatchCount);
+    for (const core::StageDeployment& stage : d.stages)
+      layout.checkReplicaCount(stage.replicaCount(), stage.name);
+  } catch (const Error& e) {
+    comm::throwAgreed("Error", std::string("the batch is too small for the deployment: ") +
+                                   e.what());
+  }
 }
 
 std::vector<at::Tensor> Module::parameters() const {

@@ -15,6 +15,17 @@
 // in the same order. Outputs carry an autograd node, so the caller's backward on each rank runs
 // the pipeline backward and the gradient synchronisation (Note [Gradient scaling]); every rank
 // must call backward once per forward, with gradients for the outputs it used.
+//
+// Note [Bad input on one rank]
+// Every check that may fail on some ranks only (argument types, batch dims, tracing, loading a
+// deployment, planning on rank 0, validating the plan) is followed by a status exchange
+// (comm/agreement.h), so all ranks throw the same error and none is left blocked in a
+// collective; those errors leave the module usable (deployed or not, as before the call). Each
+// call first agrees on the inputs: all ranks must pass the same shapes and dtypes; when dims other
+// than 0 or dtypes differ from the traced ones, the module retraces and replans
+// (options.allowReplan) or throws an error naming both. Errors raised while the pipeline runs
+// (forward/backward on one rank) cannot be agreed on: they carry the rank and stage, and the
+// other ranks fail after comm_timeout_s naming the rank they waited for.
 
 #include <cstdint>
 #include <functional>
@@ -47,11 +58,19 @@ struct PlanningInput {
 // every rank.
 using PlanningCallback = std::function<core::Deployment(const PlanningInput& input)>;
 
+// Produces the TorchScript module to import for a call's inputs (the Python binding traces the
+// user's nn.Module with them). Unset: the module given to the constructor is imported as is.
+using TraceCallback = std::function<torch::jit::Module(const std::vector<c10::IValue>& inputs)>;
+
 struct ModuleOptions {
   std::shared_ptr<comm::Backend> backend;  // null: the shared "mpi" backend
   PlanningCallback planner;                // used when deploymentPath is empty
   std::string deploymentPath;              // load this saved deployment instead of planning
+  TraceCallback tracer;                    // see TraceCallback
   int64_t gradientBucketBytes = 25 << 20;
+  bool allowReplan = false;                // retrace + replan when traced shapes change
+  // Defaults, with allowReplan from the config option allow_replan.
+  static ModuleOptions fromConfig();
   void validate() const;
   std::string toString() const;
 };
@@ -68,6 +87,8 @@ class Module {
   std::vector<at::Tensor> trainStep(const std::vector<c10::IValue>& inputs);
 
   bool ready() const { return executor_ != nullptr; }
+  // How many times the module was deployed (1 after the first call; +1 per replan).
+  int deploymentCount() const { return deploymentCount_; }
   // This rank's parameters (requires_grad tensors of its stage); empty before deployment.
   std::vector<at::Tensor> parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
@@ -78,14 +99,24 @@ class Module {
   int worldSize() const { return backend_->worldSize(); }
 
  private:
-  void deployOnFirstCall(const std::vector<at::Tensor>& inputs);
+  // Agrees on the inputs across ranks, deploys on the first call or when the traced shapes
+  // changed (Note [Bad input on one rank]); returns the tensors.
+  std::vector<at::Tensor> prepareStep(const std::vector<c10::IValue>& inputs);
+  void deploy(const std::vector<at::Tensor>& inputs);
+  void importModel(const std::vector<c10::IValue>& examples);
   core::Deployment obtainDeployment(const std::vector<c10::IValue>& examples, int64_t globalBatch);
+  void validateDeployment(const core::Deployment& deployment) const;
+  void checkBatchFits(int64_t localBatch) const;
+  // Rethrows the exception being handled with this rank and its stage in front of the message.
+  [[noreturn]] void rethrowWithContext() const;
 
   torch::jit::Module module_;
   ModuleOptions options_;
   std::shared_ptr<comm::Backend> backend_;
   std::unique_ptr<torchscript::ImportedModel> model_;
   std::shared_ptr<Executor> executor_;
+  std::string tracedSignature_;  // inputs of the deployed trace, dim 0 written as B
+  int deploymentCount_ = 0;
   at::Tensor anchor_;  // requires grad, so the outputs' autograd node is always executable
 };
 

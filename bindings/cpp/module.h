@@ -18,7 +18,7 @@ using ModuleOptions = staging::ModuleOptions;
 
 class Module : public staging::Module {
  public:
-  explicit Module(torch::jit::Module module, ModuleOptions options = {})
+  explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig())
       : staging::Module(std::move(module), withDefaultPlanner(std::move(options))) {}
 
  private:

@@ -5,6 +5,7 @@
 
 #include "bindings/cpp/module.h"
 #include "bindings/python/bindings.h"
+#include "comm/agreement.h"
 #include "comm/registry.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -15,13 +16,35 @@ namespace {
 
 namespace py = pybind11;
 
-std::unique_ptr<Module> makeModule(const py::object& script, const std::string& deploymentPath) {
-  auto module = torch::jit::as_module(script);
-  AUTOSTAGE_CHECK(module.has_value(), "expected a torch.jit.ScriptModule, got ",
-                  std::string(py::str(script.get_type())));
-  ModuleOptions options;
+// Calls the Python tracer (autostage.module's _trace of the user's model) with the GIL held; a
+// Python exception becomes the autostage error of the same class name (Error otherwise), so
+// comm::runAgreed can report it on every rank.
+staging::TraceCallback pythonTracer(py::object tracer) {
+  auto shared = std::make_shared<py::object>(std::move(tracer));
+  return [shared](const std::vector<c10::IValue>& inputs) {
+    py::gil_scoped_acquire gil;
+    std::string errorClass, message;
+    try {
+      py::list tensors;
+      for (const c10::IValue& v : inputs) tensors.append(v.toTensor());
+      py::object script = (*shared)(tensors);
+      auto module = torch::jit::as_module(script);
+      AUTOSTAGE_CHECK(module.has_value(), "the tracer returned a ",
+                      std::string(py::str(script.get_type())), ", not a torch.jit.ScriptModule");
+      return *module;
+    } catch (py::error_already_set& e) {
+      errorClass = py::str(e.type().attr("__name__"));
+      message = py::str(e.value());
+    }
+    comm::throwErrorOfClass(errorClass, message);
+  };
+}
+
+std::unique_ptr<Module> makeModule(const py::object& tracer, const std::string& deploymentPath) {
+  ModuleOptions options = ModuleOptions::fromConfig();
   options.deploymentPath = deploymentPath;
-  return std::make_unique<Module>(*module, options);
+  options.tracer = pythonTracer(tracer);
+  return std::make_unique<Module>(torch::jit::Module("autostage_untraced"), options);
 }
 
 template <typename Method>
@@ -56,7 +79,7 @@ comm::Backend& world() { return *comm::sharedBackend("mpi"); }
 void bindStaging(py::module_& m) {
   comm::registerBuiltinBackends();
   py::class_<Module>(m, "_Module")
-      .def(py::init(&makeModule), py::arg("script_module"), py::arg("deployment_path") = "")
+      .def(py::init(&makeModule), py::arg("tracer"), py::arg("deployment_path") = "")
       .def("forward", [](Module& mod, const std::vector<at::Tensor>& inputs) {
         return callReleased(mod, &Module::forward, inputs);
       })
@@ -64,6 +87,7 @@ void bindStaging(py::module_& m) {
         return callReleased(mod, &Module::trainStep, inputs);
       })
       .def_property_readonly("ready", &Module::ready)
+      .def_property_readonly("deployment_count", &Module::deploymentCount)
       .def("parameters", &Module::parameters)
       .def("named_parameters", &Module::namedParameters)
       .def("local_tensors",
@@ -91,6 +115,18 @@ void bindStaging(py::module_& m) {
         world().barrier(world().world());
       },
       "Waits until every rank arrives (fails after comm_timeout_s naming the missing ranks).");
+  m.def(
+      "_agree",
+      [](const std::string& step, const std::string& errorClass, const std::string& message) {
+        py::gil_scoped_release release;
+        comm::agreeOnStatus(world(), step, {errorClass, message});
+      },
+      py::arg("step"), py::arg("error_class") = "", py::arg("message") = "",
+      "Collective: raises on every rank the agreed error when any rank passed an error class.");
+  m.def("_last_agreed_error", &comm::lastAgreedError);
+  m.def(
+      "_abort_job", [](const std::string& message) { world().abortJob(message); },
+      py::arg("message"), "Logs the message and ends the whole job (MPI_Abort).");
   m.def(
       "_set_option",
       [](const std::string& key, const std::string& value) {

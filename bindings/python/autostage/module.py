@@ -1,9 +1,12 @@
 """autostage.Module: wrap a model, launch with mpirun, train with the single-process loop."""
 
+import sys
+import weakref
+
 import torch
 
 from . import _autostage
-from .torchscript import _as_tuple, _trace
+from .torchscript import _trace
 
 
 def _option_text(value):
@@ -30,21 +33,26 @@ class Module(torch.nn.Module):
             _autostage._set_option(key, _option_text(value))
         self.model = model
         self._optimizer = optimizer
+        # The optimizer's full parameter lists, to re-select the local ones after a replan.
+        self._all_params = ([list(g["params"]) for g in optimizer.param_groups]
+                            if optimizer is not None else [])
         self._load_deployment = load_deployment or ""
         self._impl = None
+        self._deployments = 0
+        _install_abort_hook()
 
     @property
     def ready(self):
         return self._impl is not None and self._impl.ready
 
-    def forward(self, *inputs):
-        outputs = self._call("forward", inputs)
+    def forward(self, *inputs, **kwargs):
+        outputs = self._call("forward", inputs, kwargs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def train_step(self, *inputs):
+    def train_step(self, *inputs, **kwargs):
         """1F1B forward + backward + gradient averaging for a model whose forward returns the
         loss; returns the loss of the global batch."""
-        outputs = self._call("train_step", inputs)
+        outputs = self._call("train_step", inputs, kwargs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def local_parameters(self):
@@ -55,23 +63,88 @@ class Module(torch.nn.Module):
         self._require_ready("save_deployment")
         self._impl.save_deployment(str(path))
 
-    def _call(self, method, inputs):
-        inputs = _as_tuple(inputs[0] if len(inputs) == 1 and isinstance(inputs[0], tuple) else inputs)
-        first = self._impl is None
-        if first:
-            script = _trace(self.model, inputs)
-            self._impl = _autostage._Module(script, self._load_deployment)
+    def _call(self, method, inputs, kwargs):
+        if len(inputs) == 1 and isinstance(inputs[0], tuple):
+            inputs = inputs[0]
+        if self._impl is None:
+            # The C++ side keeps the tracer: a weak reference avoids a cycle through it.
+            owner = weakref.ref(self)
+            self._impl = _autostage._Module(lambda xs: owner()._trace(xs), self._load_deployment)
+        # Note [Bad input on one rank] (staging/module.h): a problem found here on any rank is
+        # raised on every rank, so none is left waiting in the collective call below.
+        _autostage._agree("checking the call", *self._call_problem(inputs, kwargs))
         outputs = getattr(self._impl, method)(list(inputs))
-        if first and self._optimizer is not None:
-            self._keep_local_parameters(self._optimizer)
+        if self._impl.deployment_count != self._deployments:
+            self._deployments = self._impl.deployment_count
+            self._keep_local_parameters()
         return outputs
 
-    def _keep_local_parameters(self, optimizer):
+    def _trace(self, inputs):
+        return _trace(self.model, tuple(inputs))
+
+    def _call_problem(self, inputs, kwargs):
+        """("ErrorClass", message) for what is wrong with this call on this rank, or ("", "")."""
+        if kwargs:
+            return ("UnsupportedError",
+                    f"keyword arguments ({', '.join(sorted(kwargs))}) are not supported: "
+                    "autostage passes model inputs positionally; call the module with "
+                    "positional tensors in forward's order")
+        for i, value in enumerate(inputs):
+            if not isinstance(value, torch.Tensor):
+                return ("UnsupportedError",
+                        f"input {i} (of type {type(value).__name__}) is not a tensor: autostage "
+                        "splits every input along dim 0 (the batch); pass tensors, and make other "
+                        "values attributes of the model")
+        if self._deployments == 0 and self._optimizer is not None:
+            return self._optimizer_problem()
+        return ("", "")
+
+    def _optimizer_problem(self):
+        own = {id(p) for p in self.model.parameters()}
+        for g, params in enumerate(self._all_params):
+            foreign = [i for i, p in enumerate(params) if id(p) not in own]
+            if foreign:
+                return ("ConfigError",
+                        f"the optimizer's param_groups[{g}] holds {len(foreign)} parameter(s) "
+                        f"that are not in the wrapped model (positions {foreign[:5]}): pass an "
+                        "optimizer built over model.parameters() of the model given to "
+                        "autostage.Module")
+        return ("", "")
+
+    def _keep_local_parameters(self):
+        if self._optimizer is None:
+            return
         local = {p.data_ptr() for p in self._impl.parameters()}
-        for group in optimizer.param_groups:
-            group["params"] = [p for p in group["params"] if p.data_ptr() in local]
+        for group, params in zip(self._optimizer.param_groups, self._all_params):
+            group["params"] = [p for p in params if p.data_ptr() in local]
 
     def _require_ready(self, what):
         if not self.ready:
             raise _autostage.Error(
                 f"{what}: the module is not deployed yet; call it once on a batch first")
+
+
+_hook_installed = False
+
+
+def _install_abort_hook():
+    """Note [Uncaught errors]: an exception that reaches the top level on one rank only (an error
+    inside a stage, a lost peer) would leave the other ranks waiting, so the hook prints it and
+    ends the whole job with MPI_Abort. Errors every rank raised alike (agreed bad-input errors,
+    comm/agreement.h) let each rank exit normally instead."""
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    previous = sys.excepthook
+
+    def hook(etype, value, tb):
+        previous(etype, value, tb)
+        if issubclass(etype, KeyboardInterrupt) or str(value) == _autostage._last_agreed_error():
+            return
+        if _autostage.get_world_size() > 1:
+            sys.stderr.flush()
+            _autostage._abort_job(f"uncaught {etype.__name__} on rank {_autostage.get_rank()}: "
+                                  f"{value}")
+
+    sys.excepthook = hook

@@ -33,6 +33,14 @@ def _trace(model, inputs):
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         return torch.jit.trace(model, inputs, strict=False, check_trace=False)
+    except _autostage.Error:
+        raise
+    except Exception as e:  # torch's tracer reports unsupported forwards as RuntimeError etc.
+        raise _autostage.UnsupportedError(
+            f"torch.jit.trace of {type(model).__name__} failed on the given inputs "
+            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the "
+            "inputs' shapes and dtypes; autostage needs a forward that takes tensors and returns "
+            "a tensor or a tuple of tensors") from e
     finally:
         with torch.no_grad():
             for buffer, value in saved:

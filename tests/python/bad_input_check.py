@@ -1,0 +1,190 @@
+"""Bad-input cases for autostage.Module, run by test_bad_input.py.
+
+Under mpirun (4 ranks): runs every case in sequence on the same processes and prints, per case
+and rank, `CASE <name> rank <r>: OK` or `CASE <name> rank <r>: <ExceptionClass>: <message>`;
+test_bad_input.py checks that every rank got the same exception and what it says.
+Without mpirun: `--save-one-rank PATH` saves a 1-rank deployment (for the world-size case).
+"""
+import argparse
+import os
+import sys
+import tempfile
+
+import torch
+
+import autostage
+
+LOCAL_BATCH, STEPS_T = 8, 3
+
+
+class SeqNet(torch.nn.Module):
+    """x: (B, T, 8) with any T, scale: (B, 4) -> (B, 4)."""
+
+    def __init__(self, hidden=16):
+        super().__init__()
+        self.a = torch.nn.Linear(8, hidden)
+        self.b = torch.nn.Linear(hidden, hidden)
+        self.c = torch.nn.Linear(hidden, 4)
+
+    def forward(self, x, scale):
+        h = torch.tanh(self.b(torch.tanh(self.a(x)))).mean(1)
+        return self.c(h) * scale
+
+
+class IntOutput(SeqNet):
+    def forward(self, x, scale):
+        return 3
+
+
+class NoneOutput(SeqNet):
+    def forward(self, x, scale):
+        return self.c(self.a(x).mean(1)), None
+
+
+class DictOutput(SeqNet):
+    def forward(self, x, scale):
+        return {"y": self.c(self.a(x).mean(1))}
+
+
+class Doubler(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        return x * 2
+
+
+def make(cls=SeqNet, **kwargs):
+    torch.manual_seed(1234)
+    return cls(**kwargs)
+
+
+def batch(rank, world, t=STEPS_T, local=LOCAL_BATCH, dtype=torch.float32, seed=5):
+    """(this rank's x, scale), (global x, scale)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(world * local, t, 8, generator=g).to(dtype)
+    scale = torch.randn(world * local, 4, generator=g)
+    rows = slice(rank * local, (rank + 1) * local)
+    return (x[rows], scale[rows]), (x, scale)
+
+
+RESULTS = []  # this rank's CASE lines, written to --results-dir/rank<r>.txt at the end
+
+
+def run_case(name, body):
+    rank = autostage.get_rank()
+    try:
+        body()
+        line = f"CASE {name} rank {rank}: OK"
+    except Exception as e:  # the test checks the class and message of what every rank got
+        message = str(e).replace("\n", " ")
+        line = f"CASE {name} rank {rank}: {type(e).__name__}: {message}"
+    RESULTS.append(line)
+    print(line, flush=True)
+
+
+def expect_close(got, want, what):
+    if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+        raise AssertionError(f"{what}: output differs by {(got - want).abs().max()}")
+
+
+def main_cases(one_rank_deployment, results_dir):
+    rank, world = autostage.get_rank(), autostage.get_world_size()
+    model = make()
+    reference = make()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    m = autostage.Module(model, optimizer, partition_num=2, pipeline_num=4)
+    (x, s), (gx, gs) = batch(rank, world)
+    only = lambda r, bad, good=(x, s): (lambda: m(*bad) if rank == r else m(*good))  # noqa: E731
+
+    # Before deployment: the first call is the one that traces and plans.
+    run_case("kwargs_all_ranks", lambda: m(x=x, scale=s))
+    run_case("kwargs_rank1", lambda: m(x, scale=s) if rank == 1 else m(x, s))
+    run_case("non_tensor_rank2", only(2, (x, 2.0)))
+    run_case("zero_dim_rank3", only(3, (x, torch.tensor(1.0))))
+    run_case("dim0_not_batch_rank0", only(0, (x, s[:3])))
+    run_case("batch_differs_rank1", only(1, (x[:6], s[:6])))
+    run_case("dtype_differs_rank2", only(2, (x.double(), s)))
+    run_case("shape_differs_rank3", only(3, (torch.randn(LOCAL_BATCH, 5, 8), s)))
+    rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
+    run_case("first_good_call", lambda: expect_close(m(x, s).detach(),
+                                                     reference(gx, gs)[rows].detach(), "deploy"))
+    # After deployment.
+    (x5, s5), _ = batch(rank, world, t=5)
+    run_case("shape_changed_no_replan", lambda: m(x5, s5))
+    run_case("dtype_changed_no_replan", lambda: m(x.double(), s))
+    run_case("batch_too_small", lambda: m(x[:1], s[:1]))
+    run_case("non_tensor_after_deploy_rank3", only(3, (x, [1, 2])))
+
+    def train_step():
+        optimizer.zero_grad()
+        out = m(x, s)
+        expect_close(out.detach(), reference(gx, gs)[rows].detach(), "after errors")
+        out.pow(2).mean().backward()
+        optimizer.step()
+    run_case("usable_after_errors", train_step)
+
+    path = os.path.join(tempfile.gettempdir(), "autostage_bad_input_4ranks.deployment")
+    if rank == 0:
+        m.save_deployment(path)
+    autostage.barrier()
+    run_case("deployment_other_graph",
+             lambda: autostage.Module(make(hidden=32), load_deployment=path)(x, s))
+    run_case("deployment_other_world_size",
+             lambda: autostage.Module(make(), load_deployment=one_rank_deployment)(x, s))
+    run_case("deployment_missing_on_rank2",
+             lambda: autostage.Module(make(), load_deployment=path if rank != 2 else
+                                      path + ".missing")(x, s))
+    foreign = torch.optim.SGD(list(make().parameters()), lr=0.1)
+    run_case("optimizer_foreign_params", lambda: autostage.Module(make(), foreign)(x, s))
+    run_case("output_int", lambda: autostage.Module(make(IntOutput))(x, s))
+    run_case("output_none", lambda: autostage.Module(make(NoneOutput))(x, s))
+    run_case("output_dict", lambda: autostage.Module(make(DictOutput))(x, s))
+    run_case("complex_dtype", lambda: autostage.Module(Doubler())(torch.randn(8, 8).to(
+        torch.complex64)))
+    run_case("no_feasible_plan", lambda: autostage.Module(make(), mem_limit_gb=1e-7)(x, s))
+    autostage._autostage._set_option("mem_limit_gb", "0")
+
+    # allow_replan=True (last: options are process-wide): a new T retraces and replans.
+    model2 = make()
+    optimizer2 = torch.optim.SGD(model2.parameters(), lr=0.1)
+    m2 = autostage.Module(model2, optimizer2, allow_replan=True)
+    _, (gx5, gs5) = batch(rank, world, t=5)
+
+    def replan():
+        m2(x, s)
+        expect_close(m2(x5, s5).detach(), reference(gx5, gs5)[rows].detach(), "replanned")
+        if m2._impl.deployment_count != 2:
+            raise AssertionError(f"deployed {m2._impl.deployment_count} times, expected 2")
+        local = {p.data_ptr() for p in m2.local_parameters()}
+        held = [p.data_ptr() for g in optimizer2.param_groups for p in g["params"]]
+        if sorted(held) != sorted(local):
+            raise AssertionError("optimizer does not hold exactly the replanned local parameters")
+    run_case("allow_replan_shape_changed", replan)
+    autostage.barrier()
+    if rank == 0:
+        os.remove(path)
+    with open(os.path.join(results_dir, f"rank{rank}.txt"), "w") as f:
+        f.write("\n".join(RESULTS + [f"rank {rank}: done"]) + "\n")
+    print(f"rank {rank}: done", flush=True)
+
+
+def save_one_rank(path):
+    (x, s), _ = batch(0, 1)
+    m = autostage.Module(make(), partition_num=1)
+    m(x, s)
+    m.save_deployment(path)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--save-one-rank")
+    parser.add_argument("--one-rank-deployment")
+    parser.add_argument("--results-dir", default=".")
+    args = parser.parse_args()
+    if args.save_one_rank:
+        save_one_rank(args.save_one_rank)
+    else:
+        main_cases(args.one_rank_deployment, args.results_dir)
+    sys.exit(0)
