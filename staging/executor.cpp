@@ -1,5 +1,7 @@
 #include "staging/executor.h"
 
+#include <atomic>
+
 #include <algorithm>
 #include <sstream>
 
@@ -179,7 +181,27 @@ std::vector<std::pair<char, int>> Executor::oneFOneBOrder() const {
 
 void Executor::finishBackward() {
   transport_.waitAll();
-  gradientSync_.run(*backend_, params_);
+  if (!delayGradAllreduce()) gradientSync_.run(*backend_, params_);
+}
+
+namespace {
+std::atomic<bool> delayGradAllreduceFlag{false};
+}  // namespace
+
+void setDelayGradAllreduce(bool delay) { delayGradAllreduceFlag = delay; }
+bool delayGradAllreduce() { return delayGradAllreduceFlag; }
+
+void Executor::allreduceGrads() { gradientSync_.run(*backend_, params_); }
+
+double Executor::clipGradNorm(double maxNorm) {
+  AUTOSTAGE_CHECK_AS(ConfigError, maxNorm > 0, "clip_grad_norm: max_norm must be > 0, got ",
+                     maxNorm);
+  const double norm = gradientSync_.globalNorm(*backend_, params_);
+  const double coef = std::min(1.0, maxNorm / (norm + 1e-6));
+  at::NoGradGuard noGrad;
+  for (const at::Tensor& p : params_.parameters())
+    if (p.grad().defined()) p.mutable_grad().mul_(coef);
+  return norm;
 }
 
 }  // namespace autostage::staging

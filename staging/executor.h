@@ -38,6 +38,11 @@ struct ExecutorOptions {
   std::string toString() const;
 };
 
+// Gradient accumulation (RaNNC's delay_grad_allreduce): while set, backward and trainStep leave
+// gradients local; Executor::allreduceGrads() sums them once. Process-wide, like RaNNC's flag.
+void setDelayGradAllreduce(bool delay);
+bool delayGradAllreduce();
+
 class Executor {
  public:
   // Verifies the routes, builds this rank's stage and, with synchronizeParams, copies rank 0's
@@ -56,6 +61,13 @@ class Executor {
   // 1F1B forward+backward of a model whose every output is a loss (gradient 1 on each rank,
   // as if every rank called loss.backward()); returns the losses. Gradients as backward().
   std::vector<at::Tensor> trainStep(const std::vector<at::Tensor>& inputs);
+
+  // Sums gradients over their holders now (what backward does unless delayGradAllreduce()).
+  // Collective over the world.
+  void allreduceGrads();
+  // Scales every local gradient by min(1, maxNorm / (norm + 1e-6)) where norm is the global
+  // gradient norm (Note [Global gradient norm]); returns the norm. Collective over the world.
+  double clipGradNorm(double maxNorm);
 
   const core::Deployment& deployment() const { return deployment_; }
   const ParamStorage& params() const { return params_; }

@@ -1,5 +1,7 @@
 #include "staging/gradient_sync.h"
 
+#include <cmath>
+
 #include <map>
 #include <set>
 
@@ -87,6 +89,22 @@ int GradientSync::run(comm::Backend& backend, const ParamStorage& params) const 
     calls += syncAll(backend, commGroup, buffers, comm::ReduceOp::Average);
   }
   return calls;
+}
+
+double GradientSync::globalNorm(comm::Backend& backend, const ParamStorage& params) const {
+  at::NoGradGuard noGrad;
+  double squares = 0;
+  for (const GradientGroup& group : groups_) {
+    if (group.ranks.empty() || group.ranks.front() != backend.rank()) continue;
+    for (core::ValueId id : group.params) {
+      const at::Tensor& p = params.tensor(id);
+      if (p.requires_grad() && p.grad().defined())
+        squares += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+    }
+  }
+  at::Tensor total = at::full({1}, squares, at::TensorOptions().dtype(at::kDouble));
+  backend.allReduce(total, comm::ReduceOp::Sum, comm::Group::world(backend.worldSize()));
+  return std::sqrt(total.item<double>());
 }
 
 }  // namespace autostage::staging

@@ -22,6 +22,13 @@
 // step with the same running statistics: for BatchNorm's linear momentum update that is one update
 // per micro-batch with the replica-averaged piece statistics. Integer buffers (num_batches_tracked)
 // are left alone: every replica counts the same micro-batches.
+//
+// Note [Global gradient norm]
+// After run(), every holder of a parameter has the same gradient. The lowest rank of each holder
+// set adds the squares of that set's gradients (in double) to its partial sum; one world
+// allreduce(Sum) of the partial sums gives the squared norm of the full model's gradient, each
+// parameter (tied ones included) counted once — what torch.nn.utils.clip_grad_norm_ computes on
+// the single-process model.
 
 #include <cstdint>
 #include <vector>
@@ -50,6 +57,11 @@ class GradientSync {
   // floating-point buffers (collective over each group this rank belongs to). Parameters without
   // a gradient contribute zeros and receive one. Returns the number of allreduce calls made.
   int run(comm::Backend& backend, const ParamStorage& params) const;
+
+  // Global L2 norm of every parameter gradient, each parameter counted once however many ranks
+  // hold it (Note [Global gradient norm]); collective over the world. Call after run(), when the
+  // holders of a parameter have equal gradients. Parameters without a gradient count as zero.
+  double globalNorm(comm::Backend& backend, const ParamStorage& params) const;
 
  private:
   // Allreduces `tensors` in place, packed into buckets of at most bucketBytes_ of one dtype.

@@ -103,9 +103,23 @@ void bindStaging(py::module_& m) {
            [](const Module& mod, const std::string& path) {
              core::saveDeployment(mod.deployment(), path);
            })
+      .def("allreduce_grads",
+           [](Module& mod) {
+             py::gil_scoped_release release;
+             mod.executor().allreduceGrads();
+           },
+           "Sums the gradients over their holders now (after delay_grad_allreduce).")
+      .def("clip_grad_norm",
+           [](Module& mod, double maxNorm) {
+             py::gil_scoped_release release;
+             return mod.executor().clipGradNorm(maxNorm);
+           },
+           py::arg("max_norm"), "Global gradient norm clipping; returns the norm before clipping.")
       .def_property_readonly("rank", &Module::rank)
       .def_property_readonly("world_size", &Module::worldSize);
 
+  m.def("delay_grad_allreduce", &staging::setDelayGradAllreduce, py::arg("delay"),
+        "While true, backward leaves gradients local; model.allreduce_grads() sums them once.");
   m.def("get_rank", [] { return world().rank(); }, "This process's rank (MPI_COMM_WORLD).");
   m.def("get_world_size", [] { return world().worldSize(); });
   m.def(

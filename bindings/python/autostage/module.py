@@ -59,6 +59,19 @@ class Module(torch.nn.Module):
         """This rank's parameters (those of its stage), after deployment."""
         return self._impl.parameters() if self._impl is not None else []
 
+    def allreduce_grads(self):
+        """Sums the gradients accumulated under ``autostage.delay_grad_allreduce(True)`` over
+        their replicas (and tied stages) once. Collective: call on every rank."""
+        self._require_ready("allreduce_grads")
+        self._impl.allreduce_grads()
+
+    def clip_grad_norm(self, max_norm):
+        """Clips the gradients of the whole model by their global L2 norm, each parameter counted
+        once over all stages and replicas, like ``torch.nn.utils.clip_grad_norm_`` on the plain
+        model; returns the norm before clipping. Collective: call on every rank."""
+        self._require_ready("clip_grad_norm")
+        return self._impl.clip_grad_norm(float(max_norm))
+
     def save_deployment(self, path):
         self._require_ready("save_deployment")
         self._impl.save_deployment(str(path))
