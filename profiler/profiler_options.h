@@ -27,6 +27,9 @@ struct ProfilerOptions {
   std::string cacheDir;
   std::string cacheFile;
   double optParamFactor = 2;  // optimizer state bytes per parameter byte (for predictions)
+  // Measure only the first of identical node groups and reuse its figures for the others
+  // (Note [Identical node groups], profiler.cpp).
+  bool reuseIdenticalGroups = true;
   // Live progress bar on stderr (only when it is a terminal).
   bool progressBar = true;
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "comm/registry.h"
 #include "core/log.h"
 #include "decomposer/planner.h"
 #include "profiler/comm_profile.h"
@@ -36,14 +37,20 @@ core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Co
   return spec;
 }
 
-staging::PlanningCallback autoPlanner() {
-  return [](const staging::PlanningInput& in) {
+staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
+  if (!backend) {
+    comm::registerBuiltinBackends();
+    backend = comm::sharedBackend("mpi");
+  }
+  // Every rank measures (collective); rank 0 keeps the result for planning.
+  core::CommProfile comm = profiler::profileComm(backend.get());
+  return [comm](const staging::PlanningInput& in) {
     const core::Config& config = core::globalConfig();
     core::logger("Module")->info("Running profiler ...");
     auto measurement = profiler::createCpuMeasurementBackend();
     core::GraphProfile profile = profiler::profileGraph(
         in.model, in.exampleInputs, *measurement, profiler::ProfilerOptions::fromConfig());
-    profile.comm = profiler::configuredCommProfile();
+    profile.comm = comm;
     core::ClusterSpec cluster =
         localCluster(in.worldSize, localRankCount(in.worldSize), config);
     decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);

@@ -3,6 +3,9 @@
 // (profile cache honoured), describe the cluster the job runs on, and run the decomposer.
 // Runs on rank 0 only (see staging::Module); everything it needs comes from the config table.
 
+#include <memory>
+
+#include "comm/backend.h"
 #include "core/cluster_spec.h"
 #include "core/config.h"
 #include "staging/module.h"
@@ -14,6 +17,10 @@ namespace autostage {
 core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Config& config);
 
 // profiler::profileGraph + decomposer::planGraph as a staging::PlanningCallback.
-staging::PlanningCallback autoPlanner();
+// Collective when the world has several ranks: every rank must call autoPlanner (the
+// autostage::Module constructor does), which measures the communication profile over `backend`
+// (null: the shared "mpi" backend) once, so that planning on rank 0 uses measured p2p and
+// allreduce costs. On one rank the configured comm_* values are used.
+staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend = nullptr);
 
 }  // namespace autostage
