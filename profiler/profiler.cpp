@@ -285,8 +285,12 @@ std::string nodeLabel(const core::Graph& graph, core::NodeId node) {
 std::vector<int64_t> resolveBatchSizes(const ProfilerOptions& options, int64_t exampleBatch) {
   std::vector<int64_t> sizes = options.batchSizes;
   if (sizes.empty()) {
-    if (exampleBatch > 1) sizes.push_back(exampleBatch / 2);
-    sizes.push_back(exampleBatch);
+    // Micro-batches are a fraction of the example batch; small sizes keep profiling fast and
+    // the linear fit extrapolates (a quarter and a half; 1 and 2 for tiny batches).
+    int64_t small = std::max<int64_t>(1, exampleBatch / 4);
+    int64_t large = std::min(exampleBatch, std::max(small + 1, exampleBatch / 2));
+    sizes.push_back(small);
+    if (large > small) sizes.push_back(large);
   }
   std::sort(sizes.begin(), sizes.end());
   return sizes;

@@ -9,8 +9,8 @@
 namespace autostage::profiler {
 
 struct ProfilerOptions {
-  // Micro-batch sizes to measure each node at (>= 2 distinct for the linear fit). Empty: half
-  // and full example batch (just the full one when the example batch is 1).
+  // Micro-batch sizes to measure each node at (>= 2 distinct for the linear fit). Empty: a
+  // quarter and a half of the example batch (see resolveBatchSizes).
   std::vector<int64_t> batchSizes;
   int warmupRuns = 1;   // untimed runs before the timed ones (>= 1; the first records memory)
   // Scale times by a reference kernel's slowdown (Note [Load normalization], node_runner.cpp).
