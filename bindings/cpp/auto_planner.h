@@ -8,6 +8,8 @@
 #include "comm/backend.h"
 #include "core/cluster_spec.h"
 #include "core/config.h"
+#include "core/deployment.h"
+#include "core/profile.h"
 #include "staging/module.h"
 
 namespace autostage {
@@ -15,6 +17,12 @@ namespace autostage {
 // The cluster this job runs on: `worldSize` CPU devices, `devicesPerNode` of them per node, each
 // with an equal share of this node's physical memory; links from comm_bandwidth / comm_latency.
 core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Config& config);
+
+// Throws PlanError when a stage of `deployment` runs a node at a per-replica micro-batch larger
+// than the largest batch it ran at while profiling (NodeProfile::failure, e.g. out of memory),
+// naming the stage, the node's failure report (with its input shapes) and what to change.
+void checkProfiledFeasibility(const core::Graph& graph, const core::GraphProfile& profile,
+                              const core::Deployment& deployment);
 
 // profiler::profileGraph + decomposer::planGraph as a staging::PlanningCallback.
 // Collective when the world has several ranks: every rank must call autoPlanner (the
