@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include <torch/torch.h>
@@ -27,6 +28,13 @@ int64_t paramBytesFed(const core::Graph& graph, const std::vector<core::ValueId>
       total += std::max<int64_t>(0, value.type.bytes());
   }
   return total;
+}
+
+bool covers(const ValueMap& values, const core::Graph& graph,
+            const std::vector<core::NodeId>& nodes) {
+  for (core::ValueId v : graph.boundary(nodes).inputs)
+    if (!values.count(v)) return false;
+  return true;
 }
 
 double relativeError(double predicted, double measured) {
@@ -106,7 +114,7 @@ std::vector<std::pair<core::NodeId, core::NodeId>> pickBlocks(const core::Graph&
 CalibrationResult calibrate(const torchscript::ImportedModel& model,
                             const std::vector<c10::IValue>& exampleInputs,
                             const core::GraphProfile& profile, MeasurementBackend& backend,
-                            const ProfilerOptions& options) {
+                            const ProfilerOptions& options, const ValueMap* forwardValues) {
   int64_t batch = profile.batchSizes.empty() ? exampleBatchSizeOf(exampleInputs)
                                              : profile.batchSizes.back();
   core::GraphProfile raw = profile;
@@ -116,11 +124,16 @@ CalibrationResult calibrate(const torchscript::ImportedModel& model,
   auto blocks = pickBlocks(model.graph, raw, batch, options.calibrationBlocks,
                            options.calibrationMinSeconds, options.seed);
   std::sort(blocks.begin(), blocks.end());  // one forward pass serves them all, in order
-  ForwardPrefix prefix(model, exampleInputs, batch);
+  std::optional<ForwardPrefix> prefix;
   for (auto [begin, end] : blocks) {
     BlockPrediction predicted = predictBlock(model.graph, raw, range(begin, end), batch, 0);
+    // The profiler's values lack those internal to a node group (e.g. a weight's transpose
+    // read by a block starting at its BATCH node): then run the forward pass here.
+    bool covered = forwardValues && covers(*forwardValues, model.graph, range(begin, end));
+    if (!covered && !prefix) prefix.emplace(model, exampleInputs, batch);
+    const ValueMap& values = covered ? *forwardValues : prefix->advanceTo(begin);
     BlockMeasurement measured =
-        measureBlock(model, prefix.advanceTo(begin), begin, end, backend,
+        measureBlock(model, values, begin, end, backend,
                      {options.warmupRuns, options.calibrationRepeats, options.normalizeLoad});
     result.samples.push_back({begin, end, predicted.seconds(), measured.seconds(),
                               predicted.peakBytes, measured.peakBytes});

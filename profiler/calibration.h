@@ -76,9 +76,12 @@ struct CalibrationResult {
 };
 
 // Measures options.calibrationBlocks blocks at the largest profiled batch size; logs the result.
+// `forwardValues`, when given, holds every value of a real forward pass at that batch size (the
+// profiler's last pass); otherwise one forward pass is run here.
 CalibrationResult calibrate(const torchscript::ImportedModel& model,
                             const std::vector<c10::IValue>& exampleInputs,
                             const core::GraphProfile& profile, MeasurementBackend& backend,
-                            const ProfilerOptions& options);
+                            const ProfilerOptions& options,
+                            const ValueMap* forwardValues = nullptr);
 
 }  // namespace autostage::profiler

@@ -159,8 +159,13 @@ class ForwardPass {
       }
       release(unit);
     }
+    if (keep_) kept_ = std::move(values_);
     values_.clear();
   }
+
+  // Makes the next run keep every value it computes (see takeKept).
+  void keepValues(bool keep) { keep_ = keep; }
+  ValueMap takeKept() { return std::move(kept_); }
 
   // Wall time of units run only to produce values (outside every group, or reusing).
   double contextSeconds() const { return contextSeconds_; }
@@ -231,7 +236,7 @@ class ForwardPass {
 
   // Drops values no later unit reads (graph outputs are kept).
   void release(const Unit& unit) {
-    if (!unit.function) return;
+    if (!unit.function || keep_) return;
     for (core::ValueId v : unit.function->inputs())
       if (--remaining_[v] == 0 && !model_.graph.isGraphOutput(v)) values_.erase(v);
   }
@@ -244,7 +249,21 @@ class ForwardPass {
   std::vector<int> remaining_;
   double contextSeconds_ = 0;
   int64_t reused_ = 0;
+  bool keep_ = false;
+  ValueMap kept_;
 };
+
+// Values of the last profiling pass are kept for calibration (which then runs no forward pass
+// of its own) when they fit in this many bytes.
+constexpr double kKeptValuesBudget = 2.0 * (1 << 30);
+
+double estimatedValueBytes(const core::Graph& graph, int64_t batch) {
+  double scale = static_cast<double>(batch) / static_cast<double>(exampleBatchSize(graph));
+  double total = 0;
+  for (const core::Value& v : graph.values())
+    if (v.producer != core::kNoNode && v.type.bytes() > 0) total += v.type.bytes() * scale;
+  return total;
+}
 
 core::NodeProfile fitGroup(core::NodeId key, const GroupSamples& s, int64_t paramBytes) {
   core::NodeProfile p;
@@ -316,9 +335,14 @@ std::string profileCachePath(const ProfilerOptions& options, const std::string& 
   return options.cacheDir + "/" + graphHash + "-" + device + "-" + dtype + ".profile";
 }
 
-core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
-                                const std::vector<c10::IValue>& exampleInputs,
-                                MeasurementBackend& backend, const ProfilerOptions& options) {
+namespace {
+
+// profileNodes; fills `lastValues` (when given and affordable) with every value of the forward
+// pass at the largest batch size.
+core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
+                                       const std::vector<c10::IValue>& exampleInputs,
+                                       MeasurementBackend& backend,
+                                       const ProfilerOptions& options, ValueMap* lastValues) {
   options.validate();
   const core::Graph& graph = model.graph;
   std::vector<int64_t> batches = resolveBatchSizes(options, exampleBatchSizeOf(exampleInputs));
@@ -333,7 +357,12 @@ core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
   PhaseTimes phases;
   ForwardPass pass(model, units, backend,
                    {options.warmupRuns, options.repeats, options.normalizeLoad, &phases});
-  for (int64_t batch : batches) pass.run(exampleInputs, batch, samples, progress);
+  for (int64_t batch : batches) {
+    pass.keepValues(lastValues && batch == batches.back() &&
+                    estimatedValueBytes(graph, batch) <= kKeptValuesBudget);
+    pass.run(exampleInputs, batch, samples, progress);
+  }
+  if (lastValues) *lastValues = pass.takeKept();
 
   core::GraphProfile profile;
   profile.graphHash = graph.hash();
@@ -362,6 +391,14 @@ core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
   return profile;
 }
 
+}  // namespace
+
+core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
+                                const std::vector<c10::IValue>& exampleInputs,
+                                MeasurementBackend& backend, const ProfilerOptions& options) {
+  return profileNodesKeeping(model, exampleInputs, backend, options, nullptr);
+}
+
 core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
                                 const std::vector<c10::IValue>& exampleInputs,
                                 MeasurementBackend& backend, const ProfilerOptions& options) {
@@ -375,10 +412,13 @@ core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
     log->info("loaded profile of graph {} from cache {}; skipping profiling", hash, path);
     return cached;
   }
-  core::GraphProfile profile = profileNodes(model, exampleInputs, backend, options);
+  ValueMap lastValues;
+  core::GraphProfile profile =
+      profileNodesKeeping(model, exampleInputs, backend, options, &lastValues);
   if (options.calibrationBlocks > 0) {
     double start = wallSeconds();
-    CalibrationResult result = calibrate(model, exampleInputs, profile, backend, options);
+    CalibrationResult result = calibrate(model, exampleInputs, profile, backend, options,
+                                         lastValues.empty() ? nullptr : &lastValues);
     log->info("calibration took {:.1f} s", wallSeconds() - start);
     profile.calibration = result.factor;
     profile.calibrationError = result.error;
