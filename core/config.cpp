@@ -36,7 +36,7 @@ const std::vector<OptionSpec>& optionTable() {
       {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)"},
       // Profiling
       {"profile_cache_dir", T::String, "", "directory of cached profiles keyed by graph hash, device and dtype (empty: no cache)"},
-      {"profile_batch_sizes", T::String, "", "comma-separated micro-batch sizes to profile at (empty: half and full example batch)"},
+      {"profile_batch_sizes", T::String, "", "comma-separated micro-batch sizes to profile at (empty: a quarter and a half of the example batch)"},
       {"profile_repeats", T::Int, "5", "timed runs per node and batch size; the median is kept (warm-up excluded)"},
       {"profile_calibration_blocks", T::Int, "4", "real multi-node blocks measured to calibrate the composed cost model"},
       // Communication fallbacks used when only one rank exists to measure with

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include <torch/torch.h>
@@ -19,19 +20,6 @@ std::vector<core::NodeId> range(core::NodeId begin, core::NodeId end) {
   return ids;
 }
 
-// Values after running nodes [0, end) under no_grad on inputs resized to `batch`.
-ValueMap valuesBefore(const torchscript::ImportedModel& model,
-                      const std::vector<c10::IValue>& inputs, core::NodeId end, int64_t batch) {
-  ValueMap values = seedValues(model, inputs, batch);
-  if (end <= 0) return values;
-  torchscript::ExportedFunction prefix = torchscript::exportSubgraph(model.graph, range(0, end));
-  std::vector<c10::IValue> args = gatherArgs(model.graph, prefix, values);
-  torch::NoGradGuard noGrad;
-  std::vector<c10::IValue> outputs = executeFunction(prefix, std::move(args));
-  for (size_t i = 0; i < outputs.size(); ++i) values[prefix.outputs()[i]] = outputs[i];
-  return values;
-}
-
 int64_t paramBytesFed(const core::Graph& graph, const std::vector<core::ValueId>& inputs) {
   int64_t total = 0;
   for (core::ValueId v : inputs) {
@@ -42,24 +30,52 @@ int64_t paramBytesFed(const core::Graph& graph, const std::vector<core::ValueId>
   return total;
 }
 
+bool covers(const ValueMap& values, const core::Graph& graph,
+            const std::vector<core::NodeId>& nodes) {
+  for (core::ValueId v : graph.boundary(nodes).inputs)
+    if (!values.count(v)) return false;
+  return true;
+}
+
 double relativeError(double predicted, double measured) {
   return measured > 0 ? std::abs(predicted - measured) / measured : 0;
 }
 
 }  // namespace
 
+ForwardPrefix::ForwardPrefix(const torchscript::ImportedModel& model,
+                             const std::vector<c10::IValue>& exampleInputs, int64_t batch)
+    : model_(model), values_(seedValues(model, exampleInputs, batch)) {}
+
+const ValueMap& ForwardPrefix::advanceTo(core::NodeId end) {
+  if (end <= position_) return values_;
+  torchscript::ExportedFunction segment =
+      torchscript::exportSubgraph(model_.graph, range(position_, end));
+  std::vector<c10::IValue> args = gatherArgs(model_.graph, segment, values_);
+  torch::NoGradGuard noGrad;
+  std::vector<c10::IValue> outputs = executeFunction(segment, std::move(args));
+  for (size_t i = 0; i < outputs.size(); ++i) values_[segment.outputs()[i]] = outputs[i];
+  position_ = end;
+  return values_;
+}
+
 BlockMeasurement measureBlock(const torchscript::ImportedModel& model,
                               const std::vector<c10::IValue>& exampleInputs, core::NodeId begin,
                               core::NodeId end, int64_t batch, MeasurementBackend& backend,
+                              const RunSettings& settings) {
+  ForwardPrefix prefix(model, exampleInputs, batch);
+  return measureBlock(model, prefix.advanceTo(begin), begin, end, backend, settings);
+}
+
+BlockMeasurement measureBlock(const torchscript::ImportedModel& model, const ValueMap& values,
+                              core::NodeId begin, core::NodeId end, MeasurementBackend& backend,
                               const RunSettings& settings) {
   AUTOSTAGE_CHECK_AS(PlanError, 0 <= begin && begin < end &&
                                     end <= static_cast<core::NodeId>(model.graph.nodeCount()),
                      "block [", begin, ", ", end, ") is not a non-empty node range of graph '",
                      model.graph.name(), "' with ", model.graph.nodeCount(), " nodes");
-  ValueMap values = valuesBefore(model, exampleInputs, begin, batch);
   torchscript::ExportedFunction block = torchscript::exportSubgraph(model.graph, range(begin, end));
   std::vector<c10::IValue> args = gatherArgs(model.graph, block, values);
-  values.clear();
   RunMeasurement run = measureRun(model.graph, block, args, backend, settings);
   BlockMeasurement result;
   result.forwardSeconds = run.forwardSeconds;
@@ -98,19 +114,27 @@ std::vector<std::pair<core::NodeId, core::NodeId>> pickBlocks(const core::Graph&
 CalibrationResult calibrate(const torchscript::ImportedModel& model,
                             const std::vector<c10::IValue>& exampleInputs,
                             const core::GraphProfile& profile, MeasurementBackend& backend,
-                            const ProfilerOptions& options) {
+                            const ProfilerOptions& options, const ValueMap* forwardValues) {
   int64_t batch = profile.batchSizes.empty() ? exampleBatchSizeOf(exampleInputs)
                                              : profile.batchSizes.back();
   core::GraphProfile raw = profile;
   raw.calibration = 1;
   CalibrationResult result;
   double predictedSum = 0, measuredSum = 0;
-  for (auto [begin, end] : pickBlocks(model.graph, raw, batch, options.calibrationBlocks,
-                                      options.calibrationMinSeconds, options.seed)) {
+  auto blocks = pickBlocks(model.graph, raw, batch, options.calibrationBlocks,
+                           options.calibrationMinSeconds, options.seed);
+  std::sort(blocks.begin(), blocks.end());  // one forward pass serves them all, in order
+  std::optional<ForwardPrefix> prefix;
+  for (auto [begin, end] : blocks) {
     BlockPrediction predicted = predictBlock(model.graph, raw, range(begin, end), batch, 0);
-    BlockMeasurement measured = measureBlock(model, exampleInputs, begin, end, batch, backend,
-                                             {options.warmupRuns, options.calibrationRepeats,
-                                              options.normalizeLoad});
+    // The profiler's values lack those internal to a node group (e.g. a weight's transpose
+    // read by a block starting at its BATCH node): then run the forward pass here.
+    bool covered = forwardValues && covers(*forwardValues, model.graph, range(begin, end));
+    if (!covered && !prefix) prefix.emplace(model, exampleInputs, batch);
+    const ValueMap& values = covered ? *forwardValues : prefix->advanceTo(begin);
+    BlockMeasurement measured =
+        measureBlock(model, values, begin, end, backend,
+                     {options.warmupRuns, options.calibrationRepeats, options.normalizeLoad});
     result.samples.push_back({begin, end, predicted.seconds(), measured.seconds(),
                               predicted.peakBytes, measured.peakBytes});
     predictedSum += predicted.seconds();

@@ -32,6 +32,27 @@ BlockMeasurement measureBlock(const torchscript::ImportedModel& model,
                               core::NodeId end, int64_t batch, MeasurementBackend& backend,
                               const RunSettings& settings);
 
+// The same, with `values` holding (at least) every value the block reads, from a real forward
+// pass at `batch` (see ForwardPrefix).
+BlockMeasurement measureBlock(const torchscript::ImportedModel& model, const ValueMap& values,
+                              core::NodeId begin, core::NodeId end, MeasurementBackend& backend,
+                              const RunSettings& settings);
+
+// Values of one real forward pass (no autograd) at `batch`, advanced in node order: several
+// blocks share one pass instead of re-running the model up to each of them.
+class ForwardPrefix {
+ public:
+  ForwardPrefix(const torchscript::ImportedModel& model,
+                const std::vector<c10::IValue>& exampleInputs, int64_t batch);
+  // Runs nodes [position, end) (nothing when end <= position); returns every value so far.
+  const ValueMap& advanceTo(core::NodeId end);
+
+ private:
+  const torchscript::ImportedModel& model_;
+  ValueMap values_;
+  core::NodeId position_ = 0;
+};
+
 // `count` random contiguous ranges [begin, end), each starting at a BATCH/LOSS node and grown
 // until its uncalibrated predicted time reaches `minSeconds` (or the graph ends).
 std::vector<std::pair<core::NodeId, core::NodeId>> pickBlocks(const core::Graph& graph,
@@ -55,9 +76,12 @@ struct CalibrationResult {
 };
 
 // Measures options.calibrationBlocks blocks at the largest profiled batch size; logs the result.
+// `forwardValues`, when given, holds every value of a real forward pass at that batch size (the
+// profiler's last pass); otherwise one forward pass is run here.
 CalibrationResult calibrate(const torchscript::ImportedModel& model,
                             const std::vector<c10::IValue>& exampleInputs,
                             const core::GraphProfile& profile, MeasurementBackend& backend,
-                            const ProfilerOptions& options);
+                            const ProfilerOptions& options,
+                            const ValueMap* forwardValues = nullptr);
 
 }  // namespace autostage::profiler

@@ -197,9 +197,14 @@ core::CommProfile profileComm(comm::Backend* backend, const CommProfileOptions& 
   profile.measured = true;
   core::logger("Profiler")->info(
       "comm profile over {} ranks on {} hosts: p2p intra {:.1f} us + {:.2f} GB/s, inter {:.1f} "
-      "us + {:.2f} GB/s", backend->worldSize(), layout.byHost.size(),
+      "us + {:.2f} GB/s; allreduce intra {:.1f} us + {:.2f} GB/s, inter {:.1f} us + {:.2f} GB/s "
+      "(unmeasured links keep configured values)", backend->worldSize(), layout.byHost.size(),
       1e6 * profile.p2pIntraNode.latencySeconds, profile.p2pIntraNode.bytesPerSecond / 1e9,
-      1e6 * profile.p2pInterNode.latencySeconds, profile.p2pInterNode.bytesPerSecond / 1e9);
+      1e6 * profile.p2pInterNode.latencySeconds, profile.p2pInterNode.bytesPerSecond / 1e9,
+      1e6 * profile.allreduceIntraNode.latencySeconds,
+      profile.allreduceIntraNode.bytesPerSecond / 1e9,
+      1e6 * profile.allreduceInterNode.latencySeconds,
+      profile.allreduceInterNode.bytesPerSecond / 1e9);
   return profile;
 }
 

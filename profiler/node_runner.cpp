@@ -287,10 +287,18 @@ double median(std::vector<double> values) {
 RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedFunction& function,
                           const std::vector<c10::IValue>& args, MeasurementBackend& backend,
                           const RunSettings& settings, std::vector<c10::IValue>* outputs) {
+  PhaseTimes ignored;
+  PhaseTimes& phases = settings.phases ? *settings.phases : ignored;
+  ++phases.measurements;
   RunMeasurement result;
+  double start = wallNow();
   std::vector<c10::IValue> values = measureMemory(graph, function, args, backend, &result);
   if (outputs) *outputs = std::move(values);
+  double afterMemory = wallNow();
+  phases.memoryRuns += afterMemory - start;
   double scaleBefore = settings.normalizeLoad ? loadScale(backend) : 1;
+  double afterProbe = wallNow();
+  phases.loadProbes += afterProbe - afterMemory;
   std::vector<double> forward, backwardTimes;
   for (int run = 1; run < settings.warmupRuns + settings.repeats; ++run) {
     PreparedArgs prepared = prepare(graph, function, args);
@@ -304,7 +312,10 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
     forward.push_back(f);
     backwardTimes.push_back(b);
   }
+  double afterRuns = wallNow();
+  phases.timedRuns += afterRuns - afterProbe;
   double scale = settings.normalizeLoad ? (scaleBefore + loadScale(backend)) / 2 : 1;
+  phases.loadProbes += wallNow() - afterRuns;
   result.forwardSeconds = scale * median(forward);
   result.backwardSeconds = scale * median(backwardTimes);
   return result;

@@ -64,10 +64,20 @@ struct RunMeasurement {
   }
 };
 
+// Where profiling time goes (wall seconds), accumulated across runs when a RunSettings points
+// at one; the profiler logs it as a breakdown.
+struct PhaseTimes {
+  double memoryRuns = 0;  // the first (untimed, memory-recording) run of each measurement
+  double timedRuns = 0;   // warm-ups after the first and the timed runs, with their set-up
+  double loadProbes = 0;  // reference-kernel timings (Note [Load normalization])
+  int64_t measurements = 0;
+};
+
 struct RunSettings {
   int warmupRuns = 1;  // >= 1: the first run records memory and is never timed
   int repeats = 5;
   bool normalizeLoad = false;  // see Note [Load normalization] in node_runner.cpp
+  PhaseTimes* phases = nullptr;  // optional: accumulates where the time went
 };
 
 // Inputs that are PARAM graph inputs are fed as the model's own tensors (gradients are reset

@@ -1,9 +1,13 @@
 #include "profiler/profiler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <sstream>
+#include <type_traits>
+#include <unordered_map>
+#include <variant>
 
 #include <torch/torch.h>
 
@@ -19,6 +23,11 @@
 namespace autostage::profiler {
 namespace {
 
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // A unit of the forward pass: a node group (profiled) or a node outside every group (run only
 // to produce values). Units run in order of their last node, which respects dependencies.
 struct Unit {
@@ -27,7 +36,67 @@ struct Unit {
   std::vector<core::NodeId> nodes;
   std::unique_ptr<torchscript::ExportedFunction> function;
   std::string exportFailure;
+  int sameAs = -1;  // earlier group with an identical signature (Note [Identical node groups])
 };
+
+// Note [Identical node groups]
+// Transformer layers and ResNet blocks repeat the same node groups: same operators, attributes
+// and input types (shapes, dtypes, classes, parameter shapes included). Their costs do not
+// depend on the values, so only the first group of each signature is measured; the others reuse
+// its measurement at each batch size (they still run once, without autograd, to produce the
+// values later groups read). A group whose representative failed at a batch is measured itself.
+std::string attributeKey(const core::AttributeValue& value) {
+  std::ostringstream out;
+  std::visit(
+      [&](const auto& v) {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, core::TensorData>) {
+          out << "t" << static_cast<int>(v.dtype) << ":";
+          for (int64_t d : v.shape) out << d << ",";
+          out << std::hash<std::string>()(v.bytes);
+        } else if constexpr (std::is_same_v<V, int64_t> || std::is_same_v<V, double> ||
+                             std::is_same_v<V, std::string>) {
+          out << v;
+        } else {
+          for (const auto& e : v) out << e << ",";
+        }
+      },
+      value);
+  return out.str();
+}
+
+std::string groupSignature(const core::Graph& graph, const std::vector<core::NodeId>& nodes) {
+  std::unordered_map<core::ValueId, std::string> local;
+  std::ostringstream out;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const core::Node& node = graph.node(nodes[i]);
+    out << node.kind << "{" << node.body << "}(";
+    for (core::ValueId v : node.inputs) {
+      auto it = local.find(v);
+      const core::Value& value = graph.value(v);
+      out << (it != local.end() ? it->second
+                                : value.type.toString() + "/" + std::to_string(int(value.cls)) +
+                                      (value.producer == core::kNoNode ? "/in" : ""))
+          << ";";
+    }
+    out << ")[";
+    for (const core::Attribute& a : node.attributes)
+      out << a.name << "=" << attributeKey(a.value) << ";";
+    out << "]\n";
+    for (size_t k = 0; k < node.outputs.size(); ++k)
+      local[node.outputs[k]] = "%" + std::to_string(i) + "." + std::to_string(k);
+  }
+  return out.str();
+}
+
+void markIdenticalGroups(const core::Graph& graph, std::vector<Unit>& units) {
+  std::unordered_map<std::string, int> first;
+  for (Unit& unit : units) {
+    if (unit.group < 0) continue;
+    auto [it, inserted] = first.emplace(groupSignature(graph, unit.nodes), unit.group);
+    if (!inserted) unit.sameAs = it->second;
+  }
+}
 
 std::vector<Unit> buildUnits(const core::Graph& graph, const std::vector<NodeGroup>& groups) {
   std::vector<Unit> units;
@@ -80,32 +149,63 @@ class ForwardPass {
     values_ = seedValues(model_, inputs, batch);
     countUses();
     for (Unit& unit : units_) {
-      std::string failure = runUnit(unit, batch, unit.group >= 0 ? &samples[unit.group] : nullptr);
+      const GroupSamples* reuse = reusable(unit, batch, samples);
+      if (reuse) ++reused_;
+      std::string failure = runUnit(unit, batch, unit.group >= 0 ? &samples[unit.group] : nullptr,
+                                    reuse);
       if (unit.group >= 0) {
         if (!failure.empty()) recordFailure(unit, batch, failure, samples[unit.group]);
         progress.advance();
       }
       release(unit);
     }
+    if (keep_) kept_ = std::move(values_);
     values_.clear();
   }
 
+  // Makes the next run keep every value it computes (see takeKept).
+  void keepValues(bool keep) { keep_ = keep; }
+  ValueMap takeKept() { return std::move(kept_); }
+
+  // Wall time of units run only to produce values (outside every group, or reusing).
+  double contextSeconds() const { return contextSeconds_; }
+  // Group measurements copied from an identical group (Note [Identical node groups]).
+  int64_t reusedCount() const { return reused_; }
+
  private:
   // Returns "" on success, else what went wrong.
-  std::string runUnit(Unit& unit, int64_t batch, GroupSamples* samples) {
+  // The representative's measurement at `batch` when `unit` may reuse it.
+  static const GroupSamples* reusable(const Unit& unit, int64_t batch,
+                                      const std::vector<GroupSamples>& samples) {
+    if (unit.sameAs < 0) return nullptr;
+    const GroupSamples& first = samples[unit.sameAs];
+    bool measured = !first.batches.empty() && first.batches.back() == batch;
+    return measured ? &first : nullptr;
+  }
+
+  // Runs `unit`; measures it into `samples` (copying `reuse`'s measurement at `batch` instead
+  // when given). Returns "" on success, else what went wrong.
+  std::string runUnit(Unit& unit, int64_t batch, GroupSamples* samples,
+                      const GroupSamples* reuse) {
     if (!unit.function) return unit.exportFailure;
     std::vector<c10::IValue> args;
     try {
       args = gatherArgs(model_.graph, *unit.function, values_);
       std::vector<c10::IValue> outputs;
-      if (samples) {
+      if (samples && !reuse) {
         RunMeasurement m =
             measureRun(model_.graph, *unit.function, args, backend_, settings_, &outputs);
         samples->batches.push_back(batch);
         samples->runs.push_back(m);
       } else {
+        double start = wallSeconds();
         torch::NoGradGuard noGrad;
         outputs = executeFunction(*unit.function, args);
+        contextSeconds_ += wallSeconds() - start;
+        if (reuse) {
+          samples->batches.push_back(batch);
+          samples->runs.push_back(reuse->runs.back());
+        }
       }
       for (size_t i = 0; i < outputs.size(); ++i) values_[unit.function->outputs()[i]] = outputs[i];
     } catch (const std::exception& e) {
@@ -136,7 +236,7 @@ class ForwardPass {
 
   // Drops values no later unit reads (graph outputs are kept).
   void release(const Unit& unit) {
-    if (!unit.function) return;
+    if (!unit.function || keep_) return;
     for (core::ValueId v : unit.function->inputs())
       if (--remaining_[v] == 0 && !model_.graph.isGraphOutput(v)) values_.erase(v);
   }
@@ -147,7 +247,23 @@ class ForwardPass {
   RunSettings settings_;
   ValueMap values_;
   std::vector<int> remaining_;
+  double contextSeconds_ = 0;
+  int64_t reused_ = 0;
+  bool keep_ = false;
+  ValueMap kept_;
 };
+
+// Values of the last profiling pass are kept for calibration (which then runs no forward pass
+// of its own) when they fit in this many bytes.
+constexpr double kKeptValuesBudget = 2.0 * (1 << 30);
+
+double estimatedValueBytes(const core::Graph& graph, int64_t batch) {
+  double scale = static_cast<double>(batch) / static_cast<double>(exampleBatchSize(graph));
+  double total = 0;
+  for (const core::Value& v : graph.values())
+    if (v.producer != core::kNoNode && v.type.bytes() > 0) total += v.type.bytes() * scale;
+  return total;
+}
 
 core::NodeProfile fitGroup(core::NodeId key, const GroupSamples& s, int64_t paramBytes) {
   core::NodeProfile p;
@@ -188,8 +304,12 @@ std::string nodeLabel(const core::Graph& graph, core::NodeId node) {
 std::vector<int64_t> resolveBatchSizes(const ProfilerOptions& options, int64_t exampleBatch) {
   std::vector<int64_t> sizes = options.batchSizes;
   if (sizes.empty()) {
-    if (exampleBatch > 1) sizes.push_back(exampleBatch / 2);
-    sizes.push_back(exampleBatch);
+    // Micro-batches are a fraction of the example batch; small sizes keep profiling fast and
+    // the linear fit extrapolates (a quarter and a half; 1 and 2 for tiny batches).
+    int64_t small = std::max<int64_t>(1, exampleBatch / 4);
+    int64_t large = std::min(exampleBatch, std::max(small + 1, exampleBatch / 2));
+    sizes.push_back(small);
+    if (large > small) sizes.push_back(large);
   }
   std::sort(sizes.begin(), sizes.end());
   return sizes;
@@ -215,20 +335,34 @@ std::string profileCachePath(const ProfilerOptions& options, const std::string& 
   return options.cacheDir + "/" + graphHash + "-" + device + "-" + dtype + ".profile";
 }
 
-core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
-                                const std::vector<c10::IValue>& exampleInputs,
-                                MeasurementBackend& backend, const ProfilerOptions& options) {
+namespace {
+
+// profileNodes; fills `lastValues` (when given and affordable) with every value of the forward
+// pass at the largest batch size.
+core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
+                                       const std::vector<c10::IValue>& exampleInputs,
+                                       MeasurementBackend& backend,
+                                       const ProfilerOptions& options, ValueMap* lastValues) {
   options.validate();
   const core::Graph& graph = model.graph;
   std::vector<int64_t> batches = resolveBatchSizes(options, exampleBatchSizeOf(exampleInputs));
   std::vector<NodeGroup> groups = nodeGroups(graph);
+  double start = wallSeconds();
   std::vector<Unit> units = buildUnits(graph, groups);
+  if (options.reuseIdenticalGroups) markIdenticalGroups(graph, units);
+  double exportSeconds = wallSeconds() - start;
   std::vector<GroupSamples> samples(groups.size());
   ProgressReporter progress(static_cast<int64_t>(groups.size() * batches.size()), "nodes",
                             options.progressBar);
+  PhaseTimes phases;
   ForwardPass pass(model, units, backend,
-                   {options.warmupRuns, options.repeats, options.normalizeLoad});
-  for (int64_t batch : batches) pass.run(exampleInputs, batch, samples, progress);
+                   {options.warmupRuns, options.repeats, options.normalizeLoad, &phases});
+  for (int64_t batch : batches) {
+    pass.keepValues(lastValues && batch == batches.back() &&
+                    estimatedValueBytes(graph, batch) <= kKeptValuesBudget);
+    pass.run(exampleInputs, batch, samples, progress);
+  }
+  if (lastValues) *lastValues = pass.takeKept();
 
   core::GraphProfile profile;
   profile.graphHash = graph.hash();
@@ -249,7 +383,20 @@ core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
                   std::to_string(graph.nodeCount()) + " nodes at " +
                   std::to_string(batches.size()) + " batch sizes (" + std::to_string(failures) +
                   " failed)");
+  core::logger("Profiler")->info(
+      "node profiling time: export {:.1f} s, memory runs {:.1f} s, timed runs {:.1f} s, load "
+      "probes {:.1f} s, value-only runs {:.1f} s ({} measurements; {} reused from identical "
+      "node groups)", exportSeconds, phases.memoryRuns, phases.timedRuns, phases.loadProbes,
+      pass.contextSeconds(), phases.measurements, pass.reusedCount());
   return profile;
+}
+
+}  // namespace
+
+core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
+                                const std::vector<c10::IValue>& exampleInputs,
+                                MeasurementBackend& backend, const ProfilerOptions& options) {
+  return profileNodesKeeping(model, exampleInputs, backend, options, nullptr);
 }
 
 core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
@@ -265,9 +412,14 @@ core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
     log->info("loaded profile of graph {} from cache {}; skipping profiling", hash, path);
     return cached;
   }
-  core::GraphProfile profile = profileNodes(model, exampleInputs, backend, options);
+  ValueMap lastValues;
+  core::GraphProfile profile =
+      profileNodesKeeping(model, exampleInputs, backend, options, &lastValues);
   if (options.calibrationBlocks > 0) {
-    CalibrationResult result = calibrate(model, exampleInputs, profile, backend, options);
+    double start = wallSeconds();
+    CalibrationResult result = calibrate(model, exampleInputs, profile, backend, options,
+                                         lastValues.empty() ? nullptr : &lastValues);
+    log->info("calibration took {:.1f} s", wallSeconds() - start);
     profile.calibration = result.factor;
     profile.calibrationError = result.error;
   }

@@ -31,7 +31,7 @@ core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
                                 MeasurementBackend& backend, const ProfilerOptions& options);
 
 // The batch sizes profiled for an example batch of `exampleBatch` (options.batchSizes, sorted,
-// or half and full example batch).
+// or a quarter and a half of the example batch; {1, 2} below 8, {1} for a batch of 1).
 std::vector<int64_t> resolveBatchSizes(const ProfilerOptions& options, int64_t exampleBatch);
 
 // Scalar type name of the model's first floating parameter or input ("Float" if none).

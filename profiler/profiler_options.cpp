@@ -54,7 +54,8 @@ std::string ProfilerOptions::toString() const {
   for (size_t i = 0; i < batchSizes.size(); ++i) out << (i ? "," : "") << batchSizes[i];
   out << (batchSizes.empty() ? "auto" : "") << "] warmup=" << warmupRuns << " repeats=" << repeats
       << " calibration_blocks=" << calibrationBlocks << " calibration_repeats="
-      << calibrationRepeats << " seed=" << seed << " normalize_load=" << normalizeLoad << " cache="
+      << calibrationRepeats << " seed=" << seed << " normalize_load=" << normalizeLoad
+      << " reuse_identical=" << reuseIdenticalGroups << " cache="
       << (cacheFile.empty() ? (cacheDir.empty() ? "none" : cacheDir) : cacheFile)
       << " opt_param_factor=" << optParamFactor;
   return out.str();

@@ -9,8 +9,8 @@
 namespace autostage::profiler {
 
 struct ProfilerOptions {
-  // Micro-batch sizes to measure each node at (>= 2 distinct for the linear fit). Empty: half
-  // and full example batch (just the full one when the example batch is 1).
+  // Micro-batch sizes to measure each node at (>= 2 distinct for the linear fit). Empty: a
+  // quarter and a half of the example batch (see resolveBatchSizes).
   std::vector<int64_t> batchSizes;
   int warmupRuns = 1;   // untimed runs before the timed ones (>= 1; the first records memory)
   // Scale times by a reference kernel's slowdown (Note [Load normalization], node_runner.cpp).
@@ -27,6 +27,9 @@ struct ProfilerOptions {
   std::string cacheDir;
   std::string cacheFile;
   double optParamFactor = 2;  // optimizer state bytes per parameter byte (for predictions)
+  // Measure only the first of identical node groups and reuse its figures for the others
+  // (Note [Identical node groups], profiler.cpp).
+  bool reuseIdenticalGroups = true;
   // Live progress bar on stderr (only when it is a terminal).
   bool progressBar = true;
 

@@ -3,8 +3,13 @@
 // (profile cache honoured), describe the cluster the job runs on, and run the decomposer.
 // Runs on rank 0 only (see staging::Module); everything it needs comes from the config table.
 
+#include <memory>
+
+#include "comm/backend.h"
 #include "core/cluster_spec.h"
 #include "core/config.h"
+#include "core/deployment.h"
+#include "core/profile.h"
 #include "staging/module.h"
 
 namespace autostage {
@@ -13,7 +18,17 @@ namespace autostage {
 // with an equal share of this node's physical memory; links from comm_bandwidth / comm_latency.
 core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Config& config);
 
+// Throws PlanError when a stage of `deployment` runs a node at a per-replica micro-batch larger
+// than the largest batch it ran at while profiling (NodeProfile::failure, e.g. out of memory),
+// naming the stage, the node's failure report (with its input shapes) and what to change.
+void checkProfiledFeasibility(const core::Graph& graph, const core::GraphProfile& profile,
+                              const core::Deployment& deployment);
+
 // profiler::profileGraph + decomposer::planGraph as a staging::PlanningCallback.
-staging::PlanningCallback autoPlanner();
+// Collective when the world has several ranks: every rank must call autoPlanner (the
+// autostage::Module constructor does), which measures the communication profile over `backend`
+// (null: the shared "mpi" backend) once, so that planning on rank 0 uses measured p2p and
+// allreduce costs. On one rank the configured comm_* values are used.
+staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend = nullptr);
 
 }  // namespace autostage

@@ -23,7 +23,7 @@ class Module : public staging::Module {
 
  private:
   static ModuleOptions withDefaultPlanner(ModuleOptions options) {
-    if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner();
+    if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner(options.backend);
     return options;
   }
 };

@@ -45,7 +45,7 @@ TEST_CASE("MLP node profiles: exact bytes, positive times, all groups measured",
   auto backend = createCpuMeasurementBackend();
   core::GraphProfile profile = profileNodes(model, m.inputs, *backend, quickOptions());
   REQUIRE(profile.nodes.size() == model.graph.nodeCount());
-  CHECK(profile.batchSizes == std::vector<int64_t>{8, 16});
+  CHECK(profile.batchSizes == std::vector<int64_t>{4, 8});
   CHECK(profile.deviceKind == "cpu");
   CHECK(profile.dtype == "Float");
   CHECK(profile.graphHash == model.graph.hash());
@@ -76,6 +76,41 @@ TEST_CASE("MLP node profiles: exact bytes, positive times, all groups measured",
     CHECK(profile.nodes[n].activationBytes.at(batch) == Approx(0));  // relu keeps its output
     CHECK(profile.nodes[n].paramBytes == 0);
   }
+}
+
+TEST_CASE("identical node groups are measured once and their figures reused", "[profiler]") {
+  torch::manual_seed(4);
+  testing::TestModel m = testing::makeMlp(32, 3, 8);
+  torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  auto backend = createCpuMeasurementBackend();
+  ProfilerOptions options = quickOptions();
+  options.reuseIdenticalGroups = false;
+  int64_t before = executionCount();
+  profileNodes(model, m.inputs, *backend, options);
+  int64_t withoutReuse = executionCount() - before;
+  options.reuseIdenticalGroups = true;
+  before = executionCount();
+  core::GraphProfile profile = profileNodes(model, m.inputs, *backend, options);
+  int64_t withReuse = executionCount() - before;
+  // fc1 reads the graph input, so it differs from fc2/fc3; relu1..3 are alike. Reused groups
+  // (fc3 from fc2, relu2 and relu3 from relu1) run once per batch size instead of the
+  // memory run + (warm-up - 1) + repeats times.
+  const int reusedGroups = 3, batchSizes = 2;
+  CHECK(withoutReuse - withReuse ==
+        reusedGroups * batchSizes * (options.warmupRuns + options.repeats - 1));
+  CHECK(profile.batchSizes == std::vector<int64_t>{2, 4});
+  std::vector<core::NodeId> linear = groupsOfKind(model.graph, "aten::addmm");
+  std::vector<core::NodeId> relu = groupsOfKind(model.graph, "aten::relu");
+  REQUIRE(linear.size() == 3);
+  REQUIRE(relu.size() == 3);
+  const core::NodeProfile &fc2 = profile.nodes[linear[1]], &fc3 = profile.nodes[linear[2]];
+  CHECK(fc3.forwardSeconds == fc2.forwardSeconds);
+  CHECK(fc3.backwardSeconds == fc2.backwardSeconds);
+  CHECK(fc3.activationBytes == fc2.activationBytes);
+  for (int i : {1, 2})
+    CHECK(profile.nodes[relu[i]].forwardSeconds == profile.nodes[relu[0]].forwardSeconds);
+  CHECK(profile.nodes[linear[2]].paramBytes == profile.nodes[linear[1]].paramBytes);
+  CHECK_FALSE(profile.nodes[linear[0]].forwardSeconds == profile.nodes[linear[1]].forwardSeconds);
 }
 
 TEST_CASE("a cached profile is loaded without executing any node", "[profiler]") {
@@ -150,8 +185,13 @@ TEST_CASE("profiler options validate and come from the config table", "[profiler
   CHECK(parseBatchSizes("4, 8,16", "test") == std::vector<int64_t>{4, 8, 16});
   CHECK(parseBatchSizes("", "test").empty());
   CHECK_THROWS_WITH(parseBatchSizes("4,x", "test"), Catch::Contains("'x'"));
-  CHECK(resolveBatchSizes(ProfilerOptions(), 6) == std::vector<int64_t>{3, 6});
+  CHECK(resolveBatchSizes(ProfilerOptions(), 16) == std::vector<int64_t>{4, 8});
+  CHECK(resolveBatchSizes(ProfilerOptions(), 6) == std::vector<int64_t>{1, 3});
+  CHECK(resolveBatchSizes(ProfilerOptions(), 2) == std::vector<int64_t>{1, 2});
   CHECK(resolveBatchSizes(ProfilerOptions(), 1) == std::vector<int64_t>{1});
+  ProfilerOptions explicitSizes;
+  explicitSizes.batchSizes = {8, 2};
+  CHECK(resolveBatchSizes(explicitSizes, 6) == std::vector<int64_t>{2, 8});
   ProfilerOptions fromConfig = ProfilerOptions::fromConfig();
   CHECK(fromConfig.repeats == 5);
   CHECK(fromConfig.calibrationBlocks == 4);
