@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <vector>
 
+#include <map>
+#include <mutex>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -51,6 +54,17 @@ class ModelStateGuard {
   std::vector<at::Tensor> tensors_, values_, grads_;
 };
 
+core::CommProfile measuredCommProfile(const std::shared_ptr<comm::Backend>& backend) {
+  static std::mutex mutex;
+  static std::map<const comm::Backend*, core::CommProfile> measured;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto found = measured.find(backend.get());
+  if (found != measured.end()) return found->second;
+  core::CommProfile comm = profiler::profileComm(backend.get());
+  measured.emplace(backend.get(), comm);
+  return comm;
+}
+
 }  // namespace
 
 core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Config& config) {
@@ -88,8 +102,10 @@ staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
     comm::registerBuiltinBackends();
     backend = comm::sharedBackend("mpi");
   }
-  // Every rank measures (collective); rank 0 keeps the result for planning.
-  core::CommProfile comm = profiler::profileComm(backend.get());
+  // Every rank measures (collective) once per process and backend: the links do not change
+  // between modules, and a job building several modules would otherwise pay seconds each time.
+  // Rank 0 keeps the result for planning.
+  core::CommProfile comm = measuredCommProfile(backend);
   return [comm](const staging::PlanningInput& in) {
     const core::Config& config = core::globalConfig();
     int64_t forcedStages = config.getInt("partition_num");
