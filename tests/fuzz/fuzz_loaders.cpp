@@ -3,6 +3,8 @@
 #include <functional>
 #include <map>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "core/cluster_spec.h"
 #include "core/config.h"
 #include "core/error.h"
@@ -131,6 +133,7 @@ const std::vector<std::string>& loaderTargets() {
 }
 
 void quietLogging() {
+  google::protobuf::SetLogHandler(nullptr);  // invalid UTF-8 in string fields logs an ERROR line
   core::globalConfig().set("log_level", "off");
   core::applyLogConfig();
 }

@@ -28,7 +28,8 @@ void runLoader(const std::string& target, const std::string& bytes);
 // Target names, e.g. "ir_text"; each has tests/fuzz/corpus/<name>/.
 const std::vector<std::string>& loaderTargets();
 
-// Turns logging off (unknown config keys warn; a fuzzer would print millions of lines).
+// Turns logging off, ours and protobuf's (unknown config keys warn, invalid UTF-8 in a string
+// field logs an error; a fuzzer would print millions of lines).
 void quietLogging();
 
 }  // namespace autostage::fuzz
