@@ -43,7 +43,8 @@ void loadFramed(const std::string& bytes) {
 // The protobuf targets take the payload and frame it with a correct hash, so mutations reach
 // the message decoding and validation instead of stopping at the hash check.
 void loadGraphFile(const std::string& payload) {
-  Graph g = core::decodeGraph(core::encodeFramed(core::kGraphFileKind, core::kGraphFormatVersion, payload));
+  Graph g = core::decodeGraph(
+      core::encodeFramed(core::kGraphFileKind, core::kGraphFormatVersion, payload));
   std::string text = g.toString();
   expect(core::decodeGraph(core::encodeGraph(g)).toString() == text,
          "graph file does not round-trip:\n" + text);
@@ -93,7 +94,8 @@ void loadPlanRequest(const std::string& text) {
   if (!small) return;
   decomposer::Plan plan = decomposer::planStages(request);
   decomposer::PlanEvaluation evaluation = decomposer::evaluatePlan(request, plan);
-  expect(evaluation.feasible, "planStages returned a plan its evaluator rejects: " + evaluation.problem);
+  expect(evaluation.feasible,
+         "planStages returned a plan its evaluator rejects: " + evaluation.problem);
 }
 
 using Loader = std::function<void(const std::string&)>;

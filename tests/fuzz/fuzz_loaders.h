@@ -22,7 +22,8 @@ class FuzzFinding : public std::logic_error {
 };
 
 // Feeds `bytes` to the loader named `target`; returns normally when the loader accepted the
-// input or rejected it with a user-facing error. Throws std::invalid_argument for an unknown target.
+// input or rejected it with a user-facing error. Throws std::invalid_argument for an unknown
+// target.
 void runLoader(const std::string& target, const std::string& bytes);
 
 // Target names, e.g. "ir_text"; each has tests/fuzz/corpus/<name>/.

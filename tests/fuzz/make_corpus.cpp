@@ -1,5 +1,6 @@
 // Writes the seed corpora of the fuzz targets from real files made by the library's own writers:
-//   autostage_fuzz_corpus <dir>      (tests/fuzz/corpus; one subdirectory per target)
+//   ninja -C build autostage_fuzz_corpus
+//   build/tests/fuzz/autostage_fuzz_corpus tests/fuzz/corpus
 // Regenerate when a format changes; the files are committed. Small models keep the seeds small.
 #include <filesystem>
 #include <fstream>
@@ -55,14 +56,16 @@ std::string defaultConfigToml() {
   return out.str();
 }
 
-void writeModel(const fs::path& root, const std::string& name, const decomposer::SyntheticModel& m) {
+void writeModel(const fs::path& root, const std::string& name,
+                const decomposer::SyntheticModel& m) {
   write(root, "ir_text", name, m.graph.toString());
   write(root, "graph_file", name, core::toProto(m.graph).SerializeAsString());
   write(root, "profile_file", name, core::toProto(m.profile).SerializeAsString());
   write(root, "framed", name + "-graph", core::encodeGraph(m.graph));
   decomposer::PlanOptions options;
   options.maxBlocks = 6;
-  decomposer::PlanResult result = decomposer::planGraph(m.graph, m.profile, smallCluster(), 16, options);
+  decomposer::PlanResult result =
+      decomposer::planGraph(m.graph, m.profile, smallCluster(), 16, options);
   write(root, "deployment_file", name, core::toProto(result.deployment).SerializeAsString());
   write(root, "plan_request", name, result.blocking.request.toText());
 }
@@ -84,7 +87,8 @@ int main(int argc, char** argv) {
   write(root, "cluster_proto", "small", core::toProto(cluster).SerializeAsString());
   write(root, "framed", "cluster", core::encodeClusterSpec(cluster));
   write(root, "cluster_toml", "units", clusterToml(cluster, "\"16GiB\""));
-  write(root, "cluster_toml", "bytes", clusterToml(cluster, std::to_string(cluster.memoryPerDevice)));
+  std::string bytes = std::to_string(cluster.memoryPerDevice);
+  write(root, "cluster_toml", "bytes", clusterToml(cluster, bytes));
   write(root, "config_toml", "defaults", defaultConfigToml());
   write(root, "config_toml", "some", "log_level = \"warn\"\nmax_blocks = 64\nmem_margin = 0.2\n");
   for (const std::string& target : fuzz::loaderTargets())
