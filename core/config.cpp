@@ -181,7 +181,7 @@ void Config::applyToml(const std::string& text, const std::string& origin) {
       unknown.push_back(key);
       continue;
     }
-    auto wrongType = [&, &key = key] {
+    auto wrongType = [&, &key = key, &value = value] {  // clang 14: no implicit capture of bindings
       return ConfigError("option '" + key + "' in " + origin + " has value " +
                          toml::format(value) + " but must be a " + optionTypeName(spec->type) +
                          " (" + spec->doc + ")");

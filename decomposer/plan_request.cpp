@@ -1,6 +1,7 @@
 // PlanRequest: memory limit, validation and the replayable text form.
 #include <iomanip>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "decomposer/plan.h"
@@ -49,6 +50,19 @@ void readLink(std::istringstream& in, core::LinkCost& c, int line) {
   readField(in, c.bytesPerSecond, line);
 }
 
+// The whole of `text` as a number, else a FormatError naming the option (std::stoi would throw
+// std::invalid_argument or accept "12abc").
+template <typename T>
+T optionNumber(const std::string& key, const std::string& text, int line) {
+  std::istringstream in(text);
+  T value{};
+  if (!(in >> value) || in.peek() != std::char_traits<char>::eof())
+    throw FormatError("plan request text, line " + std::to_string(line) + ": option " + key + "='" +
+                      text + "' is not a valid " +
+                      (std::is_integral_v<T> ? "integer" : "number"));
+  return value;
+}
+
 void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
   std::string item;
   while (in >> item) {
@@ -57,17 +71,19 @@ void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
       throw FormatError("plan request text, line " + std::to_string(line) + ": option '" + item +
                         "' is not key=value");
     std::string key = item.substr(0, eq), v = item.substr(eq + 1);
+    auto integer = [&] { return optionNumber<int>(key, v, line); };
+    auto real = [&] { return optionNumber<double>(key, v, line); };
     if (key == "decomposer") o.decomposer = v;
-    else if (key == "max_blocks") o.maxBlocks = std::stoi(v);
-    else if (key == "partition_num") o.partitionNum = std::stoi(v);
-    else if (key == "pipeline_num") o.pipelineNum = std::stoi(v);
-    else if (key == "min_pipeline") o.minPipeline = std::stoi(v);
-    else if (key == "max_pipeline") o.maxPipeline = std::stoi(v);
+    else if (key == "max_blocks") o.maxBlocks = integer();
+    else if (key == "partition_num") o.partitionNum = integer();
+    else if (key == "pipeline_num") o.pipelineNum = integer();
+    else if (key == "min_pipeline") o.minPipeline = integer();
+    else if (key == "max_pipeline") o.maxPipeline = integer();
     else if (key == "schedule") o.schedule = v;
     else if (key == "recompute") o.recompute = v;
-    else if (key == "mem_limit_gb") o.memLimitGb = std::stod(v);
-    else if (key == "mem_margin") o.memMargin = std::stod(v);
-    else if (key == "opt_param_factor") o.optParamFactor = std::stod(v);
+    else if (key == "mem_limit_gb") o.memLimitGb = real();
+    else if (key == "mem_margin") o.memMargin = real();
+    else if (key == "opt_param_factor") o.optParamFactor = real();
     else throw FormatError("plan request text, line " + std::to_string(line) + ": unknown option '" + key + "'");
   }
 }

@@ -146,7 +146,10 @@ class LineReader {
       char e = s_[pos_++];
       if (e == 'n') out += '\n';
       else if (e == 'x') {
-        if (pos_ + 2 > s_.size()) fail("unfinished \\x escape");
+        bool twoHexDigits = pos_ + 2 <= s_.size() &&
+                            std::isxdigit(static_cast<unsigned char>(s_[pos_])) &&
+                            std::isxdigit(static_cast<unsigned char>(s_[pos_ + 1]));
+        if (!twoHexDigits) fail("expected two hex digits after \\x");
         out += static_cast<char>(std::stoi(s_.substr(pos_, 2), nullptr, 16));
         pos_ += 2;
       } else {

@@ -199,6 +199,14 @@ class TypeParser {
   void skipSpace() {
     while (pos_ < text_.size() && text_[pos_] == ' ') ++pos_;
   }
+  // A dimension is all digits and fits int64 (std::stoll would throw std::out_of_range or stop
+  // at the first letter).
+  int64_t dimension(const std::string& item) {
+    bool digits = item.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits) fail("dimension '" + item + "' is not a non-negative integer");
+    if (item.size() > 18) fail("dimension '" + item + "' is too large");
+    return std::stoll(item);
+  }
   bool accept(char c) {
     skipSpace();
     if (pos_ < text_.size() && text_[pos_] == c) return ++pos_, true;
@@ -266,7 +274,7 @@ class TypeParser {
       } else if (item == "scalar") {
         t.shapeKnown_ = true;
       } else if (!item.empty() && std::isdigit(static_cast<unsigned char>(item[0]))) {
-        t.shapeKnown_ = true, t.shape_.push_back(std::stoll(item));
+        t.shapeKnown_ = true, t.shape_.push_back(dimension(item));
       } else {
         fail("expected a dimension, '*', 'scalar' or 'requires_grad'");
       }
