@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/proto/deployment_file.h"
+#include "staging/checkpoint.h"
 #include "staging/route_check.h"
 #include "staging/sample_range.h"
 
@@ -358,6 +359,12 @@ std::vector<std::pair<std::string, at::Tensor>> Module::namedParameters() const 
   for (auto& [name, t] : executor_->params().namedTensors())
     if (t.requires_grad()) out.emplace_back(name, t);
   return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Module::stateDict() {
+  AUTOSTAGE_CHECK(executor_ != nullptr, "state_dict of a module that is not deployed yet: the "
+                  "module's own state_dict is current until its first forward call");
+  return gatherState(*model_, executor_->deployment(), *backend_);
 }
 
 const core::Deployment& Module::deployment() const {

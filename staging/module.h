@@ -94,6 +94,9 @@ class Module {
   std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
   // Throws Error before deployment.
   const core::Deployment& deployment() const;
+  // The whole model's parameters and buffers, current, keyed like the original module's
+  // state_dict, on every rank (Note [Gathering the state]). Collective; throws before deployment.
+  std::vector<std::pair<std::string, at::Tensor>> stateDict();
   Executor& executor();
   int rank() const { return backend_->rank(); }
   int worldSize() const { return backend_->worldSize(); }

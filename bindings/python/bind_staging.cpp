@@ -103,6 +103,12 @@ void bindStaging(py::module_& m) {
            [](const Module& mod, const std::string& path) {
              core::saveDeployment(mod.deployment(), path);
            })
+      .def("state_dict",
+           [](Module& mod) {
+             py::gil_scoped_release release;
+             return mod.stateDict();
+           },
+           "The whole model's state (key, tensor) on every rank. Collective.")
       .def("allreduce_grads",
            [](Module& mod) {
              py::gil_scoped_release release;

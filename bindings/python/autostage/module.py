@@ -1,5 +1,6 @@
 """autostage.Module: wrap a model, launch with mpirun, train with the single-process loop."""
 
+import collections
 import sys
 import weakref
 
@@ -58,6 +59,23 @@ class Module(torch.nn.Module):
     def local_parameters(self):
         """This rank's parameters (those of its stage), after deployment."""
         return self._impl.parameters() if self._impl is not None else []
+
+    def state_dict(self, destination=None, prefix="", keep_vars=False):
+        """The whole model's state with the original module's keys, current on every rank
+        (gathered from the stages that hold it; collective after deployment, so call it on every
+        rank). A plain, unwrapped model loads it with ``load_state_dict``."""
+        own = self.model.state_dict(keep_vars=keep_vars)
+        gathered = dict(self._impl.state_dict()) if self.ready else {}
+        result = collections.OrderedDict() if destination is None else destination
+        for key, value in own.items():
+            result[prefix + key] = gathered.get(key, value)
+        return result
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Loads a state dict of the original model (e.g. from ``state_dict()`` or from a plain
+        model), before or after deployment: the deployed stages share the model's tensors, so
+        each rank's stages see the new values. Call it on every rank with the same dict."""
+        return self.model.load_state_dict(state_dict, strict=strict)
 
     def allreduce_grads(self):
         """Sums the gradients accumulated under ``autostage.delay_grad_allreduce(True)`` over

@@ -1,0 +1,107 @@
+"""Run under mpirun (see test_checkpoint.py). `save PATH`: train 3 steps, check the gathered
+state_dict against plain PyTorch and save it. `resume PATH`: on another rank count, load it and
+train 3 more steps; the result must equal 6 uninterrupted plain steps."""
+import sys
+
+import torch
+
+import autostage
+
+STEPS, LOCAL, LR = 3, 4, 0.05
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.layers = torch.nn.Sequential(
+            torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16), torch.nn.Tanh(),
+            torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+            torch.nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def batch(step, world):
+    # The global batch does not depend on the rank count: 16 rows per step.
+    g = torch.Generator().manual_seed(500 + step)
+    x, y = torch.randn(16, 6, generator=g), torch.randn(16, 3, generator=g)
+    return x, y
+
+
+def train(wrapped, optimizer, first, steps, rank, world):
+    rows = 16 // world
+    for step in range(first, first + steps):
+        x, y = batch(step, world)
+        optimizer.zero_grad()
+        mine = slice(rank * rows, (rank + 1) * rows)
+        torch.nn.functional.mse_loss(wrapped(x[mine]), y[mine]).backward()
+        optimizer.step()
+
+
+def plain(steps):
+    # BatchNorm in train mode: one full-batch piece per step (the runs below use 1 micro-batch and
+    # a single replica on the BatchNorm stage, so the statistics are those of the whole batch).
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = batch(step, 1)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+    return model
+
+
+def compare(state, reference, what, failures):
+    ref = reference.state_dict()
+    if list(state.keys()) != list(ref.keys()):
+        failures.append(f"{what}: keys {list(state.keys())} != {list(ref.keys())}")
+        return
+    for key, value in ref.items():
+        if key.endswith("num_batches_tracked"):
+            # Known gap (README, BatchNorm): the runtime does not advance it; it only matters for
+            # BatchNorm with momentum=None. It must still be present, with its dtype.
+            if state[key].dtype != value.dtype:
+                failures.append(f"{what}: {key} has dtype {state[key].dtype}, not {value.dtype}")
+            continue
+        if not torch.allclose(state[key].double(), value.double(), rtol=1e-5, atol=1e-6):
+            failures.append(f"{what}: {key} differs by {(state[key] - value).abs().max()}")
+
+
+def main():
+    phase, path = sys.argv[1], sys.argv[2]
+    rank, world = autostage.get_rank(), autostage.get_world_size()
+    failures = []
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    # The BatchNorm stage keeps one replica (partition_num=world would too; 2 stages here).
+    wrapped = autostage.Module(model, optimizer, partition_num=2, pipeline_num=1,
+                               schedule="gpipe", recompute="never")
+    if phase == "save":
+        if wrapped.state_dict().keys() != Net().state_dict().keys():
+            failures.append("state_dict before deployment lacks the model's keys")
+        train(wrapped, optimizer, 0, STEPS, rank, world)
+        state = wrapped.state_dict()
+        compare(state, plain(STEPS), f"state_dict after {STEPS} steps", failures)
+        fresh = Net()
+        fresh.load_state_dict(state)  # strict: the plain model takes it as is
+        if rank == 0:
+            torch.save(state, path)
+    else:
+        wrapped.load_state_dict(torch.load(path))  # before deployment
+        train(wrapped, optimizer, STEPS, STEPS, rank, world)
+        reference = plain(2 * STEPS)
+        compare(wrapped.state_dict(), reference, f"resumed for {STEPS} more steps", failures)
+        # Loading after deployment reaches every rank's stages: back to the saved state.
+        wrapped.load_state_dict(torch.load(path))
+        compare(wrapped.state_dict(), plain(STEPS), "loaded after deployment", failures)
+    print(f"rank {rank}: checkpoint {phase} checked; {len(failures)} failures", flush=True)
+    for f in failures:
+        print(f"rank {rank}: FAIL {f}", flush=True)
+    autostage.barrier()
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
