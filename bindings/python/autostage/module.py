@@ -40,6 +40,7 @@ class Module(torch.nn.Module):
         self._load_deployment = load_deployment or ""
         self._impl = None
         self._deployments = 0
+        self._traced_training = None  # the model's mode when it was traced
         _install_abort_hook()
 
     @property
@@ -111,6 +112,7 @@ class Module(torch.nn.Module):
         return outputs
 
     def _trace(self, inputs):
+        self._traced_training = self.model.training
         return _trace(self.model, tuple(inputs))
 
     def _call_problem(self, inputs, kwargs):
@@ -126,6 +128,15 @@ class Module(torch.nn.Module):
                         f"input {i} (of type {type(value).__name__}) is not a tensor: autostage "
                         "splits every input along dim 0 (the batch); pass tensors, and make other "
                         "values attributes of the model")
+        if self._traced_training is not None and self.model.training != self._traced_training:
+            traced, now = (("train", "eval") if self._traced_training else ("eval", "train"))
+            return ("UnsupportedError",
+                    f"the model was traced and planned in {traced} mode but is now in {now} mode "
+                    "(dropout and BatchNorm behave differently), and a deployed module does not "
+                    f"switch modes yet: switch back with .{traced}(), or for {now} copy the "
+                    "state into the model on every rank (model.load_state_dict("
+                    "wrapped.state_dict())) and wrap it in a new autostage.Module in "
+                    f"{now} mode")
         if self._deployments == 0 and self._optimizer is not None:
             return self._optimizer_problem()
         return ("", "")
