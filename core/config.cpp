@@ -35,6 +35,9 @@ const std::vector<OptionSpec>& optionTable() {
       {"mem_margin", T::Float, "0.1", "fraction of device memory kept free as a safety margin"},
       {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)"},
       // Profiling
+      {"plan_cache_dir", T::String, "",
+       "directory of cached deployments keyed by graph, world size, batch and planner options; a "
+       "later launch of the same job skips profiling and planning (empty: no cache)"},
       {"profile_cache_dir", T::String, "", "directory of cached profiles keyed by graph hash, device and dtype (empty: no cache)"},
       {"profile_batch_sizes", T::String, "", "comma-separated micro-batch sizes to profile at (empty: a quarter and a half of the example batch)"},
       {"profile_repeats", T::Int, "5", "timed runs per node and batch size; the median is kept (warm-up excluded)"},
@@ -269,6 +272,13 @@ std::string Config::origin(const std::string& key) const {
 void Config::warn(const std::string& message) {
   warnings_.push_back(message);
   logger("Process")->warn(message);
+}
+
+std::string Config::text(const std::string& key) const {
+  auto it = entries_.find(key);
+  AUTOSTAGE_CHECK_AS(ConfigError, it != entries_.end(), "unknown option '", key,
+                     "'; autostage options are listed by show_config()");
+  return valueText(it->second.value);
 }
 
 std::string Config::toString() const {

@@ -52,6 +52,8 @@ class Config {
   int64_t getInt(const std::string& key) const;
   double getFloat(const std::string& key) const;
   std::string getString(const std::string& key) const;
+  // The value of any option in TOML form (`true`, `4`, `0.5`, `"gpipe"`); ConfigError if unknown.
+  std::string text(const std::string& key) const;
   // Where the current value came from: "default", a file path, "env AUTOSTAGE_X", "set".
   std::string origin(const std::string& key) const;
 

@@ -1,6 +1,8 @@
 #include "staging/module.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <sstream>
 
@@ -154,6 +156,55 @@ void checkSameAcrossRanks(const std::vector<std::string>& summaries) {
   comm::throwAgreed("Error", "ranks passed inputs of different shapes or dtypes (" + list.str() +
                                  "); every rank must pass tensors of the same dtypes and shapes, "
                                  "including the local batch size in dim 0");
+}
+
+// Note [Plan cache]
+// With plan_cache_dir set, rank 0 keeps every deployment it plans in that directory under a key
+// of what the plan depends on: the graph hash (model and traced shapes), world size, ranks per
+// node, global batch and every planner, profiler and comm option. A later launch with the same
+// key loads the file instead of profiling and planning. A cache file that cannot be read (damaged,
+// older format) is reported and replaced by a fresh plan.
+const char* const kPlanKeyOptions[] = {
+    "decomposer", "max_blocks", "partition_num", "pipeline_num", "min_pipeline", "max_pipeline",
+    "schedule", "recompute", "mem_limit_gb", "mem_margin", "opt_param_factor", "comm_bandwidth",
+    "allreduce_bandwidth", "comm_latency", "profile_batch_sizes"};
+
+std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch) {
+  const core::Config& config = core::globalConfig();
+  const std::string dir = config.getString("plan_cache_dir");
+  if (dir.empty()) return "";
+  std::ostringstream key;
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  key << graphHash << '\n' << worldSize << '\n' << (local ? local : "1") << '\n' << globalBatch;
+  for (const char* option : kPlanKeyOptions) key << '\n' << option << '=' << config.text(option);
+  return dir + "/plan-" + graphHash + "-np" + std::to_string(worldSize) + "-b" +
+         std::to_string(globalBatch) + "-" + core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";
+}
+
+bool readCachedPlan(const std::string& path, std::string* bytes) {
+  if (!std::filesystem::exists(path)) return false;
+  try {
+    *bytes = core::encodeDeployment(core::loadDeployment(path));
+  } catch (const Error& e) {
+    core::logger("DPStaging")->warn("Ignoring the cached plan {}: {}; planning again", path,
+                                    e.what());
+    return false;
+  }
+  core::logger("DPStaging")->info("Loaded the plan from the plan cache: {} (plan_cache_dir); "
+                                  "skipping profiling and planning", path);
+  return true;
+}
+
+void writeCachedPlan(const core::Deployment& deployment, const std::string& path) {
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
+  try {
+    core::saveDeployment(deployment, path);
+    core::logger("DPStaging")->info("Saved the plan to the plan cache: {}", path);
+  } catch (const Error& e) {  // a cache that cannot be written must not fail the job
+    core::logger("DPStaging")->warn("Could not save the plan to the plan cache ({}): {}", path,
+                                    e.what());
+  }
 }
 
 void logDeployment(const core::Deployment& d) {
@@ -310,10 +361,15 @@ core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& exampl
   std::string bytes;
   comm::runAgreed(*backend_, "planning", [&] {
     if (backend_->rank() != 0) return;
+    const std::string cached = planCachePath(model_->graph.hash(), backend_->worldSize(),
+                                             globalBatch);
+    if (!cached.empty() && readCachedPlan(cached, &bytes)) return;
     core::logger("DPStaging")->info("Planning on rank 0 (world size {}, batch size {}) ...",
                                     backend_->worldSize(), globalBatch);
-    bytes = core::encodeDeployment(
-        options_.planner({*model_, examples, backend_->worldSize(), globalBatch}));
+    core::Deployment planned =
+        options_.planner({*model_, examples, backend_->worldSize(), globalBatch});
+    bytes = core::encodeDeployment(planned);
+    if (!cached.empty()) writeCachedPlan(planned, cached);
   });
   if (backend_->worldSize() > 1) backend_->broadcastBytes(bytes, 0, backend_->world());
   return core::decodeDeployment(bytes, "deployment broadcast from rank 0");

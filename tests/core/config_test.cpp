@@ -16,6 +16,18 @@ TEST_CASE("defaults come from the option table", "[core]") {
   for (const auto& o : optionTable()) REQUIRE(c.toString().find(o.key + " = ") != std::string::npos);
 }
 
+TEST_CASE("any option reads back as text", "[core]") {
+  Config c;
+  c.set("partition_num", "4");
+  c.set("schedule", "1f1b");
+  c.set("log_all_ranks", "true");
+  REQUIRE(c.text("partition_num") == "4");
+  REQUIRE(c.text("schedule") == "\"1f1b\"");
+  REQUIRE(c.text("log_all_ranks") == "true");
+  REQUIRE(c.text("plan_cache_dir") == "\"\"");
+  REQUIRE_THROWS_WITH(c.text("no_such_option"), Catch::Contains("unknown option 'no_such_option'"));
+}
+
 TEST_CASE("TOML file, then environment, then explicit set", "[core]") {
   Config c;
   c.applyToml("max_blocks = 64\nmem_margin = 1\nlog_all_ranks = true\n", "test.toml");

@@ -18,9 +18,6 @@ std::string readBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
-void writeBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
 fs::path scratch(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / "autostage_file_format_test";
   fs::create_directories(dir);
