@@ -46,6 +46,9 @@ const std::vector<OptionSpec>& optionTable() {
       {"comm_bandwidth", T::Float, "10e9", "point-to-point bandwidth in bytes/s when it cannot be measured"},
       {"allreduce_bandwidth", T::Float, "10e9", "allreduce bus bandwidth in bytes/s when it cannot be measured"},
       {"comm_latency", T::Float, "20e-6", "per-message latency in seconds when it cannot be measured"},
+      {"measure_comm", T::Bool, "true",
+       "measure point-to-point and allreduce costs between the ranks before planning (false: "
+       "plan with comm_bandwidth, allreduce_bandwidth and comm_latency)"},
       {"comm_timeout_s", T::Float, "60", "seconds a blocking receive or collective waits before failing with the peer named"},
       // Runtime
       {"allow_replan", T::Bool, "false", "when a later batch changes the traced shape (dims other than 0) or dtype: retrace and replan (true) or raise an error (false)"},

@@ -104,8 +104,11 @@ staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
   }
   // Every rank measures (collective) once per process and backend: the links do not change
   // between modules, and a job building several modules would otherwise pay seconds each time.
-  // Rank 0 keeps the result for planning.
-  core::CommProfile comm = measuredCommProfile(backend);
+  // Rank 0 keeps the result for planning. With measure_comm=false (deterministic plans, e.g.
+  // in tests, or a busy machine whose timings would mislead) the configured costs are used.
+  core::CommProfile comm = core::globalConfig().getBool("measure_comm")
+                               ? measuredCommProfile(backend)
+                               : profiler::configuredCommProfile();
   return [comm](const staging::PlanningInput& in) {
     const core::Config& config = core::globalConfig();
     int64_t forcedStages = config.getInt("partition_num");

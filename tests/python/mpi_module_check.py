@@ -45,8 +45,13 @@ def main():
         optimizer.step()
 
     local = {p.data_ptr() for p in wrapped.local_parameters()}
-    if not local:
-        failures.append("no local parameters after deployment")
+    # The planner may leave a rank without a stage (a feeder only) when replicas would not pay
+    # for their allreduce; a rank in a stage must hold that stage's parameters.
+    in_stage = any(rank in st["ranks"] for st in wrapped._impl.deployment_info()["stages"])
+    if in_stage and not local:
+        failures.append("no local parameters on a rank that runs a stage")
+    if not in_stage and local:
+        failures.append("parameters on a rank that runs no stage")
     if any(p.data_ptr() not in local for g in optimizer.param_groups for p in g["params"]):
         failures.append("optimizer still holds parameters of other stages")
     ref_params = dict(reference.named_parameters())
@@ -56,6 +61,10 @@ def main():
             checked += 1
             if not torch.allclose(p, ref_params[name], rtol=1e-4, atol=1e-6):
                 failures.append(f"parameter {name} differs by {(p - ref_params[name]).abs().max()}")
+    # Every parameter, wherever it lives, through the gathered state.
+    for name, value in wrapped.state_dict().items():
+        if name in ref_params and not torch.allclose(value, ref_params[name], rtol=1e-4, atol=1e-6):
+            failures.append(f"gathered {name} differs by {(value - ref_params[name]).abs().max()}")
     # Plan reuse: a fresh module deployed from the saved plan computes what a fresh model does.
     path = os.path.join(tempfile.gettempdir(), f"autostage_check_{os.getpid()}.deployment")
     wrapped.save_deployment(path)

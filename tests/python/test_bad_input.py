@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BUILD_PYTHON = os.path.abspath(os.path.join(HERE, "..", "..", "build", "python"))
+from mpi_launch import HERE, mpi_env, mpirun
+
 COMM_TIMEOUT_S = 10
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 
@@ -64,22 +64,6 @@ EXPECTED = {
     "no_feasible_plan": ("PlanError", ["planning failed on rank 0:"]),
     "allow_replan_shape_changed": ("OK", []),
 }
-
-
-def mpi_env(**extra):
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=BUILD_PYTHON,
-                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                AUTOSTAGE_PROFILE_REPEATS="3", **extra)
-
-
-def mpirun(args, env, recovery=False, timeout=600, ranks=4):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
-    if recovery:
-        cmd.append("--enable-recovery")  # else mpirun kills every rank when one dies
-    for name in env:
-        if name.startswith("AUTOSTAGE_") or name in ("OMP_NUM_THREADS", "PYTHONPATH"):
-            cmd += ["-x", name]
-    return subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def keep_log(name, text):

@@ -51,9 +51,10 @@ def test_matrix_is_a_covering_design():
 def test_equivalence_matrix(ranks, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=BUILD_PYTHON,
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               AUTOSTAGE_COMM_TIMEOUT_S="300")
+               AUTOSTAGE_COMM_TIMEOUT_S="300", AUTOSTAGE_MEASURE_COMM="false")
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
            "-x", "OMP_NUM_THREADS", "-x", "PYTHONPATH", "-x", "AUTOSTAGE_COMM_TIMEOUT_S",
+           "-x", "AUTOSTAGE_MEASURE_COMM",
            sys.executable, os.path.join(DRIVER_DIR, "driver.py"), str(tmp_path / "profiles")]
     run = subprocess.run(cmd, env=env, cwd=DRIVER_DIR, capture_output=True, text=True,
                          timeout=1200)

@@ -3,26 +3,14 @@ and planning; a damaged cache file is reported and replaced; another batch size 
 import glob
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-BUILD_PYTHON = os.path.abspath(os.path.join(HERE, "..", "..", "build", "python"))
+from mpi_launch import run_driver
 
 
 def launch(cache_dir, ranks=2):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=BUILD_PYTHON,
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               AUTOSTAGE_PROFILE_REPEATS="3", AUTOSTAGE_COMM_TIMEOUT_S="120")
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks),
-           "-x", "OMP_NUM_THREADS", "-x", "PYTHONPATH", "-x", "AUTOSTAGE_PROFILE_REPEATS",
-           "-x", "AUTOSTAGE_COMM_TIMEOUT_S",
-           sys.executable, os.path.join(HERE, "plan_cache_check.py"), cache_dir]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log
+    log = run_driver("plan_cache_check.py", cache_dir, ranks=ranks)
     for rank in range(ranks):
         assert f"rank {rank}: plan cache run ok" in log, log
     return log

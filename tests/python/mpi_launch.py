@@ -1,0 +1,45 @@
+"""Launching test drivers under mpirun, shared by the multi-rank Python tests."""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BUILD_PYTHON = os.path.abspath(os.path.join(HERE, "..", "..", "build", "python"))
+
+
+def mpi_env(**extra):
+    """The environment every rank gets: one OpenMP thread, this build's autostage on the path,
+    root allowed, a small profiling repeat count, a generous timeout, and configured (not
+    measured) communication costs, so plans do not depend on how busy the machine is: measured
+    on a loaded machine, replicas can look too costly and ranks are left without a stage
+    (all overridable)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=BUILD_PYTHON,
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               AUTOSTAGE_PROFILE_REPEATS="3", AUTOSTAGE_COMM_TIMEOUT_S="120",
+               AUTOSTAGE_MEASURE_COMM="false")
+    env.update(extra)
+    return env
+
+
+def mpirun(args, env=None, recovery=False, timeout=600, ranks=4, cwd=None):
+    """Runs `args` on `ranks` ranks (2 cores: oversubscribed), exporting the autostage, OpenMP and
+    Python path variables; returns the CompletedProcess with text output."""
+    env = env if env is not None else mpi_env()
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
+    if recovery:
+        cmd.append("--enable-recovery")  # else mpirun kills every rank when one dies
+    for name in env:
+        if name.startswith("AUTOSTAGE_") or name in ("OMP_NUM_THREADS", "PYTHONPATH"):
+            cmd += ["-x", name]
+    return subprocess.run(cmd + args, env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_driver(script, *args, ranks=4, timeout=600, **env):
+    """Runs tests/python/`script` with `args` on `ranks` ranks, asserts it exited 0 and returns
+    the combined log."""
+    run = mpirun([sys.executable, os.path.join(HERE, script), *map(str, args)],
+                 env=mpi_env(**env), timeout=timeout, ranks=ranks)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log
+    return log
