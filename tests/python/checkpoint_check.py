@@ -75,8 +75,9 @@ def main():
     failures = []
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    # The BatchNorm stage keeps one replica (partition_num=world would too; 2 stages here).
-    wrapped = autostage.Module(model, optimizer, partition_num=2, pipeline_num=1,
+    # One stage per rank: the BatchNorm stage has a single replica and one micro-batch, so its
+    # statistics are those of the whole batch, as in the plain run.
+    wrapped = autostage.Module(model, optimizer, partition_num=world, pipeline_num=1,
                                schedule="gpipe", recompute="never")
     if phase == "save":
         if wrapped.state_dict().keys() != Net().state_dict().keys():
