@@ -28,6 +28,15 @@ SyntheticModel smallBert(int layers) {
   return syntheticTransformer(s, DeviceModel{});
 }
 
+// Every node costs the same (1 ms + 0.1 ms per sample forward), so only cuts decide blocks.
+core::GraphProfile uniformProfile(const core::Graph& g) {
+  core::GraphProfile profile;
+  profile.graphHash = g.hash();
+  profile.nodes.resize(g.nodeCount());
+  for (auto& p : profile.nodes) p.forwardSeconds = {1e-3, 1e-4};
+  return profile;
+}
+
 // Layer index of a scope `layers.K...`, -1 outside the layers.
 int layerOf(const std::string& scope) {
   if (scope.rfind("layers.", 0) != 0) return -1;
@@ -163,10 +172,7 @@ TEST_CASE("boundaries crossed by non-tensor values are never block boundaries", 
   g.addOutput(g.node(loss).outputs[0]);
   g.classifyValues();
 
-  core::GraphProfile profile;
-  profile.graphHash = g.hash();
-  profile.nodes.resize(g.nodeCount());
-  for (auto& p : profile.nodes) p.forwardSeconds = {1e-3, 1e-4};
+  core::GraphProfile profile = uniformProfile(g);
   Blocking blocking = buildBlocking(g, profile, 100, 8);
   REQUIRE(blocking.groups.size() == 8);
   REQUIRE(blocking.groups[1].main == size);
@@ -195,10 +201,7 @@ TEST_CASE("boundaries crossed by tensors whose dim 0 is not the batch are never 
   NodeId loss = g.addNode("aten::sum", {c}, {core::Type::tensor(core::DType::Float32, {})});
   g.addOutput(g.node(loss).outputs[0]);
   g.classifyValues();
-  core::GraphProfile profile;
-  profile.graphHash = g.hash();
-  profile.nodes.resize(g.nodeCount());
-  for (auto& p : profile.nodes) p.forwardSeconds = {1e-3, 1e-4};
+  core::GraphProfile profile = uniformProfile(g);
   Blocking blocking = buildBlocking(g, profile, 100, 8);
   REQUIRE(blocking.groups.size() == 6);
   // The 0-dim loss is a graph output read by no later group, so the cut before it stays.

@@ -6,6 +6,7 @@ import sys
 import torch
 
 import autostage
+from mpi_launch import finish
 
 STEPS, LOCAL, LR = 3, 4, 0.05
 
@@ -98,10 +99,7 @@ def main():
         wrapped.load_state_dict(torch.load(path))
         compare(wrapped.state_dict(), plain(STEPS), "loaded after deployment", failures)
     print(f"rank {rank}: checkpoint {phase} checked; {len(failures)} failures", flush=True)
-    for f in failures:
-        print(f"rank {rank}: FAIL {f}", flush=True)
-    autostage.barrier()
-    sys.exit(1 if failures else 0)
+    finish(rank, failures)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Run under mpirun (see test_grad_tools.py): gradient accumulation with delay_grad_allreduce and
 global clip_grad_norm on 2 stages (replicated), against plain single-process PyTorch."""
-import sys
 
 import torch
 
 import autostage
+from mpi_launch import finish
 
 
 class Tied(torch.nn.Module):
@@ -96,10 +96,7 @@ def main():
     if not torch.allclose(got, reference.eval()(x)[rows].detach(), rtol=1e-5, atol=1e-6):
         failures.append("an eval-mode module built from state_dict differs from the plain model")
     print(f"rank {rank}: grad tools checked; {len(failures)} failures", flush=True)
-    for f in failures:
-        print(f"rank {rank}: FAIL {f}", flush=True)
-    autostage.barrier()
-    sys.exit(1 if failures else 0)
+    finish(rank, failures)
 
 
 if __name__ == "__main__":

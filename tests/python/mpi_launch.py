@@ -1,4 +1,5 @@
-"""Launching test drivers under mpirun, shared by the multi-rank Python tests."""
+"""Launching test drivers under mpirun (test side) and ending them (rank side), shared by the
+multi-rank Python tests."""
 import os
 import subprocess
 import sys
@@ -43,3 +44,14 @@ def run_driver(script, *args, ranks=4, timeout=600, **env):
     log = run.stdout + run.stderr
     assert run.returncode == 0, log
     return log
+
+
+def finish(rank, failures):
+    """Rank side of a driver: prints each failure as `rank R: FAIL ...`, waits for every rank
+    (so no rank's exit tears the job down before the others have printed), and exits 1 on any
+    failure."""
+    import autostage  # only the ranks need it
+    for failure in failures:
+        print(f"rank {rank}: FAIL {failure}", flush=True)
+    autostage.barrier()
+    sys.exit(1 if failures else 0)

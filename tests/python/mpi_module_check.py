@@ -1,11 +1,11 @@
 """Run under mpirun (see test_module.py): autostage.Module on N ranks vs plain PyTorch."""
 import os
-import sys
 import tempfile
 
 import torch
 
 import autostage
+from mpi_launch import finish
 
 
 def make_model():
@@ -78,10 +78,7 @@ def main():
         failures.append(f"module from saved deployment differs by {(got - expected).abs().max()}")
     print(f"rank {rank}: checked {checked} local parameters over {steps} steps; "
           f"{len(failures)} failures", flush=True)
-    for f in failures:
-        print(f"rank {rank}: FAIL {f}", flush=True)
-    autostage.barrier()
-    sys.exit(1 if failures else 0)
+    finish(rank, failures)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 
 import autostage  # noqa: E402
+from mpi_launch import finish  # noqa: E402
 from transformer_lm import CausalLM, next_token_loss, synthetic_batch  # noqa: E402
 
 VOCAB, DIM, LAYERS, HEADS, SEQ, LOCAL, LR = 64, 32, 2, 2, 16, 4, 1e-3
@@ -61,10 +62,7 @@ def main():
         failures.append(f"RSS grew by {growth / 2**20:.1f} MiB after warm-up")
     if worst > 1e-5:
         failures.append(f"losses drifted from plain PyTorch by {worst:.2e} (relative)")
-    for f in failures:
-        print(f"rank {rank}: FAIL {f}", flush=True)
-    autostage.barrier()
-    sys.exit(1 if failures else 0)
+    finish(rank, failures)
 
 
 if __name__ == "__main__":
