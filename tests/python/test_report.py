@@ -4,6 +4,7 @@ whose SVG pictures exist in the browser's DOM and whose screenshot is a real pic
 Needs the `autostage` CLI of this build (build/bindings/cli/autostage, or $AUTOSTAGE_CLI) and the
 Debian `chromium` package (scripts/common.sh installs it); skips only when chromium is missing."""
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -127,3 +128,43 @@ def test_report_of_a_damaged_file_is_a_format_error(tmp_path):
         assert done.returncode == 1
         assert "autostage: error:" in done.stderr and "bad.pb" in done.stderr
         assert not (tmp_path / "r.html").exists()
+
+
+def test_tutorial_trace_events_and_report(tmp_path):
+    """2 ranks, 2 stages: trace_events writes one valid Chrome trace per rank covering every
+    stage's forward and backward of every micro-batch; the saved plan and the traces make a report
+    with the measured timeline."""
+    assert os.path.exists(CLI), f"autostage CLI not built at {CLI}"
+    import shutil as _shutil
+    if _shutil.which("mpirun") is None:
+        pytest.skip("mpirun not installed")
+    from test_examples import run_example
+    pb, traces = tmp_path / "plan.pb", tmp_path / "trace"
+    log = run_example("tutorial.py", ["4", "16", "3", "--steps", "3", "--partition-num", "2",
+                                      "--save-deployment", str(pb), "--trace-events", str(traces)],
+                      ranks=2)
+    assert f"deployment saved to {pb}" in log
+    shown = run(CLI, "show", str(pb))
+    assert "world size 2" in shown and "routes (" in shown
+    summary = re.search(r"micro-batches (\d+), schedule (\w+)", shown)
+    micro_batches = int(summary.group(1))
+    stage_ranks = {}  # stage -> ranks, from the trace
+    for rank in (0, 1):
+        with open(traces / f"trace_rank{rank}.json") as f:
+            trace = json.load(f)  # valid JSON
+        events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        assert all(e["pid"] == rank and e["dur"] >= 0 for e in events)
+        steps = {e["args"]["step"] for e in events}
+        assert steps == {0, 1, 2}  # 3 steps, fewer than trace_events_steps
+        for step in steps:
+            for name in ("forward", "backward"):
+                got = sorted(e["args"]["micro_batch"] for e in events
+                             if e["name"] == name and e["args"]["step"] == step)
+                assert got == list(range(micro_batches)), (rank, name, step, got)
+        stage_ranks.setdefault(events[0]["args"]["stage"], []).append(rank)
+    assert sorted(stage_ranks) == [0, 1]  # two stages, one per rank
+    html = tmp_path / "report.html"
+    run(CLI, "report", str(pb), "-o", str(html), "--trace", str(traces))
+    text = html.read_text()
+    assert text.count('class="measured forward"') == 2 * micro_batches  # the last step
+    assert text.count('class="op forward"') == 2 * micro_batches
