@@ -13,6 +13,7 @@ namespace {
 
 constexpr double kWidth = 1100, kLabelWidth = 170, kPlotWidth = 880;
 constexpr double kRow = 30, kBar = 22;
+constexpr double kMemoryPlot = 700;  // the totals are written right of the plot
 const char* kSendColor = "#9e9e9e";
 const char* kAllreduceColor = "#3b3b3b";
 
@@ -106,7 +107,7 @@ std::string memorySvg(const core::Deployment& d) {
   double unit = 1;
   while (maximum / unit >= 1024 && unit < 1099511627776.0) unit *= 1024;
   for (double t : niceTicks(maximum / unit, 8)) {
-    const double x = kLabelWidth + kPlotWidth * t * unit / maximum;
+    const double x = kLabelWidth + kMemoryPlot * t * unit / maximum;
     svg.line(x, top - 4, x, bottom, "#dddddd", "class=\"grid\"");
     svg.text(x, bottom + 16, formatBytes(t * unit), "middle", "class=\"tick\"");
   }
@@ -119,7 +120,7 @@ std::string memorySvg(const core::Deployment& d) {
              "end", "class=\"row-label\"");
     double x = kLabelWidth;
     for (int p = 0; p < 6; ++p) {
-      const double w = kPlotWidth * parts[p] / maximum;
+      const double w = kMemoryPlot * parts[p] / maximum;
       if (parts[p] <= 0) continue;
       svg.rect(x, y, w, kBar, colors[p],
                std::string("class=\"mem ") + names[p] + "\" " + attr("data-stage", std::to_string(s.id)),
@@ -127,12 +128,12 @@ std::string memorySvg(const core::Deployment& d) {
       x += w;
     }
     const std::string share = usable > 0 ? " (" + std::to_string(static_cast<int>(100 * m.total() / usable + 0.5)) + "% of usable)" : "";
-    svg.text(std::min(x + 6, kLabelWidth + kPlotWidth - 4), y + kBar / 2 + 4, formatBytes(m.total()) + share,
-             x + 200 > kLabelWidth + kPlotWidth ? "end" : "start", "class=\"bar-total\"");
+    svg.text(kLabelWidth + kMemoryPlot + 12, y + kBar / 2 + 4, formatBytes(m.total()) + share, "start",
+             "class=\"bar-total\"");
   }
   if (device > 0) {
-    const double ux = kLabelWidth + kPlotWidth * usable / maximum;
-    const double dx = kLabelWidth + kPlotWidth * device / maximum;
+    const double ux = kLabelWidth + kMemoryPlot * usable / maximum;
+    const double dx = kLabelWidth + kMemoryPlot * device / maximum;
     svg.line(ux, top - 8, ux, bottom, "#d62728", "class=\"limit\" stroke-width=\"2\" stroke-dasharray=\"6 3\"");
     svg.text(ux - 4, top - 10, "usable " + formatBytes(usable), "end", "class=\"limit-label\" style=\"fill:#d62728\"");
     svg.line(dx, top - 30, dx, bottom, "#222222", "class=\"device\" stroke-width=\"2\"");
