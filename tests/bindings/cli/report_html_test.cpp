@@ -2,14 +2,17 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <regex>
 #include <sstream>
 #include <vector>
 
 #include "bindings/cli/deployment_view.h"
 #include "bindings/cli/measured_trace.h"
+#include "bindings/cli/report_command.h"
 #include "bindings/cli/svg.h"
 #include "core/error.h"
+#include "core/proto/file_format.h"
 
 using namespace autostage;
 using namespace autostage::cli;
@@ -195,4 +198,22 @@ TEST_CASE("simulated deployment: gpipe stage times add up as the flow-shop formu
   const double backward = (2e-3 + 4.1e-3 + 6.1e-3) + 3 * 6.1e-3;
   REQUIRE(sim.pipelineSeconds == Approx(forward + backward));
   REQUIRE(sim.iterationSeconds == Approx(forward + backward + 3e-3));
+}
+
+TEST_CASE("show and report refuse a file of another kind with the file format's FormatError", "[cli]") {
+  const std::string path = (std::filesystem::temp_directory_path() / "report_html_test_graph.pb").string();
+  core::writeFramedFile(path, "graph", 1, "not a deployment");
+  std::ostringstream out;
+  try {
+    runShowCommand({path}, out);
+    FAIL("no error");
+  } catch (const FormatError& e) {
+    INFO(e.what());
+    REQUIRE(std::string(e.what()).find(path) != std::string::npos);
+    REQUIRE(std::string(e.what()).find("deployment") != std::string::npos);
+  }
+  REQUIRE_THROWS_AS(runReportCommand({path, "-o", path + ".html"}, out), FormatError);
+  REQUIRE_FALSE(std::filesystem::exists(path + ".html"));
+  REQUIRE_THROWS_AS(runReportCommand({path}, out), ConfigError);  // no -o
+  std::filesystem::remove(path);
 }
