@@ -27,12 +27,18 @@ svg text.tick { font-size: 11px; fill: #555; }
 svg text.node-label { font-weight: bold; }
 svg text.stage-label { font-size: 11px; }
 .legend { font-size: 12px; margin: 4px 0; }
-.legend span.swatch { display: inline-block; width: 12px; height: 12px; margin: 0 4px 0 12px; vertical-align: -2px; border: 1px solid #777; }
+.legend span.item { white-space: nowrap; margin-right: 10px; }
+.legend span.swatch { display: inline-block; width: 12px; height: 12px; margin: 0 4px 0 4px; vertical-align: -2px; border: 1px solid #777; }
 details { margin-top: 8px; font-size: 13px; }
 )";
 
+std::string box(const std::string& color) {
+  return "<span class=\"swatch\" style=\"background:" + color + "\"></span>";
+}
+
+// A legend entry that never wraps between its colour and its label.
 std::string swatch(const std::string& color, const std::string& label) {
-  return "<span class=\"swatch\" style=\"background:" + color + "\"></span>" + escapeXml(label);
+  return "<span class=\"item\">" + box(color) + escapeXml(label) + "</span>";
 }
 
 void summaryTable(std::ostream& out, const core::Deployment& d, const decomposer::SimulationResult& sim) {
@@ -98,12 +104,12 @@ void routeTable(std::ostream& out, const core::Deployment& d) {
 }
 
 void ganttLegend(std::ostream& out, const core::Deployment& d) {
-  out << "<div class=\"legend\">";
+  out << "<div class=\"legend\">forward (light) and backward (dark) per stage:";
   for (const core::StageDeployment& s : d.stages)
-    out << swatch(stageColor(s.id), "S" + std::to_string(s.id) + " forward")
-        << swatch(stageColor(s.id, true), "backward");
-  out << swatch("#9e9e9e", "send / recv") << swatch("#3b3b3b", "gradient allreduce")
-      << " &#8212; numbers are micro-batches</div>\n";
+    out << "<span class=\"item\">" << box(stageColor(s.id)) << box(stageColor(s.id, true)) << "S" << s.id
+        << "</span>";
+  out << "</div>\n<div class=\"legend\">" << swatch("#9e9e9e", "send / recv")
+      << swatch("#3b3b3b", "gradient allreduce") << " &#8212; numbers in boxes are micro-batches</div>\n";
 }
 
 }  // namespace

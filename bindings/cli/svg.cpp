@@ -32,11 +32,11 @@ std::string escapeXml(const std::string& text) {
 }
 
 std::string stageColor(int stage, bool dark) {
-  // Tableau 10, light and dark variants.
+  // Tableau 10 (grey replaced by indigo: grey marks transfers), light and dark variants.
   static const char* light[] = {"#7fb3e0", "#ffb36b", "#8fd18a", "#f08c8d", "#c3a6dd",
-                                "#c9a49a", "#f4b5de", "#bdbdbd", "#dede7a", "#7fd9e3"};
+                                "#c9a49a", "#f4b5de", "#b5c7f0", "#dede7a", "#7fd9e3"};
   static const char* darker[] = {"#2f6ea8", "#c9651a", "#3a8c35", "#b9393b", "#7e5aa3",
-                                 "#86574c", "#c25e9e", "#6f6f6f", "#9c9c24", "#1f98a6"};
+                                 "#86574c", "#c25e9e", "#4662b5", "#9c9c24", "#1f98a6"};
   const int i = ((stage % 10) + 10) % 10;
   return dark ? darker[i] : light[i];
 }
