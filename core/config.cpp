@@ -52,6 +52,9 @@ const std::vector<OptionSpec>& optionTable() {
       {"comm_timeout_s", T::Float, "60", "seconds a blocking receive or collective waits before failing with the peer named"},
       // Runtime
       {"allow_replan", T::Bool, "false", "when a later batch changes the traced shape (dims other than 0) or dtype: retrace and replan (true) or raise an error (false)"},
+      {"trace_events", T::Bool, "false", "record each rank's forward/backward/send/recv/allreduce times and write a Chrome-trace JSON per rank (see trace_events_dir)"},
+      {"trace_events_dir", T::String, "autostage_trace", "directory of the trace_events files (trace_rank0.json, trace_rank1.json, ...), rewritten at the end of every step"},
+      {"trace_events_steps", T::Int, "10", "steps kept in each trace_events file (the latest ones)"},
   };
   return table;
 }

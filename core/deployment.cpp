@@ -8,7 +8,10 @@ bool StageDeployment::operator==(const StageDeployment& o) const {
          backwardSeconds == o.backwardSeconds && allreduceSeconds == o.allreduceSeconds &&
          inputBytes == o.inputBytes && outputBytes == o.outputBytes && paramBytes == o.paramBytes &&
          activationBytes == o.activationBytes && optimizerBytes == o.optimizerBytes &&
-         commBufferBytes == o.commBufferBytes && totalMemoryBytes == o.totalMemoryBytes;
+         commBufferBytes == o.commBufferBytes && totalMemoryBytes == o.totalMemoryBytes &&
+         sendForwardSeconds == o.sendForwardSeconds && sendBackwardSeconds == o.sendBackwardSeconds &&
+         microBatchPerReplica == o.microBatchPerReplica && gradientBytes == o.gradientBytes &&
+         workingBytes == o.workingBytes;
 }
 
 bool Route::operator==(const Route& o) const {
@@ -18,7 +21,7 @@ bool Route::operator==(const Route& o) const {
 }
 
 bool Deployment::operator==(const Deployment& o) const {
-  return graphHash == o.graphHash && worldSize == o.worldSize && deviceMemory == o.deviceMemory &&
+  return graphHash == o.graphHash && worldSize == o.worldSize && devicesPerNode == o.devicesPerNode && deviceMemory == o.deviceMemory &&
          batchSize == o.batchSize && microBatchCount == o.microBatchCount &&
          schedule == o.schedule && decomposer == o.decomposer && stages == o.stages &&
          routes == o.routes && options == o.options &&

@@ -39,6 +39,13 @@ struct StageDeployment {
   int64_t optimizerBytes = 0;
   int64_t commBufferBytes = 0;
   int64_t totalMemoryBytes = 0;  // per device
+  // Added later (0 in files written before): per micro-batch transfer times to the next / the
+  // previous stage, the per-replica micro-batch size, gradient and working bytes per device.
+  double sendForwardSeconds = 0;
+  double sendBackwardSeconds = 0;
+  int64_t microBatchPerReplica = 0;
+  int64_t gradientBytes = 0;
+  int64_t workingBytes = 0;
   int replicaCount() const { return static_cast<int>(ranks.size()); }
   bool operator==(const StageDeployment& o) const;
 };
@@ -55,6 +62,7 @@ struct Route {
 struct Deployment {
   std::string graphHash;
   int worldSize = 1;
+  int devicesPerNode = 0;    // 0 in files written before it was recorded
   int64_t deviceMemory = 0;  // bytes per device planned for
   int64_t batchSize = 0;     // global batch
   int microBatchCount = 1;

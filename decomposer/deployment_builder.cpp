@@ -86,6 +86,11 @@ core::StageDeployment makeStage(const core::Graph& graph, const Blocking& blocki
   s.optimizerBytes = static_cast<int64_t>(e.optimizerBytes);
   s.commBufferBytes = static_cast<int64_t>(e.commBufferBytes);
   s.totalMemoryBytes = static_cast<int64_t>(e.totalMemoryBytes);
+  s.sendForwardSeconds = e.sendForwardSeconds;
+  s.sendBackwardSeconds = e.sendBackwardSeconds;
+  s.microBatchPerReplica = e.microBatchPerReplica;
+  s.gradientBytes = static_cast<int64_t>(e.gradientBytes);
+  s.workingBytes = static_cast<int64_t>(e.workingBytes);
   return s;
 }
 
@@ -168,6 +173,7 @@ core::Deployment buildDeployment(const core::Graph& graph, const Blocking& block
   core::Deployment d;
   d.graphHash = graph.hash();
   d.worldSize = request.devices;
+  d.devicesPerNode = request.devicesPerNode;
   d.deviceMemory = static_cast<int64_t>(request.options.memLimitGb > 0
                                             ? request.options.memLimitGb * 1073741824.0
                                             : request.deviceMemory);

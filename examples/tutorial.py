@@ -1,14 +1,17 @@
 """autostage tutorial: an MLP of LAYERS x (Linear(HIDDEN, HIDDEN) + ReLU), after RaNNC's tutorial.
 
     mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1 \\
-        /usr/bin/python3 examples/tutorial.py 32 512 8 [--steps 4] [--mem-limit-gb 0.02]
+        /usr/bin/python3 examples/tutorial.py 32 512 8 [--steps 4] [--mem-limit-gb 0.02] \\
+        [--save-deployment plan.pb] [--trace-events DIR]
 
 BATCH is the batch size per rank (like DistributedDataParallel): the global batch is
 BATCH x number of ranks. Every rank builds the same model and feeds its own local batch; on the
 first call autostage traces, profiles and plans the model (read the [Decomposer]/[DPStaging]
 partition log), then the ordinary single-process loop trains it. Extra keyword options go to
 autostage.Module: --mem-limit-gb (plan for this much memory per device), --partition-num (force a
-stage count), or any config key as AUTOSTAGE_<KEY> in the environment.
+stage count), or any config key as AUTOSTAGE_<KEY> in the environment. --save-deployment writes the
+plan (rank 0) for `autostage show` / `autostage report`; --trace-events DIR writes each rank's
+Chrome trace there (trace_events=true) for `autostage report --trace DIR`.
 
 Memory: with the defaults (8 layers of 512) the model has 2.1 M parameters; weights, gradients and
 Adam's two moments take 33.6 MB. With --mem-limit-gb 0.02 (19.3 MB usable after the 10% margin)
@@ -71,6 +74,10 @@ def parse_args(argv):
                         help="device memory to plan for in GiB (default: the device's own)")
     parser.add_argument("--partition-num", type=positive_int, default=None,
                         help="force this many pipeline stages (default: the planner chooses)")
+    parser.add_argument("--save-deployment", metavar="PATH", default=None,
+                        help="after training, rank 0 saves the deployment (the plan) to PATH")
+    parser.add_argument("--trace-events", metavar="DIR", default=None,
+                        help="record each rank's forward/backward/communication events in DIR")
     return parser.parse_args(argv)
 
 
@@ -80,6 +87,9 @@ def module_options(args):
         options["mem_limit_gb"] = args.mem_limit_gb
     if args.partition_num is not None:
         options["partition_num"] = args.partition_num
+    if args.trace_events is not None:
+        options["trace_events"] = True
+        options["trace_events_dir"] = args.trace_events
     return options
 
 
@@ -109,6 +119,9 @@ def main(argv):
             print(f"step {step} loss {value:.6f} (rank 0's local batch)", flush=True)
         if not math.isfinite(value):
             raise RuntimeError(f"rank {rank} step {step}: the loss is not finite ({value})")
+    if args.save_deployment is not None and rank == 0:
+        model.save_deployment(args.save_deployment)
+        print(f"deployment saved to {args.save_deployment}", flush=True)
     autostage.barrier()
     if rank == 0:
         print("tutorial finished", flush=True)

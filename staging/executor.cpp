@@ -44,6 +44,8 @@ Executor::Executor(const torchscript::ImportedModel& model, core::Deployment dep
       gradientSync_(gradientGroups(model.graph, deployment_), options.gradientBucketBytes),
       transport_(*backend_) {
   options_.validate();
+  if (!options_.traceDirectory.empty())
+    trace_ = std::make_unique<EventTrace>(rank_, options_.traceDirectory, options_.traceSteps);
   AUTOSTAGE_CHECK_AS(PlanError, deployment_.worldSize == backend_->worldSize(),
                      "the deployment was planned for ", deployment_.worldSize,
                      " ranks but this job has ", backend_->worldSize(),
@@ -73,6 +75,14 @@ Executor::Executor(const torchscript::ImportedModel& model, core::Deployment dep
     runner_ = std::make_unique<StageRunner>(model_.graph, stage, params_, gradientInputs);
   }
   if (options_.synchronizeParams) ParamStorage::synchronize(model_, *backend_);
+}
+
+Executor::~Executor() {
+  try {
+    if (trace_) trace_->endStep();
+  } catch (const std::exception& e) {
+    core::logger("Runtime")->warn("could not write the event trace: {}", e.what());
+  }
 }
 
 bool Executor::carriesGradient(size_t route) const {
@@ -115,6 +125,7 @@ void Executor::beginStep(const std::vector<at::Tensor>& inputs) {
     plan_.emplace(deployment_, *layout_, skip);
   }
   transport_.reset();
+  if (trace_) trace_->beginStep();
   if (runner_) runner_->clear();
   stageOutputs_.assign(layout_->microBatchCount(), {});
   lossSums_.assign(deployment_.routes.size(), 0.0);
@@ -180,8 +191,12 @@ std::vector<std::pair<char, int>> Executor::oneFOneBOrder() const {
 }
 
 void Executor::finishBackward() {
-  transport_.waitAll();
-  if (!delayGradAllreduce()) gradientSync_.run(*backend_, params_);
+  {
+    TraceScope scope(trace_.get(), "wait_sends", stageId_, -1);
+    transport_.waitAll();
+  }
+  if (!delayGradAllreduce()) allreduceGrads();
+  if (trace_) trace_->endStep();
 }
 
 namespace {
@@ -191,7 +206,10 @@ std::atomic<bool> delayGradAllreduceFlag{false};
 void setDelayGradAllreduce(bool delay) { delayGradAllreduceFlag = delay; }
 bool delayGradAllreduce() { return delayGradAllreduceFlag; }
 
-void Executor::allreduceGrads() { gradientSync_.run(*backend_, params_); }
+void Executor::allreduceGrads() {
+  TraceScope scope(trace_.get(), "allreduce", stageId_, -1);
+  gradientSync_.run(*backend_, params_);
+}
 
 double Executor::clipGradNorm(double maxNorm) {
   AUTOSTAGE_CHECK_AS(ConfigError, maxNorm > 0, "clip_grad_norm: max_norm must be > 0, got ",

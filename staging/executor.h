@@ -22,6 +22,7 @@
 #include "comm/backend.h"
 #include "core/deployment.h"
 #include "core/torchscript/importer.h"
+#include "staging/event_trace.h"
 #include "staging/gradient_sync.h"
 #include "staging/param_storage.h"
 #include "staging/route_check.h"
@@ -34,6 +35,8 @@ namespace autostage::staging {
 struct ExecutorOptions {
   int64_t gradientBucketBytes = 25 << 20;  // Note [Gradient scaling]
   bool synchronizeParams = true;           // copy rank 0's parameters at construction
+  std::string traceDirectory;              // non-empty: record events (Note [Trace files])
+  int traceSteps = 10;
   void validate() const;
   std::string toString() const;
 };
@@ -49,6 +52,7 @@ class Executor {
   // parameters (collective over the world). `model` must outlive the executor.
   Executor(const torchscript::ImportedModel& model, core::Deployment deployment,
            std::shared_ptr<comm::Backend> backend, ExecutorOptions options = {});
+  ~Executor();  // writes an open trace step
 
   // gpipe forward of all micro-batches. `inputs`: one tensor per model input, this rank's local
   // batch (dim 0). Returns one tensor per graph output: rows of this rank's local batch, or the
@@ -75,6 +79,8 @@ class Executor {
   int localStage() const { return stageId_; }
   // Batch geometry of the last step (throws before the first).
   const BatchLayout& layout() const;
+  // The event trace file of this rank, "" when trace_events is off.
+  std::string tracePath() const { return trace_ ? trace_->path() : ""; }
 
  private:
   void beginStep(const std::vector<at::Tensor>& inputs);
@@ -114,6 +120,7 @@ class Executor {
   std::vector<std::vector<at::Tensor>> stageOutputs_;  // per micro: runner outputs
   std::vector<double> lossSums_;       // per route: this rank's weighted loss pieces
   std::vector<double> lossGradients_;  // per route: averaged caller gradient of a loss
+  std::unique_ptr<EventTrace> trace_;  // null unless tracing
 };
 
 }  // namespace autostage::staging

@@ -2,6 +2,7 @@
 // outputs and routing gradients). The step structure is in executor.cpp.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -84,10 +85,18 @@ void Executor::forwardMicro(int micro) {
   SampleRange rows = myRows(micro);
   std::unordered_map<core::ValueId, at::Tensor> inputs;
   for (core::ValueId v : runner_->routedInputs()) inputs[v] = allocateRows(v, rows.size());
-  for (const Transfer* t : plan_->incoming(rank_, stageId_, micro))
-    transport_.receive(inputs.at(t->value), rows.begin, *t, Direction::Forward);
+  EventTrace* trace = trace_.get();
+  {
+    TraceScope scope(trace, "recv", stageId_, micro);
+    for (const Transfer* t : plan_->incoming(rank_, stageId_, micro))
+      transport_.receive(inputs.at(t->value), rows.begin, *t, Direction::Forward);
+  }
   std::vector<at::Tensor>& outputs = stageOutputs_[micro];
-  outputs = runner_->forward(micro, inputs);
+  {
+    TraceScope scope(trace, "forward", stageId_, micro);
+    outputs = runner_->forward(micro, inputs);
+  }
+  TraceScope scope(trace, "send", stageId_, micro);
   for (const Transfer* t : plan_->outgoing(rank_, stageId_, micro))
     transport_.send(outputs[outputIndex(t->value)], rows.begin, *t, Direction::Forward);
   double weight = double(rows.size()) / double(layout_->globalBatch());
@@ -102,6 +111,8 @@ void Executor::backwardMicro(int micro) {
   SampleRange rows = myRows(micro);
   std::vector<at::Tensor>& outputs = stageOutputs_[micro];
   std::vector<at::Tensor> grads(outputs.size());
+  EventTrace* trace = trace_.get();
+  std::optional<TraceScope> receiving(std::in_place, trace, "recv_grad", stageId_, micro);
   for (const Transfer* t : plan_->outgoing(rank_, stageId_, micro)) {
     if (!carriesGradient(t->route)) continue;
     int index = outputIndex(t->value);
@@ -117,7 +128,13 @@ void Executor::backwardMicro(int micro) {
     int index = outputIndex(route.value);
     grads[index] = at::full_like(outputs[index], lossGradients_[r] * weight);
   }
-  std::unordered_map<core::ValueId, at::Tensor> inputGrads = runner_->backward(micro, grads);
+  receiving.reset();
+  std::unordered_map<core::ValueId, at::Tensor> inputGrads;
+  {
+    TraceScope scope(trace, "backward", stageId_, micro);
+    inputGrads = runner_->backward(micro, grads);
+  }
+  TraceScope sending(trace, "send_grad", stageId_, micro);
   for (const Transfer* t : plan_->incoming(rank_, stageId_, micro)) {
     if (carriesGradient(t->route))
       transport_.send(inputGrads.at(t->value), rows.begin, *t, Direction::Gradient);

@@ -223,7 +223,10 @@ void logDeployment(const core::Deployment& d) {
 
 ModuleOptions ModuleOptions::fromConfig() {
   ModuleOptions options;
-  options.allowReplan = core::globalConfig().getBool("allow_replan");
+  const core::Config& config = core::globalConfig();
+  options.allowReplan = config.getBool("allow_replan");
+  if (config.getBool("trace_events")) options.traceDirectory = config.getString("trace_events_dir");
+  options.traceSteps = static_cast<int>(config.getInt("trace_events_steps"));
   return options;
 }
 
@@ -332,6 +335,8 @@ void Module::deploy(const std::vector<at::Tensor>& inputs) {
   core::logger("DPStaging")->info("Routes verification passed.");
   ExecutorOptions executorOptions;
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;
+  executorOptions.traceDirectory = options_.traceDirectory;
+  executorOptions.traceSteps = options_.traceSteps;
   executor_ = std::make_shared<Executor>(*model_, std::move(deployment), backend_,
                                          executorOptions);
   tracedSignature_ = signatureOf(inputs, true);

@@ -69,7 +69,10 @@ struct ModuleOptions {
   TraceCallback tracer;                    // see TraceCallback
   int64_t gradientBucketBytes = 25 << 20;
   bool allowReplan = false;                // retrace + replan when traced shapes change
-  // Defaults, with allowReplan from the config option allow_replan.
+  std::string traceDirectory;              // non-empty: write event traces (Note [Trace files])
+  int traceSteps = 10;                     // steps kept in each trace file
+  // Defaults, with allowReplan, traceDirectory (trace_events, trace_events_dir) and traceSteps
+  // (trace_events_steps) from the config.
   static ModuleOptions fromConfig();
   void validate() const;
   std::string toString() const;

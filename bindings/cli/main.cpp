@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "bindings/cli/plan_command.h"
+#include "bindings/cli/report_command.h"
 #include "core/config.h"
 #include "core/error.h"
 
@@ -11,6 +12,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: autostage plan ...            plan stages (autostage plan --help for the options)\n"
+    "       autostage show deployment.pb  stages, ranks, predicted times and memory, routes\n"
+    "       autostage report deployment.pb -o report.html [--trace FILE|DIR]  HTML plan report\n"
     "       autostage show-config         effective option values and where they came from\n"
     "       autostage options --markdown  the options table (as in README.md)\n";
 
@@ -25,6 +28,9 @@ int main(int argc, char** argv) {
   try {
     if (args[0] == "plan")
       return autostage::cli::runPlanCommand({args.begin() + 1, args.end()}, std::cout);
+    if (args[0] == "show") return autostage::cli::runShowCommand({args.begin() + 1, args.end()}, std::cout);
+    if (args[0] == "report")
+      return autostage::cli::runReportCommand({args.begin() + 1, args.end()}, std::cout);
     if (args[0] == "show-config") {
       std::cout << autostage::core::globalConfig().toString();
       return 0;

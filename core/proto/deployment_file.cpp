@@ -26,6 +26,11 @@ void stageToProto(const StageDeployment& stage, proto::StageDeployment* out) {
   out->set_optimizer_bytes(stage.optimizerBytes);
   out->set_comm_buffer_bytes(stage.commBufferBytes);
   out->set_total_memory_bytes(stage.totalMemoryBytes);
+  out->set_send_forward_seconds(stage.sendForwardSeconds);
+  out->set_send_backward_seconds(stage.sendBackwardSeconds);
+  out->set_micro_batch_per_replica(stage.microBatchPerReplica);
+  out->set_gradient_bytes(stage.gradientBytes);
+  out->set_working_bytes(stage.workingBytes);
 }
 
 StageDeployment stageFromProto(const proto::StageDeployment& message) {
@@ -45,6 +50,11 @@ StageDeployment stageFromProto(const proto::StageDeployment& message) {
   stage.optimizerBytes = message.optimizer_bytes();
   stage.commBufferBytes = message.comm_buffer_bytes();
   stage.totalMemoryBytes = message.total_memory_bytes();
+  stage.sendForwardSeconds = message.send_forward_seconds();
+  stage.sendBackwardSeconds = message.send_backward_seconds();
+  stage.microBatchPerReplica = message.micro_batch_per_replica();
+  stage.gradientBytes = message.gradient_bytes();
+  stage.workingBytes = message.working_bytes();
   return stage;
 }
 
@@ -136,6 +146,7 @@ proto::Deployment toProto(const Deployment& deployment) {
     option->set_value(value);
   }
   out.set_predicted_iteration_seconds(deployment.predictedIterationSeconds);
+  out.set_devices_per_node(deployment.devicesPerNode);
   return out;
 }
 
@@ -154,6 +165,7 @@ Deployment fromProto(const proto::Deployment& message, const std::string& origin
     if (!d.options.emplace(option.key(), option.value()).second)
       fail(origin, "option '", option.key(), "' appears twice");
   d.predictedIterationSeconds = message.predicted_iteration_seconds();
+  d.devicesPerNode = message.devices_per_node();
   checkDeployment(d, origin);
   return d;
 }

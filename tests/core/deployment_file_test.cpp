@@ -37,6 +37,11 @@ StageDeployment stage(int id, std::vector<NodeId> nodes, std::vector<int> ranks)
   s.optimizerBytes = (int64_t{10} << 30) + id;
   s.commBufferBytes = 4000 + id;
   s.totalMemoryBytes = (int64_t{30} << 30) + id;
+  s.sendForwardSeconds = 1e-4 * (id + 1);
+  s.sendBackwardSeconds = 2e-4 * (id + 1);
+  s.microBatchPerReplica = 4 + id;
+  s.gradientBytes = (int64_t{5} << 30) + id;
+  s.workingBytes = 5000 + id;
   return s;
 }
 
@@ -57,6 +62,7 @@ Deployment sampleDeployment() {
   Deployment d;
   d.graphHash = "00ff00ff00ff00ff";
   d.worldSize = 8;
+  d.devicesPerNode = 4;
   d.deviceMemory = int64_t{40} << 30;
   d.batchSize = 256;
   d.microBatchCount = 8;
@@ -204,4 +210,27 @@ TEST_CASE("describeMismatch names every field a saved deployment was planned for
   REQUIRE_THAT(describeMismatch(d, memoryOnly),
                Catch::Contains("device_memory=") && !Catch::Contains("world_size") &&
                    !Catch::Contains("batch_size") && !Catch::Contains("graph_hash"));
+}
+
+TEST_CASE("deployment fields added later are 0 when an older file lacks them", "[core]") {
+  Deployment d = sampleDeployment();
+  proto::Deployment message = toProto(d);
+  message.clear_devices_per_node();
+  for (auto& stage : *message.mutable_stages()) {
+    stage.clear_send_forward_seconds();
+    stage.clear_send_backward_seconds();
+    stage.clear_micro_batch_per_replica();
+    stage.clear_gradient_bytes();
+    stage.clear_working_bytes();
+  }
+  Deployment old = fromProto(message, "old file");
+  REQUIRE(old.devicesPerNode == 0);
+  REQUIRE(old.stages[0].sendForwardSeconds == 0);
+  REQUIRE(old.stages[1].gradientBytes == 0);
+  REQUIRE(old.stages[0].totalMemoryBytes == d.stages[0].totalMemoryBytes);
+  // Everything else is as saved.
+  for (auto& s : d.stages) s.sendForwardSeconds = s.sendBackwardSeconds = 0, s.microBatchPerReplica = 0,
+                           s.gradientBytes = s.workingBytes = 0;
+  d.devicesPerNode = 0;
+  REQUIRE(old == d);
 }

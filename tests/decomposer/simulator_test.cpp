@@ -114,3 +114,69 @@ TEST_CASE("simulating a malformed plan is a PlanError", "[decomposer]") {
   Plan p = onePerStage(2, 1, Schedule::GPipe);  // covers 2 of 3 blocks
   REQUIRE_THROWS_AS(simulatePlan(r, p), PlanError);
 }
+
+TEST_CASE("recorded events: one forward and one backward per stage and micro-batch, results unchanged",
+          "[decomposer]") {
+  std::mt19937 rng(7);
+  int checked = 0;
+  for (int instance = 0; instance < 40; ++instance) {
+    PlanRequest r = testing::randomRequest(rng, 2 + static_cast<int>(rng() % 8), 1 + static_cast<int>(rng() % 8));
+    Plan plan;
+    try {
+      plan = planDynamicProgramming(r);
+    } catch (const PlanError&) {
+      continue;
+    }
+    const SimulationResult plain = simulatePlan(r, plan);
+    const SimulationResult traced = simulatePlan(r, plan, true);
+    REQUIRE(plain.events.empty());
+    REQUIRE(traced.iterationSeconds == plain.iterationSeconds);
+    REQUIRE(traced.peakMemoryBytes == plain.peakMemoryBytes);
+    REQUIRE(traced.stageBusySeconds == plain.stageBusySeconds);
+    const int stages = static_cast<int>(plan.stages.size()), mbs = plan.microBatchCount;
+    std::vector<int> forwards(stages * mbs, 0), backwards(stages * mbs, 0);
+    std::vector<double> stageEnd(stages, 0);
+    for (const SimulationEvent& e : traced.events) {
+      REQUIRE(e.endSeconds >= e.startSeconds);
+      REQUIRE(e.startSeconds >= stageEnd[e.stage] - 1e-12);  // a stage runs one thing at a time
+      stageEnd[e.stage] = e.endSeconds;
+      if (e.kind == EventKind::Forward) ++forwards[e.stage * mbs + e.microBatch];
+      if (e.kind == EventKind::Backward) ++backwards[e.stage * mbs + e.microBatch];
+      if (e.kind == EventKind::Allreduce) REQUIRE(e.startSeconds == traced.pipelineSeconds);
+      REQUIRE(e.endSeconds <= traced.iterationSeconds * (1 + 1e-12));
+    }
+    REQUIRE(forwards == std::vector<int>(stages * mbs, 1));
+    REQUIRE(backwards == std::vector<int>(stages * mbs, 1));
+    // The timeline from the estimates' stage times alone is the same schedule.
+    PlanEvaluation e = evaluatePlan(r, plan);
+    std::vector<StageTiming> timings;
+    for (const StageEstimate& s : e.stages)
+      timings.push_back({s.forwardSeconds, s.sendForwardSeconds, s.backwardSeconds,
+                         s.sendBackwardSeconds, s.allreduceSeconds});
+    const SimulationResult timeline = simulateTimeline(timings, mbs, plan.schedule);
+    REQUIRE(timeline.iterationSeconds == Approx(traced.iterationSeconds).epsilon(1e-12));
+    REQUIRE(timeline.events.size() == traced.events.size());
+    ++checked;
+  }
+  REQUIRE(checked >= 20);
+}
+
+TEST_CASE("timeline of two stages, gpipe, two micro-batches: exact event times", "[decomposer]") {
+  // Stage 0: forward 1 + send 0.5, backward 2; stage 1: forward 1, backward 2 + send 0.25.
+  std::vector<StageTiming> t = {{1, 0.5, 2, 0, 3}, {1, 0, 2, 0.25, 0}};
+  SimulationResult sim = simulateTimeline(t, 2, Schedule::GPipe);
+  auto find = [&](int stage, EventKind kind, int mb) {
+    for (const SimulationEvent& e : sim.events)
+      if (e.stage == stage && e.kind == kind && e.microBatch == mb) return e;
+    FAIL("no event");
+    return SimulationEvent{};
+  };
+  REQUIRE(find(0, EventKind::SendForward, 1).endSeconds == 3.0);
+  REQUIRE(find(1, EventKind::Forward, 1).startSeconds == 3.0);
+  REQUIRE(find(1, EventKind::Backward, 0).startSeconds == 4.0);
+  REQUIRE(find(1, EventKind::SendBackward, 1).endSeconds == 8.5);
+  REQUIRE(find(0, EventKind::Backward, 1).endSeconds == 10.5);
+  REQUIRE(find(0, EventKind::Allreduce, -1).startSeconds == 10.5);
+  REQUIRE(sim.iterationSeconds == 13.5);
+  REQUIRE(sim.peakMemoryBytes.empty());
+}

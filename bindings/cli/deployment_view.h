@@ -1,0 +1,41 @@
+#pragma once
+// What `autostage show` and `autostage report` derive from a deployment file alone: the
+// per-stage timings for the pipeline simulator, memory parts and the text summary.
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/deployment.h"
+#include "decomposer/simulator.h"
+
+namespace autostage::cli {
+
+// Per-device memory of a stage, split as the cost model counts it (bytes).
+struct MemoryParts {
+  double params = 0, gradients = 0, optimizer = 0, activations = 0, working = 0, comm = 0;
+  double total() const { return params + gradients + optimizer + activations + working + comm; }
+};
+MemoryParts memoryParts(const core::StageDeployment& stage);
+
+// The planner's memory margin recorded in the deployment options (0.1 when absent) and the
+// bytes usable per device: deviceMemory * (1 - margin).
+double memoryMargin(const core::Deployment& deployment);
+double usableMemory(const core::Deployment& deployment);
+// devicesPerNode as recorded, or worldSize (one node) for files that did not record it.
+int devicesPerNode(const core::Deployment& deployment);
+
+// Simulates one iteration from the deployment's recorded per-stage times.
+decomposer::SimulationResult simulateDeployment(const core::Deployment& deployment);
+
+// "1.23 ms", "4.5 s"; "2.00 GiB", "512.0 MiB".
+std::string formatSeconds(double seconds);
+std::string formatBytes(double bytes);
+// "0-3", "0,2,5", "4-5,7".
+std::string formatRanks(const std::vector<int>& ranks);
+
+// The text `autostage show` prints.
+void printDeployment(std::ostream& out, const core::Deployment& deployment);
+
+}  // namespace autostage::cli

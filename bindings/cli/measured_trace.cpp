@@ -1,0 +1,217 @@
+// Chrome-trace reading; see measured_trace.h. A small JSON reader (objects, arrays, strings,
+// numbers, literals) is enough for the files the runtime writes and for hand-edited ones.
+#include "bindings/cli/measured_trace.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace autostage::cli {
+namespace {
+
+struct Json {
+  enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
+  double number = 0;
+  std::string text;
+  std::vector<Json> items;
+  std::map<std::string, Json> fields;
+  const Json* get(const std::string& key) const {
+    auto it = fields.find(key);
+    return it == fields.end() ? nullptr : &it->second;
+  }
+};
+
+class Reader {
+ public:
+  Reader(const std::string& text, const std::string& origin) : s_(text), origin_(origin) {}
+  Json document() {
+    Json v = value();
+    skip();
+    if (i_ != s_.size()) fail("unexpected text after the JSON value");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw FormatError(origin_ + ": invalid trace JSON at offset " + std::to_string(i_) + ": " +
+                      what + "; expected a Chrome trace written with trace_events=true");
+  }
+  void skip() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool eat(char c) {
+    skip();
+    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
+    return false;
+  }
+  void expect(char c) {
+    if (!eat(c)) fail(std::string("expected '") + c + "'");
+  }
+  Json value() {
+    skip();
+    if (i_ >= s_.size()) fail("unexpected end");
+    const char c = s_[i_];
+    Json v;
+    if (c == '{') {
+      v.kind = Json::Object;
+      ++i_;
+      if (eat('}')) return v;
+      do {
+        skip();
+        std::string key = string();
+        expect(':');
+        v.fields[key] = value();
+      } while (eat(','));
+      expect('}');
+    } else if (c == '[') {
+      v.kind = Json::Array;
+      ++i_;
+      if (eat(']')) return v;
+      do v.items.push_back(value());
+      while (eat(','));
+      expect(']');
+    } else if (c == '"') {
+      v.kind = Json::String;
+      v.text = string();
+    } else if (s_.compare(i_, 4, "true") == 0 || s_.compare(i_, 5, "false") == 0) {
+      v.kind = Json::Bool;
+      v.number = s_[i_] == 't';
+      i_ += s_[i_] == 't' ? 4 : 5;
+    } else if (s_.compare(i_, 4, "null") == 0) {
+      i_ += 4;
+    } else {
+      v.kind = Json::Number;
+      const char* begin = s_.c_str() + i_;
+      char* end = nullptr;
+      v.number = std::strtod(begin, &end);
+      if (end == begin) fail("expected a value");
+      i_ += static_cast<size_t>(end - begin);
+    }
+    return v;
+  }
+  std::string string() {
+    if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string");
+    std::string out;
+    for (++i_; i_ < s_.size() && s_[i_] != '"'; ++i_) {
+      if (s_[i_] != '\\') {
+        out += s_[i_];
+        continue;
+      }
+      if (++i_ >= s_.size()) break;
+      const char e = s_[i_];
+      if (e == 'u') {
+        if (i_ + 4 >= s_.size()) fail("short \\u escape");
+        out += '?';  // names we read are ASCII; other characters only label events
+        i_ += 4;
+      } else {
+        out += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+      }
+    }
+    if (i_ >= s_.size()) fail("unterminated string");
+    ++i_;
+    return out;
+  }
+
+  const std::string& s_;
+  std::string origin_;
+  size_t i_ = 0;
+};
+
+double numberField(const Json& object, const std::string& key, double fallback) {
+  const Json* v = object.get(key);
+  return v && v->kind == Json::Number ? v->number : fallback;
+}
+
+std::vector<std::string> traceFiles(const std::string& path) {
+  std::vector<std::string> files;
+  if (std::filesystem::is_directory(path)) {
+    for (const auto& entry : std::filesystem::directory_iterator(path))
+      if (entry.path().extension() == ".json") files.push_back(entry.path().string());
+    std::sort(files.begin(), files.end());
+    AUTOSTAGE_CHECK_AS(FormatError, !files.empty(), "trace directory '", path, "' holds no .json file");
+    return files;
+  }
+  std::stringstream list(path);
+  for (std::string item; std::getline(list, item, ',');)
+    if (!item.empty()) files.push_back(item);
+  return files;
+}
+
+}  // namespace
+
+double MeasuredTrace::spanSeconds() const {
+  double span = 0;
+  for (const MeasuredEvent& e : events) span = std::max(span, e.endSeconds);
+  return span;
+}
+
+std::vector<MeasuredEvent> parseChromeTrace(const std::string& json, const std::string& origin) {
+  const Json doc = Reader(json, origin).document();
+  const Json* list = doc.kind == Json::Array ? &doc : doc.get("traceEvents");
+  AUTOSTAGE_CHECK_AS(FormatError, list && list->kind == Json::Array, origin,
+                     ": no \"traceEvents\" array; expected a Chrome trace written with trace_events=true");
+  std::vector<MeasuredEvent> events;
+  for (const Json& item : list->items) {
+    const Json* phase = item.get("ph");
+    const Json* name = item.get("name");
+    if (item.kind != Json::Object || !phase || phase->text != "X" || !name) continue;
+    MeasuredEvent e;
+    e.name = name->text;
+    e.rank = static_cast<int>(numberField(item, "pid", 0));
+    e.startSeconds = numberField(item, "ts", 0) * 1e-6;
+    e.endSeconds = e.startSeconds + numberField(item, "dur", 0) * 1e-6;
+    if (const Json* args = item.get("args")) {
+      e.stage = static_cast<int>(numberField(*args, "stage", -1));
+      e.microBatch = static_cast<int>(numberField(*args, "micro_batch", -1));
+      e.step = static_cast<long>(numberField(*args, "step", -1));
+    }
+    events.push_back(std::move(e));
+  }
+  return events;
+}
+
+MeasuredTrace selectLastStep(std::vector<MeasuredEvent> events) {
+  std::map<int, long> lastStepOfRank;
+  for (const MeasuredEvent& e : events)
+    lastStepOfRank[e.rank] = std::max(lastStepOfRank.count(e.rank) ? lastStepOfRank[e.rank] : -1, e.step);
+  AUTOSTAGE_CHECK_AS(FormatError, !lastStepOfRank.empty(), "the trace has no complete (\"ph\": \"X\") events");
+  MeasuredTrace trace;
+  trace.step = lastStepOfRank.begin()->second;
+  for (const auto& [rank, step] : lastStepOfRank) trace.step = std::min(trace.step, step);
+  double origin = 0;
+  bool first = true;
+  std::set<int> ranks;
+  for (MeasuredEvent& e : events) {
+    if (e.step != trace.step) continue;
+    origin = first ? e.startSeconds : std::min(origin, e.startSeconds);
+    first = false;
+    ranks.insert(e.rank);
+    trace.events.push_back(std::move(e));
+  }
+  for (MeasuredEvent& e : trace.events) e.startSeconds -= origin, e.endSeconds -= origin;
+  trace.ranks.assign(ranks.begin(), ranks.end());
+  return trace;
+}
+
+MeasuredTrace loadMeasuredTrace(const std::string& path) {
+  std::vector<MeasuredEvent> all;
+  for (const std::string& file : traceFiles(path)) {
+    std::ifstream in(file, std::ios::binary);
+    AUTOSTAGE_CHECK_AS(FormatError, in.good(), "cannot read trace file '", file, "'");
+    std::stringstream text;
+    text << in.rdbuf();
+    std::vector<MeasuredEvent> events = parseChromeTrace(text.str(), "'" + file + "'");
+    all.insert(all.end(), events.begin(), events.end());
+  }
+  return selectLastStep(std::move(all));
+}
+
+}  // namespace autostage::cli

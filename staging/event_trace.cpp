@@ -1,0 +1,65 @@
+// The runtime event trace; see event_trace.h (Note [Trace files]).
+#include "staging/event_trace.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace autostage::staging {
+
+EventTrace::EventTrace(int rank, const std::string& directory, int keepSteps)
+    : rank_(rank), keepSteps_(keepSteps) {
+  AUTOSTAGE_CHECK_AS(ConfigError, keepSteps >= 1, "trace_events_steps must be >= 1, got ", keepSteps);
+  std::error_code error;
+  std::filesystem::create_directories(directory, error);
+  AUTOSTAGE_CHECK_AS(ConfigError, std::filesystem::is_directory(directory), "trace_events_dir '",
+                     directory, "' cannot be created: ", error.message());
+  path_ = (std::filesystem::path(directory) / ("trace_rank" + std::to_string(rank) + ".json")).string();
+  core::logger("Runtime")->info("trace_events: writing the last {} steps to {}", keepSteps_, path_);
+}
+
+void EventTrace::beginStep() {
+  if (open_) endStep();
+  ++step_;
+  open_ = true;
+  steps_.emplace_back(step_, std::vector<Event>{});
+  while (static_cast<int>(steps_.size()) > keepSteps_) steps_.pop_front();
+}
+
+void EventTrace::add(const char* name, int stage, int microBatch, int64_t start, int64_t end) {
+  if (steps_.empty()) beginStep();  // events before the first step (e.g. an explicit allreduce)
+  steps_.back().second.push_back({name, stage, microBatch, start, end});
+}
+
+std::string EventTrace::toJson() const {
+  std::ostringstream out;
+  out << "{\"traceEvents\":[\n"
+      << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank_
+      << ",\"tid\":0,\"args\":{\"name\":\"rank " << rank_ << "\"}}";
+  for (const auto& [step, events] : steps_)
+    for (const Event& e : events)
+      out << ",\n{\"name\":\"" << e.name << "\",\"ph\":\"X\",\"ts\":" << e.start
+          << ",\"dur\":" << (e.end - e.start) << ",\"pid\":" << rank_
+          << ",\"tid\":0,\"args\":{\"stage\":" << e.stage << ",\"micro_batch\":" << e.microBatch
+          << ",\"step\":" << step << "}}";
+  out << "\n],\"displayTimeUnit\":\"ms\"}\n";
+  return out.str();
+}
+
+void EventTrace::endStep() {
+  if (!open_) return;
+  open_ = false;
+  const std::string temporary = path_ + ".tmp";
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    file << toJson();
+    AUTOSTAGE_CHECK_AS(ConfigError, file.good(), "cannot write the event trace '", temporary, "'");
+  }
+  std::filesystem::rename(temporary, path_);
+}
+
+}  // namespace autostage::staging
