@@ -423,6 +423,11 @@ std::vector<std::pair<std::string, at::Tensor>> Module::stateDict() {
   return gatherState(*model_, executor_->deployment(), *backend_);
 }
 
+void Module::shareState() {
+  AUTOSTAGE_CHECK(executor_ != nullptr, "shareState of a module that is not deployed yet");
+  staging::shareState(*model_, executor_->deployment(), *backend_);
+}
+
 const core::Deployment& Module::deployment() const {
   AUTOSTAGE_CHECK(executor_ != nullptr, "the module is deployed on its first forward call");
   return executor_->deployment();

@@ -1,5 +1,7 @@
 """Checkpoints: state_dict gathered from the stages on 4 ranks equals plain PyTorch's and loads
-into the plain model; loading it on 2 ranks and training 3 more steps equals 6 plain steps."""
+into the plain model; loading it on 2 ranks and training 3 more steps equals 6 plain steps. The
+same with Adam and the optimizer's global state (state_dict(from_global=True)), which also loads
+into a plain torch.optim.Adam."""
 import os
 import shutil
 
