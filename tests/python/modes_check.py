@@ -69,9 +69,11 @@ def main():
         step(number)
     compare_state(wrapped, reference, "after 2 train steps", failures)
 
-    # Eval mode gets its own plan: force a different one (2 stages x 2 replicas), so ranks hold
-    # other parameters than in train mode.
-    autostage._autostage._set_option("partition_num", "2")
+    # Eval mode gets its own plan: force a different one (2 stages; free communication makes
+    # replicas pay off), so ranks hold other parameters than in train mode.
+    for key, value in (("partition_num", "2"), ("comm_latency", "0"),
+                       ("comm_bandwidth", "1e15"), ("allreduce_bandwidth", "1e15")):
+        autostage._autostage._set_option(key, value)
     x, _ = batch(10, world * LOCAL)
     trained = copy.deepcopy(reference)(x)[rows].detach()  # train-mode output, for contrast
     wrapped.eval()

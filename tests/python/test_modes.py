@@ -1,6 +1,7 @@
 """train()/eval() on a deployed module: each mode is traced and planned once (here to different
 plans), parameters, BatchNorm buffers and Adam state follow the switches, torch.no_grad()
 inference keeps no graph, and everything equals plain PyTorch (modes_check.py, 4 ranks)."""
+import re
 import shutil
 
 import pytest
@@ -17,5 +18,6 @@ def test_train_eval_switches_match_plain_pytorch():
     # eval mode.
     assert log.count("Planning on rank 0") == 2, log
     assert "Deployment: 4 stage(s)" in log and "Deployment: 2 stage(s)" in log, log
+    assert re.search(r"replicas=[2-9]", log), log  # the eval plan replicates a stage
     assert "Switching from train to eval mode: tracing and planning it (once)" in log, log
     assert "Switching from eval to train mode: using its deployment" in log, log

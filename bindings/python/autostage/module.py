@@ -204,6 +204,9 @@ class Module(torch.nn.Module):
         local = {p.data_ptr() for p in self._impl.parameters()}
         for group, params in zip(self._optimizer.param_groups, self._all_params):
             group["params"] = [p for p in params if p.data_ptr() in local]
+        # State loaded for the whole model before deployment: keep this rank's share.
+        for p in [p for p in self._optimizer.state if p.data_ptr() not in local]:
+            del self._optimizer.state[p]
 
     def _require_ready(self, what):
         if not self.ready:
