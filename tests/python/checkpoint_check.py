@@ -195,14 +195,20 @@ def check_adam(phase, path, rank, world, failures):
         return
     saved_model, saved_optim = torch.load(model_path), torch.load(optim_path)
     # A dict for other param groups is refused with a message naming the difference.
-    bad = dict(saved_optim, param_groups=[dict(saved_optim["param_groups"][0], params=[0, 1])])
-    try:
-        optimizer.load_state_dict(bad, from_global=True)
-        failures.append("Adam: a state dict with 2 parameters in group 0 was loaded")
-    except autostage.ConfigError as e:
-        if "param_groups[0] of the optimizer state dict has 2 parameter(s) but the optimizer's " \
-           "has 8" not in str(e):
-            failures.append(f"Adam: unexpected message for a bad state dict: {e}")
+    group = saved_optim["param_groups"][0]
+    for groups, message in (
+            ([dict(group, params=[0, 1])], "param_groups[0] of the optimizer state dict has 2 "
+             "parameter(s) but the optimizer's has 8; load a state dict saved from an optimizer "
+             "over the same model's parameters"),
+            ([group, dict(group, params=[])], "the optimizer state dict has 2 parameter group(s) "
+             "but the optimizer has 1; load a state dict saved from an optimizer with the same "
+             "param_groups")):
+        try:
+            optimizer.load_state_dict(dict(saved_optim, param_groups=groups), from_global=True)
+            failures.append(f"Adam: a state dict was loaded although {message}")
+        except autostage.ConfigError as e:
+            if message not in str(e):
+                failures.append(f"Adam: unexpected message for a bad state dict: {e}")
     wrapped.load_state_dict(saved_model)  # before deployment
     optimizer.load_state_dict(saved_optim, from_global=True)
     train(wrapped, optimizer, STEPS, STEPS, rank, world)
