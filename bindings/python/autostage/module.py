@@ -152,8 +152,8 @@ class Module(torch.nn.Module):
         state (None without an optimizer). Collective."""
         _autostage._log_info("Module", f"Switching from {_MODE_NAMES[not mode]} to "
                              f"{_MODE_NAMES[mode]} mode: " +
-                             ("using its deployment" if mode in self._impls else
-                              "tracing and planning it (once)"))
+                             ("using its deployment" if mode in self._impls and
+                              self._impls[mode].ready else "tracing and planning it (once)"))
         state = (self._optimizer.state_dict(from_global=True)
                  if self._optimizer is not None else None)
         self._impl.share_state()
