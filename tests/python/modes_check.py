@@ -98,9 +98,17 @@ def main():
     compare_state(wrapped, reference, "after switching back to train and 1 more step", failures)
     x, _ = batch(11, world * LOCAL)
     out = wrapped(x[rows]).detach()
-    expected = copy.deepcopy(reference)(x)[rows].detach()
+    expected = reference(x)[rows].detach()  # both update their BatchNorm running statistics
     if not torch.allclose(out, expected, rtol=1e-5, atol=1e-6):
         failures.append(f"train output differs from plain by {(out - expected).abs().max()}")
+    # Dropping both deployments (what autostage.rannc's undeploy/enable_dropout build on): the
+    # next call traces and plans again (here in eval mode, 2 stages: ranks hold parameters they
+    # did not hold in the 4-stage train plan), and parameters, buffers and Adam state carry over.
+    wrapped._undeploy()
+    wrapped.eval()
+    reference.eval()
+    step(4)
+    compare_state(wrapped, reference, "after undeploying and 1 more step", failures)
     print(f"rank {rank}: modes checked; {len(failures)} failures", flush=True)
     finish(rank, failures)
 

@@ -166,6 +166,22 @@ class Module(torch.nn.Module):
                 p.grad = None
         return state
 
+    def _undeploy(self):
+        """Drops the deployments of both modes; the next call traces and plans again. The
+        parameters, buffers and optimizer state carry over (Note [Train and eval deployments]).
+        Collective when deployed: call on every rank."""
+        state = None
+        if self.ready:
+            state = (self._optimizer.state_dict(from_global=True)
+                     if self._optimizer is not None else None)
+            self._impl.share_state()
+        self._impl, self._impls, self._deployments = None, {}, {}
+        if self._optimizer is not None:
+            for group, params in zip(self._optimizer.param_groups, self._all_params):
+                group["params"] = list(params)
+            if state is not None:
+                self._optimizer.load_state_dict(state, from_global=True)
+
     def _trace(self, inputs):
         return _trace(self.model, tuple(inputs))
 
