@@ -310,6 +310,9 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
     }
     core::logger("Module")->info("Inputs changed from {} to {}: retracing and replanning "
                                  "(allow_replan=true)", tracedSignature_, given);
+    // The new deployment starts from rank 0's tensors (ParamStorage::synchronize), which are
+    // current only where rank 0 held them: share the holders' values first.
+    shareState();
     deploy(tensors);
   }
   checkBatchFits(tensors[0].size(0));

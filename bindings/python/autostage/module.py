@@ -140,6 +140,9 @@ class Module(torch.nn.Module):
                 self._impl = previous
             raise
         if switching or self._impl.deployment_count != self._deployments.get(mode, 0):
+            if not switching and self._deployments.get(mode) and self._optimizer is not None:
+                # Replanned (allow_replan): the optimizer still holds the old selection.
+                optimizer_state = self._optimizer.state_dict(from_global=True)
             self._deployments[mode] = self._impl.deployment_count
             self._keep_local_parameters()
             if optimizer_state is not None:
