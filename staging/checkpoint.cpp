@@ -1,20 +1,24 @@
-// Gathering the full model state; see checkpoint.h and Note [Gathering the state].
+// Gathering and handing over state; see checkpoint.h, Note [Gathering the state] and Note
+// [Gathering from owners].
 #include "staging/checkpoint.h"
 
 #include <map>
+#include <sstream>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "staging/stage_runner.h"
 
 namespace autostage::staging {
+namespace {
 
-std::vector<std::pair<std::string, at::Tensor>> gatherState(
-    const torchscript::ImportedModel& model, const core::Deployment& deployment,
-    comm::Backend& backend) {
-  at::NoGradGuard noGrad;
+// Per PARAM input of the graph (in graph order): the lowest rank holding it, or 0 when no stage
+// reads it.
+std::vector<int> stateSources(const torchscript::ImportedModel& model,
+                              const core::Deployment& deployment) {
   std::map<core::ValueId, int> lowestHolder;
   for (const core::StageDeployment& stage : deployment.stages) {
     for (core::ValueId p : stageParams(model.graph, stage)) {
@@ -28,16 +32,109 @@ std::vector<std::pair<std::string, at::Tensor>> gatherState(
   AUTOSTAGE_INTERNAL_ASSERT(params.size() == model.paramTensors.size(),
                             "imported model has ", model.paramTensors.size(),
                             " parameter tensors for ", params.size(), " PARAM inputs");
-  std::vector<std::pair<std::string, at::Tensor>> state;
+  std::vector<int> sources;
+  for (core::ValueId p : params) {
+    auto found = lowestHolder.find(p);
+    sources.push_back(found == lowestHolder.end() ? 0 : found->second);
+  }
+  return sources;
+}
+
+// What an owner announces about one tensor: dtype and shape.
+struct TensorMeta {
+  int dtype = 0;
+  std::vector<int64_t> shape;
+  int owner = -1;  // lowest rank announcing it
+  bool operator==(const TensorMeta& o) const { return dtype == o.dtype && shape == o.shape; }
+};
+
+// One line per tensor: "name\tdtype\tdim0 dim1 ...".
+std::string describeOwned(const NamedTensors& owned) {
+  std::ostringstream out;
+  for (const auto& [name, tensor] : owned) {
+    AUTOSTAGE_CHECK(name.find_first_of("\t\n") == std::string::npos, "tensor name '", name,
+                    "' contains a tab or newline; gathering by name needs names without them");
+    out << name << '\t' << static_cast<int>(tensor.scalar_type()) << '\t';
+    for (int64_t d = 0; d < tensor.dim(); ++d) out << (d ? " " : "") << tensor.size(d);
+    out << '\n';
+  }
+  return out.str();
+}
+
+std::map<std::string, TensorMeta> collectOwners(const std::vector<std::string>& descriptions) {
+  std::map<std::string, TensorMeta> metas;
+  for (size_t rank = 0; rank < descriptions.size(); ++rank) {
+    std::istringstream lines(descriptions[rank]);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream fields(line);
+      std::string name, dtype, shape;
+      std::getline(fields, name, '\t');
+      std::getline(fields, dtype, '\t');
+      std::getline(fields, shape);
+      TensorMeta meta;
+      meta.dtype = std::stoi(dtype);
+      std::istringstream dims(shape);
+      for (int64_t d; dims >> d;) meta.shape.push_back(d);
+      meta.owner = static_cast<int>(rank);
+      auto [it, added] = metas.emplace(name, meta);
+      AUTOSTAGE_CHECK(added || it->second == meta, "'", name, "' has a different dtype or shape "
+                      "on rank ", rank, " than on rank ", it->second.owner, "; the replicas of a "
+                      "stage must hold identical state");
+    }
+  }
+  return metas;
+}
+
+}  // namespace
+
+NamedTensors gatherState(const torchscript::ImportedModel& model,
+                         const core::Deployment& deployment, comm::Backend& backend) {
+  at::NoGradGuard noGrad;
+  const std::vector<int> sources = stateSources(model, deployment);
+  NamedTensors state;
   const comm::Group world = backend.world();
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto found = lowestHolder.find(params[i]);
-    const int source = found == lowestHolder.end() ? 0 : found->second;
+  for (size_t i = 0; i < sources.size(); ++i) {
     at::Tensor copy = model.paramTensors[i].detach().clone().contiguous();
-    if (backend.worldSize() > 1) backend.broadcast(copy, source, world);
+    if (backend.worldSize() > 1) backend.broadcast(copy, sources[i], world);
     state.emplace_back(model.paramNames[i], copy);
   }
   return state;
+}
+
+void shareState(const torchscript::ImportedModel& model, const core::Deployment& deployment,
+                comm::Backend& backend) {
+  if (backend.worldSize() == 1) return;
+  at::NoGradGuard noGrad;
+  const std::vector<int> sources = stateSources(model, deployment);
+  const comm::Group world = backend.world();
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const at::Tensor& t = model.paramTensors[i];
+    AUTOSTAGE_CHECK_AS(UnsupportedError, t.is_contiguous(), "parameter '", model.paramNames[i],
+                       "' is not contiguous; make it contiguous before wrapping the module");
+    backend.broadcast(t.detach(), sources[i], world);
+  }
+  core::logger("Module")->debug("shared {} tensors from their holders", sources.size());
+}
+
+NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned) {
+  at::NoGradGuard noGrad;
+  std::vector<std::string> descriptions{describeOwned(owned)};
+  if (backend.worldSize() > 1)
+    descriptions = backend.allGatherBytes(descriptions[0], backend.world());
+  const std::map<std::string, TensorMeta> metas = collectOwners(descriptions);
+  std::map<std::string, at::Tensor> mine(owned.begin(), owned.end());
+  NamedTensors gathered;
+  for (const auto& [name, meta] : metas) {
+    at::Tensor t;
+    if (meta.owner == backend.rank()) {
+      t = mine.at(name).detach().clone().contiguous();
+    } else {
+      t = at::empty(meta.shape, at::dtype(static_cast<at::ScalarType>(meta.dtype)));
+    }
+    if (backend.worldSize() > 1) backend.broadcast(t, meta.owner, backend.world());
+    gathered.emplace_back(name, t);
+  }
+  return gathered;
 }
 
 }  // namespace autostage::staging

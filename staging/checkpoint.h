@@ -1,5 +1,7 @@
 #pragma once
-// Gathering the full model state from the ranks that hold it (checkpoints).
+// Gathering the full model state from the ranks that hold it (checkpoints), handing it over to
+// another deployment of the same model (train/eval), and gathering named tensors from the ranks
+// that own them (optimizer state).
 //
 // Note [Gathering the state]
 // Every rank imported the whole module, so every rank knows every parameter's and buffer's shape,
@@ -9,6 +11,13 @@
 // from rank 0's module. Every rank therefore ends with the same full state, keyed like the
 // original module's state_dict, loadable by the plain, unwrapped model. Collective over the world;
 // it costs one model's worth of memory on every rank.
+//
+// Note [Gathering from owners]
+// State that only its owners know the shape of (an optimizer's per-parameter state) is gathered
+// by name: every rank passes the named tensors it owns (the replicas of a stage pass identical
+// copies under the same name), the ranks exchange names, dtypes and shapes, and for each name, in
+// sorted order, its lowest owner broadcasts the tensor to the world. Owners that disagree on a
+// name's dtype or shape are an error on every rank.
 
 #include <string>
 #include <utility>
@@ -22,9 +31,21 @@
 
 namespace autostage::staging {
 
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
 // Copies of every graph parameter and buffer with its state_dict key, current on every rank.
-std::vector<std::pair<std::string, at::Tensor>> gatherState(
-    const torchscript::ImportedModel& model, const core::Deployment& deployment,
-    comm::Backend& backend);
+NamedTensors gatherState(const torchscript::ImportedModel& model,
+                         const core::Deployment& deployment, comm::Backend& backend);
+
+// Writes the current value of every graph parameter and buffer (from its lowest holder, Note
+// [Gathering the state]) into every rank's own tensor, in place, so that another deployment of
+// the same tensors (the model's other train/eval mode) starts from current values on any rank.
+// Collective over the world.
+void shareState(const torchscript::ImportedModel& model, const core::Deployment& deployment,
+                comm::Backend& backend);
+
+// Every rank's owned tensors, one per name, on every rank, sorted by name (Note [Gathering from
+// owners]). Names must not contain tabs or newlines. Collective over the world.
+NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned);
 
 }  // namespace autostage::staging

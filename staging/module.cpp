@@ -313,6 +313,9 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
     }
     core::logger("Module")->info("Inputs changed from {} to {}: retracing and replanning "
                                  "(allow_replan=true)", tracedSignature_, given);
+    // The new deployment starts from rank 0's tensors (ParamStorage::synchronize), which are
+    // current only where rank 0 held them: share the holders' values first.
+    shareState();
     deploy(tensors);
   }
   checkBatchFits(tensors[0].size(0));
@@ -426,6 +429,11 @@ std::vector<std::pair<std::string, at::Tensor>> Module::stateDict() {
   AUTOSTAGE_CHECK(executor_ != nullptr, "state_dict of a module that is not deployed yet: the "
                   "module's own state_dict is current until its first forward call");
   return gatherState(*model_, executor_->deployment(), *backend_);
+}
+
+void Module::shareState() {
+  AUTOSTAGE_CHECK(executor_ != nullptr, "shareState of a module that is not deployed yet");
+  staging::shareState(*model_, executor_->deployment(), *backend_);
 }
 
 const core::Deployment& Module::deployment() const {

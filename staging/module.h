@@ -100,6 +100,10 @@ class Module {
   // The whole model's parameters and buffers, current, keyed like the original module's
   // state_dict, on every rank (Note [Gathering the state]). Collective; throws before deployment.
   std::vector<std::pair<std::string, at::Tensor>> stateDict();
+  // Writes every parameter's and buffer's current value (from this deployment's holders) into
+  // every rank's own tensors, before another deployment of the same tensors takes over (the
+  // model's other train/eval mode). Collective; throws before deployment.
+  void shareState();
   Executor& executor();
   int rank() const { return backend_->rank(); }
   int worldSize() const { return backend_->worldSize(); }

@@ -155,7 +155,9 @@ std::vector<at::Tensor> StageRunner::forward(
     outputs = run(saved.inputs);  // records autograd unless the caller disabled grad mode
     saved.outputs = outputs;
   }
-  saved_[micro] = std::move(saved);
+  // Under the caller's torch.no_grad() (inference) there is nothing to back-propagate: keep
+  // nothing, so no activations outlive the call.
+  if (at::GradMode::is_enabled()) saved_[micro] = std::move(saved);
   std::vector<at::Tensor> detached;
   for (const at::Tensor& t : outputs) detached.push_back(t.defined() ? t.detach() : t);
   return detached;

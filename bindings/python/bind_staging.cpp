@@ -9,7 +9,9 @@
 #include "comm/registry.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/proto/deployment_file.h"
+#include "staging/checkpoint.h"
 
 namespace autostage::bindings {
 namespace {
@@ -109,6 +111,12 @@ void bindStaging(py::module_& m) {
              return mod.stateDict();
            },
            "The whole model's state (key, tensor) on every rank. Collective.")
+      .def("share_state",
+           [](Module& mod) {
+             py::gil_scoped_release release;
+             mod.shareState();
+           },
+           "Writes the current parameters and buffers into every rank's tensors. Collective.")
       .def("allreduce_grads",
            [](Module& mod) {
              py::gil_scoped_release release;
@@ -144,6 +152,20 @@ void bindStaging(py::module_& m) {
       py::arg("step"), py::arg("error_class") = "", py::arg("message") = "",
       "Collective: raises on every rank the agreed error when any rank passed an error class.");
   m.def("_last_agreed_error", &comm::lastAgreedError);
+  m.def(
+      "_gather_from_owners",
+      [](const staging::NamedTensors& owned) {
+        py::gil_scoped_release release;
+        return staging::gatherFromOwners(world(), owned);
+      },
+      py::arg("owned"),
+      "Collective: every rank's owned (name, tensor) pairs, one per name, sorted by name.");
+  m.def(
+      "_log_info",
+      [](const std::string& component, const std::string& message) {
+        core::logger(component)->info(message);
+      },
+      py::arg("component"), py::arg("message"));
   m.def(
       "_abort_job", [](const std::string& message) { world().abortJob(message); },
       py::arg("message"), "Logs the message and ends the whole job (MPI_Abort).");

@@ -147,14 +147,28 @@ def main_cases(one_rank_deployment, results_dir):
     autostage._autostage._set_option("mem_limit_gb", "0")
 
     # allow_replan=True (last: options are process-wide): a new T retraces and replans.
-    model2 = make()
-    optimizer2 = torch.optim.SGD(model2.parameters(), lr=0.1)
-    m2 = autostage.Module(model2, optimizer2, allow_replan=True)
+    model2, reference2 = make(), make()
+    optimizer2 = torch.optim.Adam(model2.parameters(), lr=0.01)
+    ref_optimizer2 = torch.optim.Adam(reference2.parameters(), lr=0.01)
+    m2 = autostage.Module(model2, optimizer2, allow_replan=True, partition_num=2, pipeline_num=1)
     _, (gx5, gs5) = batch(rank, world, t=5)
 
+    def train_step(inputs, global_inputs):
+        for net, opt, args in ((m2, optimizer2, inputs), (reference2, ref_optimizer2,
+                                                          global_inputs)):
+            opt.zero_grad()
+            out = net(*args)
+            (out * out).mean().backward()
+            opt.step()
+
     def replan():
-        m2(x, s)
-        expect_close(m2(x5, s5).detach(), reference(gx5, gs5)[rows].detach(), "replanned")
+        # Trained before and after the replan: the new deployment starts from the trained
+        # parameters and Adam state, wherever they were held.
+        train_step((x, s), (gx, gs))
+        expect_close(m2(x5, s5).detach(), reference2(gx5, gs5)[rows].detach(), "replanned")
+        train_step((x5, s5), (gx5, gs5))
+        expect_close(m2(x5, s5).detach(), reference2(gx5, gs5)[rows].detach(),
+                     "trained after the replan")
         if m2._impl.deployment_count != 2:
             raise AssertionError(f"deployed {m2._impl.deployment_count} times, expected 2")
         local = {p.data_ptr() for p in m2.local_parameters()}

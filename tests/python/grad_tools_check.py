@@ -34,8 +34,11 @@ def main():
     model, reference = Tied(), Tied()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    # Free communication makes replicas pay off whatever the machine's load (test_grad_tools.py
+    # checks the plan replicates a stage).
     wrapped = autostage.Module(model, optimizer, partition_num=2, pipeline_num=1, schedule="gpipe",
-                               recompute="never")
+                               recompute="never", comm_latency=0, comm_bandwidth=1e15,
+                               allreduce_bandwidth=1e15)
     rank, world = autostage.get_rank(), autostage.get_world_size()
     rows = slice(rank * local, (rank + 1) * local)
     failures = []
@@ -77,24 +80,16 @@ def main():
     expected = reference(x)[rows].detach()
     if not torch.allclose(out, expected, rtol=1e-5, atol=1e-6):
         failures.append(f"outputs after training differ by {(out - expected).abs().max()}")
-    # Mode switches after deployment are refused on every rank with a message saying what to do.
+    # eval() after deployment: a second deployment (the tied parameter again in two stages)
+    # starts from the trained values; back in train mode the first one is used again.
     wrapped.eval()
-    try:
-        wrapped(x[rows])
-        failures.append("eval() after deployment in train mode was not refused")
-    except autostage.UnsupportedError as e:
-        if "traced and planned in train mode but is now in eval mode" not in str(e):
-            failures.append(f"unexpected eval() message: {e}")
+    with torch.no_grad():
+        got = wrapped(x[rows])
+    if not torch.allclose(got, reference.eval()(x)[rows].detach(), rtol=1e-5, atol=1e-6):
+        failures.append(f"eval output differs from plain by {(got - expected).abs().max()}")
     wrapped.train()
     if not torch.allclose(wrapped(x[rows]).detach(), expected, rtol=1e-5, atol=1e-6):
         failures.append("the module differs after switching back to train()")
-    # What the message recommends: copy the state into a model and wrap it in eval mode.
-    evaluation = Tied()
-    evaluation.load_state_dict(wrapped.state_dict())
-    evaluation.eval()
-    got = autostage.Module(evaluation)(x[rows]).detach()
-    if not torch.allclose(got, reference.eval()(x)[rows].detach(), rtol=1e-5, atol=1e-6):
-        failures.append("an eval-mode module built from state_dict differs from the plain model")
     print(f"rank {rank}: grad tools checked; {len(failures)} failures", flush=True)
     finish(rank, failures)
 

@@ -7,7 +7,10 @@ import weakref
 import torch
 
 from . import _autostage
+from .optimizer import patch_optimizer
 from .torchscript import _trace
+
+_MODE_NAMES = {True: "train", False: "eval"}
 
 
 def _option_text(value):
@@ -25,7 +28,21 @@ class Module(torch.nn.Module):
     broadcasts the plan and deploys it. Every rank passes its local batch and gets back the output
     rows of that batch; ``loss.backward()`` runs the pipeline backward and averages gradients over
     each stage's replicas, like DistributedDataParallel. After deployment the optimizer holds only
-    this rank's parameters, so ``optimizer.step()`` is unchanged.
+    this rank's parameters, so ``optimizer.step()`` is unchanged; ``optimizer.state_dict(
+    from_global=True)`` / ``load_state_dict(sd, from_global=True)`` give and take the whole
+    model's optimizer state in PyTorch's layout (autostage/optimizer.py).
+
+    Note [Train and eval deployments]
+    Dropout and BatchNorm trace differently in train and eval mode, so each mode gets its own
+    trace, plan and deployment, made on the first call in that mode and kept: ``_impls`` maps
+    ``model.training`` to its staging module, ``_impl`` is the one that ran last. Both
+    deployments feed the model's own parameter and buffer tensors, but each rank holds (and
+    updates) only those of its stage, and the two plans may give a rank different stages. So on a
+    switch the ranks first share the current values from the last mode's holders
+    (``share_state``), the optimizer's global state is gathered under the old selection of local
+    parameters and loaded under the new one, and the gradients of parameters this rank did not
+    hold are set to None (so gradients accumulated across a switch without zero_grad() survive
+    only where a parameter keeps its holders). Every rank must switch at the same call.
     """
 
     def __init__(self, model, optimizer=None, load_deployment=None, **options):
@@ -38,9 +55,13 @@ class Module(torch.nn.Module):
         self._all_params = ([list(g["params"]) for g in optimizer.param_groups]
                             if optimizer is not None else [])
         self._load_deployment = load_deployment or ""
-        self._impl = None
-        self._deployments = 0
-        self._traced_training = None  # the model's mode when it was traced
+        self._impl = None     # the deployment that ran last (Note [Train and eval deployments])
+        self._impls = {}      # model.training -> its staging module
+        self._deployments = {}  # model.training -> its deployment_count when last seen
+        if optimizer is not None:
+            owner = weakref.ref(self)
+            patch_optimizer(optimizer, self._all_params,
+                            lambda: owner() is not None and owner().ready)
         _install_abort_hook()
 
     @property
@@ -98,21 +119,73 @@ class Module(torch.nn.Module):
     def _call(self, method, inputs, kwargs):
         if len(inputs) == 1 and isinstance(inputs[0], tuple):
             inputs = inputs[0]
-        if self._impl is None:
-            # The C++ side keeps the tracer: a weak reference avoids a cycle through it.
-            owner = weakref.ref(self)
-            self._impl = _autostage._Module(lambda xs: owner()._trace(xs), self._load_deployment)
         # Note [Bad input on one rank] (staging/module.h): a problem found here on any rank is
         # raised on every rank, so none is left waiting in the collective call below.
         _autostage._agree("checking the call", *self._call_problem(inputs, kwargs))
-        outputs = getattr(self._impl, method)(list(inputs))
-        if self._impl.deployment_count != self._deployments:
-            self._deployments = self._impl.deployment_count
+        mode, previous = self.model.training, self._impl
+        switching = (previous is not None and previous.ready
+                     and self._impls.get(mode) is not previous)
+        optimizer_state = self._leave_mode(mode) if switching else None
+        if mode not in self._impls:
+            # The C++ side keeps the tracer: a weak reference avoids a cycle through it. A saved
+            # deployment is for the mode of the first call.
+            owner = weakref.ref(self)
+            self._impls[mode] = _autostage._Module(lambda xs: owner()._trace(xs),
+                                                   "" if self._impls else self._load_deployment)
+        self._impl = self._impls[mode]
+        try:
+            outputs = getattr(self._impl, method)(list(inputs))
+        except BaseException:
+            if switching or not self._impl.ready:  # the next call starts the switch again
+                self._impl = previous
+            raise
+        if switching or self._impl.deployment_count != self._deployments.get(mode, 0):
+            if not switching and self._deployments.get(mode) and self._optimizer is not None:
+                # Replanned (allow_replan): the optimizer still holds the old selection.
+                optimizer_state = self._optimizer.state_dict(from_global=True)
+            self._deployments[mode] = self._impl.deployment_count
             self._keep_local_parameters()
+            if optimizer_state is not None:
+                self._optimizer.load_state_dict(optimizer_state, from_global=True)
         return outputs
 
+    def _leave_mode(self, mode):
+        """Note [Train and eval deployments]: hands the current parameters, buffers and
+        optimizer state over from the last mode's deployment; returns the optimizer's global
+        state (None without an optimizer). Collective."""
+        _autostage._log_info("Module", f"Switching from {_MODE_NAMES[not mode]} to "
+                             f"{_MODE_NAMES[mode]} mode: " +
+                             ("using its deployment" if mode in self._impls and
+                              self._impls[mode].ready else "tracing and planning it (once)"))
+        state = (self._optimizer.state_dict(from_global=True)
+                 if self._optimizer is not None else None)
+        self._impl.share_state()
+        # Gradients live on the holders: drop the stale ones of parameters this rank did not
+        # hold, which the new deployment may give it (a zero_grad() before this call did not
+        # reach them).
+        held = {p.data_ptr() for p in self._impl.parameters()}
+        for p in self.model.parameters():
+            if p.data_ptr() not in held:
+                p.grad = None
+        return state
+
+    def _undeploy(self):
+        """Drops the deployments of both modes; the next call traces and plans again. The
+        parameters, buffers and optimizer state carry over (Note [Train and eval deployments]).
+        Collective when deployed: call on every rank."""
+        state = None
+        if self.ready:
+            state = (self._optimizer.state_dict(from_global=True)
+                     if self._optimizer is not None else None)
+            self._impl.share_state()
+        self._impl, self._impls, self._deployments = None, {}, {}
+        if self._optimizer is not None:
+            for group, params in zip(self._optimizer.param_groups, self._all_params):
+                group["params"] = list(params)
+            if state is not None:
+                self._optimizer.load_state_dict(state, from_global=True)
+
     def _trace(self, inputs):
-        self._traced_training = self.model.training
         return _trace(self.model, tuple(inputs))
 
     def _call_problem(self, inputs, kwargs):
@@ -128,16 +201,7 @@ class Module(torch.nn.Module):
                         f"input {i} (of type {type(value).__name__}) is not a tensor: autostage "
                         "splits every input along dim 0 (the batch); pass tensors, and make other "
                         "values attributes of the model")
-        if self._traced_training is not None and self.model.training != self._traced_training:
-            traced, now = (("train", "eval") if self._traced_training else ("eval", "train"))
-            return ("UnsupportedError",
-                    f"the model was traced and planned in {traced} mode but is now in {now} mode "
-                    "(dropout and BatchNorm behave differently), and a deployed module does not "
-                    f"switch modes yet: switch back with .{traced}(), or for {now} copy the "
-                    "state into the model on every rank (model.load_state_dict("
-                    "wrapped.state_dict())) and wrap it in a new autostage.Module in "
-                    f"{now} mode")
-        if self._deployments == 0 and self._optimizer is not None:
+        if not self._deployments and self._optimizer is not None:
             return self._optimizer_problem()
         return ("", "")
 
@@ -159,6 +223,9 @@ class Module(torch.nn.Module):
         local = {p.data_ptr() for p in self._impl.parameters()}
         for group, params in zip(self._optimizer.param_groups, self._all_params):
             group["params"] = [p for p in params if p.data_ptr() in local]
+        # State loaded for the whole model before deployment: keep this rank's share.
+        for p in [p for p in self._optimizer.state if p.data_ptr() not in local]:
+            del self._optimizer.state[p]
 
     def _require_ready(self, what):
         if not self.ready:
