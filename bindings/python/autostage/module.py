@@ -92,6 +92,8 @@ class Module(torch.nn.Module):
         return self._impl.clip_grad_norm(float(max_norm))
 
     def save_deployment(self, path):
+        """Writes the deployment this module runs to ``path`` (load it with
+        ``load_deployment=path`` or the ``load_deployment``/``deployment_file`` options)."""
         self._require_ready("save_deployment")
         self._impl.save_deployment(str(path))
 
@@ -105,7 +107,12 @@ class Module(torch.nn.Module):
         # Note [Bad input on one rank] (staging/module.h): a problem found here on any rank is
         # raised on every rank, so none is left waiting in the collective call below.
         _autostage._agree("checking the call", *self._call_problem(inputs, kwargs))
-        outputs = getattr(self._impl, method)(list(inputs))
+        try:
+            outputs = getattr(self._impl, method)(list(inputs))
+        except _autostage.DryRunFinished:
+            # partitioning_dry_run_np: the plan is saved; end the process as RaNNC does (MPI is
+            # finalized at interpreter exit). Catch SystemExit to carry on instead.
+            raise SystemExit(0)
         if self._impl.deployment_count != self._deployments:
             self._deployments = self._impl.deployment_count
             self._keep_local_parameters()
