@@ -117,11 +117,12 @@ TEST_CASE("RANNC_ variables autostage lacks warn; bad values fail naming the var
   REQUIRE(c.warnings().size() == 3);
   std::string all = c.warnings()[0] + c.warnings()[1] + c.warnings()[2];
   REQUIRE_THAT(all, Catch::Contains("RANNC_REPLICA_NUM has no autostage equivalent"));
-  REQUIRE_THAT(all, Catch::Contains("RANNC_NO_SUCH_THING") && Catch::Contains("not a RaNNC option"));
+  REQUIRE_THAT(all,
+               Catch::Contains("RANNC_NO_SUCH_THING") && Catch::Contains("not a RaNNC option"));
   REQUIRE_THAT(all, Catch::Contains("RANNC_CONF_DIR is ignored"));
   REQUIRE_THROWS_WITH(c.applyEnvironment({{"RANNC_PARTITION_NUM", "two"}}),
-                      Catch::Contains("partition_num") && Catch::Contains("env RANNC_PARTITION_NUM") &&
-                          Catch::Contains("two"));
+                      Catch::Contains("partition_num") &&
+                          Catch::Contains("env RANNC_PARTITION_NUM") && Catch::Contains("two"));
   REQUIRE_THROWS_WITH(c.applyEnvironment({{"RANNC_CHECKPOINTING", "maybe"}}),
                       Catch::Contains("RANNC_CHECKPOINTING") && Catch::Contains("maybe"));
   REQUIRE(c.getInt("partition_num") == 0);

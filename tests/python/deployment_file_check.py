@@ -17,8 +17,8 @@ HIDDEN, LOCAL = 16, 8
 
 def make(hidden=HIDDEN):
     torch.manual_seed(11)
-    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU())
-                                 for _ in range(4)])
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(hidden, hidden),
+                                                     torch.nn.ReLU()) for _ in range(4)])
 
 
 def data(seed, rows, hidden=HIDDEN):

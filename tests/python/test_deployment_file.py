@@ -23,7 +23,8 @@ def dry_run(path, ranks_to_plan_for):
     log = run.stdout + run.stderr
     assert run.returncode == 0, log
     assert "FAIL" not in log and "exited improperly" not in log, log
-    assert f"Starting dry run of partitioning for {ranks_to_plan_for} ranks on 1 rank(s)" in log, log
+    assert f"Starting dry run of partitioning for {ranks_to_plan_for} ranks on 1 rank(s)" \
+        in log, log
     assert f"The dry run for partitioning finished: the deployment for {ranks_to_plan_for} ranks " \
            f"is in {path}" in log, log
     assert os.path.getsize(path) > 0
