@@ -1,5 +1,6 @@
 #include "core/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -50,6 +51,16 @@ const std::vector<OptionSpec>& optionTable() {
        "measure point-to-point and allreduce costs between the ranks before planning (false: "
        "plan with comm_bandwidth, allreduce_bandwidth and comm_latency)"},
       {"comm_timeout_s", T::Float, "60", "seconds a blocking receive or collective waits before failing with the peer named"},
+      // Plan reuse
+      {"save_deployment", T::Bool, "false",
+       "rank 0 writes the deployment it planned to deployment_file"},
+      {"load_deployment", T::Bool, "false",
+       "load deployment_file instead of profiling and planning (checked against this job)"},
+      {"deployment_file", T::String, "",
+       "deployment file for save_deployment, load_deployment and partitioning_dry_run_np"},
+      {"partitioning_dry_run_np", T::Int, "0",
+       "plan for this many ranks on however many are running, save the plan to "
+       "deployment_file and exit (0: off)"},
       // Runtime
       {"allow_replan", T::Bool, "false", "when a later batch changes the traced shape (dims other than 0) or dtype: retrace and replan (true) or raise an error (false)"},
       {"trace_events", T::Bool, "false", "record each rank's forward/backward/send/recv/allreduce times and write a Chrome-trace JSON per rank (see trace_events_dir)"},
@@ -220,7 +231,77 @@ void Config::applyToml(const std::string& text, const std::string& origin) {
     warn("unknown option '" + key + "' in " + origin + " is ignored; known options: " + knownKeys());
 }
 
+namespace {
+
+// Note [RaNNC environment variables]
+// RaNNC reads RANNC_<KEY> for every key of its config table. The keys of that table (as RaNNC
+// documents them) that autostage also has, with the same meaning, are applied from RANNC_<KEY>;
+// AUTOSTAGE_<KEY> wins when both are set. A RaNNC key autostage lacks warns, so no RANNC_
+// setting is dropped without a word.
+const char* const kRanncKeys[] = {
+    "show_config_items", "profiling", "graph_profiling", "profile_dump_path", "dump_graph",
+    "dump_graph_prefix", "partition_num", "replica_num", "pipeline_num", "validate_comm",
+    "display_comm_value", "display_act_value", "consolidate_grads", "profiling_iter",
+    "checkpointing", "checkpointing_no_last", "disable_balancing", "opt_param_factor",
+    "auto_parallel", "p2p_comm", "decomposer", "mem_limit_gb", "min_partition_num",
+    "max_partition_num", "mem_margin", "max_mp_num", "do_uncoarsening", "do_coarsening",
+    "min_pipeline", "max_pipeline", "save_deployment", "load_deployment", "deployment_file",
+    "save_graph_profile", "load_graph_profile", "graph_profile_file", "trace_events",
+    "event_trace_file", "verify_recomp", "dp_search_all", "min_pipeline_bs", "coarsen_by_time",
+    "limit_dev_num_pot", "limit_dev_num_more_than_bs", "profile_by_acc", "verify_partitioning",
+    "alloc_repl_flat", "sync_allreduce", "partitioning_dry_run_np", "profiler_cache_size"};
+
+// RaNNC's `checkpointing` (recompute every stage, or none) is autostage's `recompute`.
+bool ranncCheckpointing(const std::string& value, std::string* recompute) {
+  std::string lower;
+  for (char c : value) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower == "true" || lower == "1") *recompute = "always";
+  else if (lower == "false" || lower == "0") *recompute = "never";
+  else return false;
+  return true;
+}
+
+std::string upper(const std::string& s) {
+  std::string out;
+  for (char c : s) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+void Config::applyRanncEnvironment(const std::map<std::string, std::string>& environment) {
+  const std::string prefix = "RANNC_";
+  auto log = logger("Process");
+  for (const auto& [name, value] : environment) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    std::string key;
+    for (char c : name.substr(prefix.size()))
+      key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    std::string target = key == "checkpointing" ? "recompute" : key, text = value;
+    bool ranncKey = std::find(std::begin(kRanncKeys), std::end(kRanncKeys), key) !=
+                    std::end(kRanncKeys);
+    if (name == "RANNC_CONF_DIR") {
+      warn("RANNC_CONF_DIR is ignored: autostage reads $AUTOSTAGE_CONF_DIR/config.toml (same "
+           "lower-case keys as RaNNC's rannc_conf.toml for the options both share)");
+    } else if (!ranncKey) {
+      warn("unknown environment variable " + name + " is ignored: it is not a RaNNC option");
+    } else if (!findOption(target)) {
+      warn("RaNNC option " + name + " has no autostage equivalent and is ignored; autostage "
+           "options: " + knownKeys());
+    } else if (environment.count("AUTOSTAGE_" + upper(target))) {
+      log->info("{}={} is overridden by AUTOSTAGE_{}", name, value, upper(target));
+    } else {
+      if (key == "checkpointing" && !ranncCheckpointing(value, &text))
+        throw ConfigError("option 'checkpointing' from env " + name + ": value '" + value +
+                          "' is not a bool (RaNNC's checkpointing maps to recompute=always/never)");
+      set(target, text, "env " + name);
+      log->info("{}={} sets {} = {} (RaNNC compatibility)", name, value, target, text);
+    }
+  }
+}
+
 void Config::applyEnvironment(const std::map<std::string, std::string>& environment) {
+  applyRanncEnvironment(environment);
   const std::string prefix = "AUTOSTAGE_";
   for (const auto& [name, value] : environment) {
     if (name.rfind(prefix, 0) != 0 || name == "AUTOSTAGE_CONF_DIR") continue;

@@ -2,7 +2,8 @@
 // The one table of options and the effective configuration.
 //
 // Sources, later wins: defaults in the table < `$AUTOSTAGE_CONF_DIR/config.toml` (default
-// `~/.autostage/config.toml`) < environment `AUTOSTAGE_<KEY>` (upper case) < explicit set()
+// `~/.autostage/config.toml`) < environment `RANNC_<KEY>` (keys shared with RaNNC) <
+// `AUTOSTAGE_<KEY>` (upper case) < explicit set()
 // (e.g. keyword options of autostage.Module). Unknown keys in the file or environment warn; a
 // value of the wrong type is a ConfigError naming the key, the value and the expected type.
 
@@ -40,7 +41,9 @@ class Config {
   // Applies a TOML document; `origin` names it in messages. Throws ConfigError on bad syntax.
   void applyToml(const std::string& text, const std::string& origin);
   // Applies AUTOSTAGE_<KEY> variables from `environment` (name -> value); other AUTOSTAGE_*
-  // names warn (AUTOSTAGE_CONF_DIR excepted).
+  // names warn (AUTOSTAGE_CONF_DIR excepted). RANNC_<KEY> variables of the options RaNNC and
+  // autostage share are applied first (Note [RaNNC environment variables]), so AUTOSTAGE_<KEY>
+  // wins; RANNC_CHECKPOINTING sets recompute (always/never); other RANNC_* names warn.
   void applyEnvironment(const std::map<std::string, std::string>& environment);
 
   // Sets from text (TOML-like: true/false, integers, floats, strings). Throws ConfigError for an
@@ -68,6 +71,7 @@ class Config {
     std::string origin;
   };
   const Entry& entry(const std::string& key, OptionType type) const;
+  void applyRanncEnvironment(const std::map<std::string, std::string>& environment);
   void warn(const std::string& message);
 
   std::map<std::string, Entry> entries_;

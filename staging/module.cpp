@@ -222,11 +222,28 @@ void logDeployment(const core::Deployment& d) {
 }  // namespace
 
 ModuleOptions ModuleOptions::fromConfig() {
-  ModuleOptions options;
   const core::Config& config = core::globalConfig();
+  ModuleOptions options;
   options.allowReplan = config.getBool("allow_replan");
   if (config.getBool("trace_events")) options.traceDirectory = config.getString("trace_events_dir");
   options.traceSteps = static_cast<int>(config.getInt("trace_events_steps"));
+  const std::string file = config.getString("deployment_file");
+  const int64_t dryRun = config.getInt("partitioning_dry_run_np");
+  const bool load = config.getBool("load_deployment"), save = config.getBool("save_deployment");
+  const char* what = dryRun > 0 ? "partitioning_dry_run_np" : load ? "load_deployment=true"
+                                                            : "save_deployment=true";
+  AUTOSTAGE_CHECK_AS(ConfigError, !file.empty() || (dryRun <= 0 && !load && !save), what,
+                     " needs deployment_file: set deployment_file to the path of the deployment "
+                     "to ", load && dryRun <= 0 ? "load" : "write");
+  AUTOSTAGE_CHECK_AS(ConfigError, dryRun >= 0 && dryRun <= (1 << 20),
+                     "partitioning_dry_run_np must be 0 (off) or the number of ranks to plan "
+                     "for, got ", dryRun);
+  AUTOSTAGE_CHECK_AS(ConfigError, !(load && dryRun > 0),
+                     "partitioning_dry_run_np plans and saves a deployment, load_deployment=true "
+                     "loads one: set only one of them");
+  if (load) options.deploymentPath = file;
+  if (save || dryRun > 0) options.saveDeploymentPath = file;
+  options.dryRunWorldSize = static_cast<int>(dryRun);
   return options;
 }
 
@@ -234,6 +251,9 @@ void ModuleOptions::validate() const {
   AUTOSTAGE_CHECK_AS(ConfigError, planner || !deploymentPath.empty(),
                      "autostage::Module needs a planner callback or a deployment path; set "
                      "ModuleOptions::planner or ModuleOptions::deploymentPath");
+  AUTOSTAGE_CHECK_AS(ConfigError, dryRunWorldSize <= 0 || (planner && !saveDeploymentPath.empty()),
+                     "a dry run (partitioning_dry_run_np) needs a planner and a path to save "
+                     "the deployment to (deployment_file)");
   AUTOSTAGE_CHECK_AS(ConfigError, gradientBucketBytes >= 1,
                      "gradient_bucket_bytes must be >= 1, got ", gradientBucketBytes);
 }
@@ -244,7 +264,9 @@ std::string ModuleOptions::toString() const {
       << " planner=" << (planner ? "callback" : "none") << " tracer="
       << (tracer ? "callback" : "none") << " deployment_path='" << deploymentPath
       << "' gradient_bucket_bytes=" << gradientBucketBytes
-      << " allow_replan=" << (allowReplan ? "true" : "false");
+      << " allow_replan=" << (allowReplan ? "true" : "false") << " save_deployment_path='"
+      << saveDeploymentPath << "' dry_run_world_size=" << dryRunWorldSize
+      << " device_memory=" << deviceMemory;
   return out.str();
 }
 
@@ -334,7 +356,7 @@ void Module::deploy(const std::vector<at::Tensor>& inputs) {
   core::Deployment deployment = obtainDeployment(examples, globalBatch);
   if (backend_->rank() == 0) logDeployment(deployment);
   comm::runAgreed(*backend_, "validating the deployment",
-                  [&] { validateDeployment(deployment); });
+                  [&] { validateDeployment(deployment, globalBatch); });
   core::logger("DPStaging")->info("Routes verification passed.");
   ExecutorOptions executorOptions;
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;
@@ -366,6 +388,18 @@ core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& exampl
                     [&] { deployment = core::loadDeployment(options_.deploymentPath); });
     return deployment;
   }
+  if (options_.dryRunWorldSize > 0) {
+    comm::runAgreed(*backend_, "planning (dry run)", [&] {
+      if (backend_->rank() == 0) planDryRun(examples, globalBatch);
+    });
+    const std::string message =
+        "The dry run for partitioning finished: the deployment for " +
+        std::to_string(options_.dryRunWorldSize) + " ranks is in " + options_.saveDeploymentPath +
+        "; launch " + std::to_string(options_.dryRunWorldSize) +
+        " ranks with load_deployment=true and deployment_file=" + options_.saveDeploymentPath;
+    if (backend_->rank() == 0) core::logger("DPStaging")->info("{}. Exiting ...", message);
+    throw DryRunFinished(message);
+  }
   std::string bytes;
   comm::runAgreed(*backend_, "planning", [&] {
     if (backend_->rank() != 0) return;
@@ -378,20 +412,56 @@ core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& exampl
         options_.planner({*model_, examples, backend_->worldSize(), globalBatch});
     bytes = core::encodeDeployment(planned);
     if (!cached.empty()) writeCachedPlan(planned, cached);
+    if (!options_.saveDeploymentPath.empty()) {
+      core::saveDeployment(planned, options_.saveDeploymentPath);
+      core::logger("DPStaging")->info("Saved the deployment to {} (save_deployment)",
+                                      options_.saveDeploymentPath);
+    }
   });
   if (backend_->worldSize() > 1) backend_->broadcastBytes(bytes, 0, backend_->world());
   return core::decodeDeployment(bytes, "deployment broadcast from rank 0");
 }
 
+// Note [Saved deployments]. The global batch of a dry run is what the later job on
+// dryRunWorldSize ranks will feed: this rank's local batch times that many ranks.
+void Module::planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch) {
+  const int ranks = options_.dryRunWorldSize;
+  const int64_t batch = globalBatch / backend_->worldSize() * ranks;
+  core::logger("DPStaging")->info("Starting dry run of partitioning for {} ranks on {} rank(s) "
+                                  "(batch size {}) ...", ranks, backend_->worldSize(), batch);
+  PlanningInput input{*model_, examples, ranks, batch};
+  input.devicesPerNode = ranks;
+  core::Deployment planned = options_.planner(input);
+  verifyRoutes(model_->graph, planned);
+  logDeployment(planned);
+  core::saveDeployment(planned, options_.saveDeploymentPath);
+  core::logger("DPStaging")->info("Saved the deployment to {}", options_.saveDeploymentPath);
+}
+
 // Note [Bad input on one rank]: checks that would otherwise fail inside the executor's
-// collective construction, each naming the deployment field that does not fit this job.
-void Module::validateDeployment(const core::Deployment& deployment) const {
+// collective construction, each naming the deployment field that does not fit this job
+// (Note [Saved deployments]).
+void Module::validateDeployment(const core::Deployment& deployment, int64_t globalBatch) const {
   AUTOSTAGE_CHECK_AS(ConfigError, deployment.worldSize == backend_->worldSize(),
                      "deployment field world_size is ", deployment.worldSize, " but this job has ",
                      backend_->worldSize(), " ranks; launch with ", deployment.worldSize,
                      " ranks, or plan again for this world size (drop load_deployment)");
   // A planner callback plans for this graph; a saved deployment may be for another one.
   bool loaded = !options_.deploymentPath.empty();
+  AUTOSTAGE_CHECK_AS(ConfigError, !loaded || deployment.batchSize == globalBatch,
+                     "deployment field batch_size is ", deployment.batchSize,
+                     " but this job's global batch is ", globalBatch, " (", backend_->worldSize(),
+                     " ranks x ", globalBatch / backend_->worldSize(), "); pass local batches of ",
+                     deployment.batchSize / std::max(1, deployment.worldSize),
+                     " samples, or plan again for this batch (drop load_deployment)");
+  AUTOSTAGE_CHECK_AS(ConfigError, !loaded || options_.deviceMemory <= 0 ||
+                         deployment.deviceMemory <= options_.deviceMemory,
+                     "deployment field device_memory is ", deployment.deviceMemory,
+                     " bytes but this job's devices have ", options_.deviceMemory,
+                     " bytes (mem_limit_gb, or this node's memory shared by its ranks), so the "
+                     "plan might not fit; set mem_limit_gb to at least ",
+                     static_cast<double>(deployment.deviceMemory) / (1 << 30),
+                     " if the devices really have that much, or plan again (drop load_deployment)");
   AUTOSTAGE_CHECK_AS(FormatError, !loaded || deployment.graphHash == model_->graph.hash(),
                      "deployment field graph_hash is ", deployment.graphHash,
                      " but the traced model's graph hash is ", model_->graph.hash(),

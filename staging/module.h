@@ -16,6 +16,15 @@
 // the pipeline backward and the gradient synchronisation (Note [Gradient scaling]); every rank
 // must call backward once per forward, with gradients for the outputs it used.
 //
+// Note [Saved deployments]
+// A deployment file records the world size, device memory, global batch and graph hash it was
+// planned for, and the planner options. Loading one (load_deployment) checks each against this
+// job and names the field that does not fit: world size, graph hash and batch must be equal;
+// device memory may be smaller than this job's (a plan for more memory might not fit). With
+// save_deployment rank 0 writes every deployment it plans (not loaded ones) to deployment_file;
+// partitioning_dry_run_np=N plans for N ranks and a global batch of N local batches, saves the
+// plan and ends the job, so that a later launch on N ranks loads it.
+//
 // Note [Bad input on one rank]
 // Every check that may fail on some ranks only (argument types, batch dims, tracing, loading a
 // deployment, planning on rank 0, validating the plan) is followed by a status exchange
@@ -39,6 +48,7 @@
 
 #include "comm/backend.h"
 #include "core/deployment.h"
+#include "core/error.h"
 #include "core/ir/graph.h"
 #include "core/torchscript/importer.h"
 #include "staging/executor.h"
@@ -52,6 +62,9 @@ struct PlanningInput {
   const std::vector<c10::IValue>& exampleInputs;
   int worldSize;
   int64_t globalBatch;
+  // Ranks per node to plan for; 0: this job's layout. A dry run (partitioning_dry_run_np)
+  // plans as if all worldSize ranks shared this node.
+  int devicesPerNode = 0;
 };
 
 // Plans a deployment. Called on rank 0 only; an exception it throws is re-thrown as PlanError on
@@ -71,11 +84,26 @@ struct ModuleOptions {
   bool allowReplan = false;                // retrace + replan when traced shapes change
   std::string traceDirectory;              // non-empty: write event traces (Note [Trace files])
   int traceSteps = 10;                     // steps kept in each trace file
-  // Defaults, with allowReplan, traceDirectory (trace_events, trace_events_dir) and traceSteps
-  // (trace_events_steps) from the config.
+  // Note [Saved deployments]: rank 0 writes the deployment it planned here (save_deployment).
+  std::string saveDeploymentPath;
+  // partitioning_dry_run_np: plan for this many ranks, save to saveDeploymentPath, throw
+  // DryRunFinished on every rank instead of deploying. 0: off.
+  int dryRunWorldSize = 0;
+  // Bytes per device this job has (what a plan made now would assume); a loaded deployment
+  // planned for more is refused. 0: not checked.
+  int64_t deviceMemory = 0;
+  // Defaults, from the config options allow_replan, trace_events, trace_events_dir,
+  // trace_events_steps, save_deployment, load_deployment, deployment_file and
+  // partitioning_dry_run_np.
   static ModuleOptions fromConfig();
   void validate() const;
   std::string toString() const;
+};
+
+// Thrown on every rank when a dry run (ModuleOptions::dryRunWorldSize) has saved its plan. The
+// Python binding turns it into SystemExit(0), as RaNNC ends the process after a dry run.
+class DryRunFinished : public Error {
+  using Error::Error;
 };
 
 class Module {
@@ -115,7 +143,9 @@ class Module {
   void deploy(const std::vector<at::Tensor>& inputs);
   void importModel(const std::vector<c10::IValue>& examples);
   core::Deployment obtainDeployment(const std::vector<c10::IValue>& examples, int64_t globalBatch);
-  void validateDeployment(const core::Deployment& deployment) const;
+  void validateDeployment(const core::Deployment& deployment, int64_t globalBatch) const;
+  // Rank 0 of a dry run: plans for dryRunWorldSize ranks and saves the plan.
+  void planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch);
   void checkBatchFits(int64_t localBatch) const;
   // Rethrows the exception being handled with this rank and its stage in front of the message.
   [[noreturn]] void rethrowWithContext() const;

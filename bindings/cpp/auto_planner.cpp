@@ -81,6 +81,13 @@ core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Co
   return spec;
 }
 
+int64_t jobDeviceMemory(const core::Config& config) {
+  const double limitGb = config.getFloat("mem_limit_gb");
+  if (limitGb > 0) return static_cast<int64_t>(limitGb * 1073741824.0);
+  int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  return physical / localRankCount(1 << 20);
+}
+
 void checkProfiledFeasibility(const core::Graph& graph, const core::GraphProfile& profile,
                               const core::Deployment& deployment) {
   for (const core::StageDeployment& stage : deployment.stages) {
@@ -125,8 +132,8 @@ staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
                                        profiler::ProfilerOptions::fromConfig());
     }
     profile.comm = comm;
-    core::ClusterSpec cluster =
-        localCluster(in.worldSize, localRankCount(in.worldSize), config);
+    const int perNode = in.devicesPerNode > 0 ? in.devicesPerNode : localRankCount(in.worldSize);
+    core::ClusterSpec cluster = localCluster(in.worldSize, perNode, config);
     decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
     core::Deployment deployment =
         decomposer::planGraph(in.model.graph, profile, cluster, in.globalBatch, options)

@@ -18,6 +18,10 @@ namespace autostage {
 // with an equal share of this node's physical memory; links from comm_bandwidth / comm_latency.
 core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Config& config);
 
+// The memory per device a plan made now would assume (what Deployment::deviceMemory records):
+// mem_limit_gb if set, otherwise this node's physical memory over the ranks sharing it.
+int64_t jobDeviceMemory(const core::Config& config);
+
 // Throws PlanError when a stage of `deployment` runs a node at a per-replica micro-batch larger
 // than the largest batch it ran at while profiling (NodeProfile::failure, e.g. out of memory),
 // naming the stage, the node's failure report (with its input shapes) and what to change.

@@ -24,6 +24,7 @@ class Module : public staging::Module {
  private:
   static ModuleOptions withDefaultPlanner(ModuleOptions options) {
     if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner(options.backend);
+    if (options.deviceMemory == 0) options.deviceMemory = jobDeviceMemory(core::globalConfig());
     return options;
   }
 };

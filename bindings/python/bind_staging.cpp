@@ -44,7 +44,7 @@ staging::TraceCallback pythonTracer(py::object tracer) {
 
 std::unique_ptr<Module> makeModule(const py::object& tracer, const std::string& deploymentPath) {
   ModuleOptions options = ModuleOptions::fromConfig();
-  options.deploymentPath = deploymentPath;
+  if (!deploymentPath.empty()) options.deploymentPath = deploymentPath;  // else load_deployment
   options.tracer = pythonTracer(tracer);
   return std::make_unique<Module>(torch::jit::Module("autostage_untraced"), options);
 }
@@ -57,20 +57,29 @@ std::vector<at::Tensor> callReleased(Module& module, Method method,
   return (module.*method)(values);
 }
 
-py::dict deploymentInfo(const Module& mod) {
-  const core::Deployment& d = mod.deployment();
+py::dict deploymentInfo(const core::Deployment& d) {
   py::list stages;
   for (const core::StageDeployment& stage : d.stages) {
     py::dict entry;
     entry["name"] = stage.name;
     entry["ranks"] = stage.ranks;
     entry["recompute"] = stage.recompute;
+    entry["node_count"] = stage.nodes.size();
+    entry["forward_seconds"] = stage.forwardSeconds;
+    entry["backward_seconds"] = stage.backwardSeconds;
+    entry["memory_bytes"] = stage.totalMemoryBytes;
     stages.append(entry);
   }
   py::dict info;
   info["micro_batches"] = d.microBatchCount;
   info["schedule"] = d.schedule;
   info["stages"] = stages;
+  info["world_size"] = d.worldSize;
+  info["batch_size"] = d.batchSize;
+  info["device_memory"] = d.deviceMemory;
+  info["graph_hash"] = d.graphHash;
+  info["options"] = d.options;
+  info["predicted_iteration_seconds"] = d.predictedIterationSeconds;
   return info;
 }
 
@@ -99,7 +108,7 @@ void bindStaging(py::module_& m) {
              return out;
            },
            "Every parameter and buffer this rank holds (after deployment).")
-      .def("deployment_info", &deploymentInfo,
+      .def("deployment_info", [](const Module& mod) { return deploymentInfo(mod.deployment()); },
            "Micro-batches, schedule and per-stage ranks/recompute of the deployment.")
       .def("save_deployment",
            [](const Module& mod, const std::string& path) {
@@ -132,6 +141,25 @@ void bindStaging(py::module_& m) {
       .def_property_readonly("rank", &Module::rank)
       .def_property_readonly("world_size", &Module::worldSize);
 
+  py::register_exception<staging::DryRunFinished>(m, "DryRunFinished", m.attr("Error").ptr());
+  m.def(
+      "_read_deployment",
+      [](const std::string& path) { return deploymentInfo(core::loadDeployment(path)); },
+      py::arg("path"), "The fields of a saved deployment file as a dict.");
+  m.def(
+      "_broadcast",
+      [](const at::Tensor& tensor, int root) {
+        py::gil_scoped_release release;
+        world().broadcast(tensor, root, world().world());
+      },
+      py::arg("tensor"), py::arg("root"), "In place, from `root` to every rank. Collective.");
+  m.def(
+      "_all_gather",
+      [](const at::Tensor& tensor) {
+        py::gil_scoped_release release;
+        return world().allGather(tensor.contiguous(), world().world());
+      },
+      py::arg("tensor"), "Every rank's tensor (same shape on all ranks), in rank order.");
   m.def("delay_grad_allreduce", &staging::setDelayGradAllreduce, py::arg("delay"),
         "While true, backward leaves gradients local; model.allreduce_grads() sums them once.");
   m.def("get_rank", [] { return world().rank(); }, "This process's rank (MPI_COMM_WORLD).");

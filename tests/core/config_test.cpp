@@ -68,3 +68,62 @@ TEST_CASE("markdown table lists every option", "[core]") {
   std::string md = optionTableMarkdown();
   for (const auto& o : optionTable()) REQUIRE(md.find("`" + o.key + "`") != std::string::npos);
 }
+
+TEST_CASE("RANNC_ variables set the options RaNNC and autostage share", "[core]") {
+  Config c;
+  c.applyEnvironment({{"RANNC_PARTITION_NUM", "2"},
+                      {"RANNC_PIPELINE_NUM", "4"},
+                      {"RANNC_MEM_LIMIT_GB", "1.5"},
+                      {"RANNC_MEM_MARGIN", "0.2"},
+                      {"RANNC_MIN_PIPELINE", "2"},
+                      {"RANNC_MAX_PIPELINE", "8"},
+                      {"RANNC_OPT_PARAM_FACTOR", "0"},
+                      {"RANNC_SAVE_DEPLOYMENT", "true"},
+                      {"RANNC_DEPLOYMENT_FILE", "/tmp/d.deployment"},
+                      {"RANNC_PARTITIONING_DRY_RUN_NP", "8"},
+                      {"RANNC_CHECKPOINTING", "true"}});
+  REQUIRE(c.getInt("partition_num") == 2);
+  REQUIRE(c.origin("partition_num") == "env RANNC_PARTITION_NUM");
+  REQUIRE(c.getInt("pipeline_num") == 4);
+  REQUIRE(c.getFloat("mem_limit_gb") == 1.5);
+  REQUIRE(c.getFloat("mem_margin") == Approx(0.2));
+  REQUIRE(c.getInt("min_pipeline") == 2);
+  REQUIRE(c.getInt("max_pipeline") == 8);
+  REQUIRE(c.getFloat("opt_param_factor") == 0.0);
+  REQUIRE(c.getBool("save_deployment"));
+  REQUIRE(c.getString("deployment_file") == "/tmp/d.deployment");
+  REQUIRE(c.getInt("partitioning_dry_run_np") == 8);
+  REQUIRE(c.getString("recompute") == "always");  // RaNNC's checkpointing
+  REQUIRE(c.origin("recompute") == "env RANNC_CHECKPOINTING");
+  REQUIRE(c.warnings().empty());
+  c.applyEnvironment({{"RANNC_CHECKPOINTING", "false"}});
+  REQUIRE(c.getString("recompute") == "never");
+}
+
+TEST_CASE("AUTOSTAGE_ variables win over RANNC_ ones", "[core]") {
+  Config c;
+  c.applyEnvironment({{"RANNC_PARTITION_NUM", "2"}, {"AUTOSTAGE_PARTITION_NUM", "3"},
+                      {"RANNC_CHECKPOINTING", "true"}, {"AUTOSTAGE_RECOMPUTE", "auto"}});
+  REQUIRE(c.getInt("partition_num") == 3);
+  REQUIRE(c.origin("partition_num") == "env AUTOSTAGE_PARTITION_NUM");
+  REQUIRE(c.getString("recompute") == "auto");
+  REQUIRE(c.origin("recompute") == "env AUTOSTAGE_RECOMPUTE");
+}
+
+TEST_CASE("RANNC_ variables autostage lacks warn; bad values fail naming the variable", "[core]") {
+  Config c;
+  c.applyEnvironment({{"RANNC_REPLICA_NUM", "2"}, {"RANNC_NO_SUCH_THING", "1"},
+                      {"RANNC_CONF_DIR", "/tmp"}, {"RANNCX", "1"}});
+  REQUIRE(c.warnings().size() == 3);
+  std::string all = c.warnings()[0] + c.warnings()[1] + c.warnings()[2];
+  REQUIRE_THAT(all, Catch::Contains("RANNC_REPLICA_NUM has no autostage equivalent"));
+  REQUIRE_THAT(all,
+               Catch::Contains("RANNC_NO_SUCH_THING") && Catch::Contains("not a RaNNC option"));
+  REQUIRE_THAT(all, Catch::Contains("RANNC_CONF_DIR is ignored"));
+  REQUIRE_THROWS_WITH(c.applyEnvironment({{"RANNC_PARTITION_NUM", "two"}}),
+                      Catch::Contains("partition_num") &&
+                          Catch::Contains("env RANNC_PARTITION_NUM") && Catch::Contains("two"));
+  REQUIRE_THROWS_WITH(c.applyEnvironment({{"RANNC_CHECKPOINTING", "maybe"}}),
+                      Catch::Contains("RANNC_CHECKPOINTING") && Catch::Contains("maybe"));
+  REQUIRE(c.getInt("partition_num") == 0);
+}

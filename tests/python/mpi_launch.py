@@ -30,7 +30,7 @@ def mpirun(args, env=None, recovery=False, timeout=600, ranks=4, cwd=None):
     if recovery:
         cmd.append("--enable-recovery")  # else mpirun kills every rank when one dies
     for name in env:
-        if name.startswith("AUTOSTAGE_") or name in ("OMP_NUM_THREADS", "PYTHONPATH"):
+        if name.startswith(("AUTOSTAGE_", "RANNC_")) or name in ("OMP_NUM_THREADS", "PYTHONPATH"):
             cmd += ["-x", name]
     return subprocess.run(cmd + args, env=env, cwd=cwd, capture_output=True, text=True,
                           timeout=timeout)

@@ -16,6 +16,7 @@ from ._autostage import (  # noqa: F401
     PlanError,
     CommError,
     InternalError,
+    DryRunFinished,
     Graph,
     IR,
     ExportedSubgraph,

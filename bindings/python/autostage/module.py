@@ -113,6 +113,8 @@ class Module(torch.nn.Module):
         return self._impl.clip_grad_norm(float(max_norm))
 
     def save_deployment(self, path):
+        """Writes the deployment this module runs to ``path`` (load it with
+        ``load_deployment=path`` or the ``load_deployment``/``deployment_file`` options)."""
         self._require_ready("save_deployment")
         self._impl.save_deployment(str(path))
 
@@ -135,6 +137,10 @@ class Module(torch.nn.Module):
         self._impl = self._impls[mode]
         try:
             outputs = getattr(self._impl, method)(list(inputs))
+        except _autostage.DryRunFinished:
+            # partitioning_dry_run_np: the plan is saved; end the process as RaNNC does (MPI is
+            # finalized at interpreter exit). Catch SystemExit to carry on instead.
+            raise SystemExit(0)
         except BaseException:
             if switching or not self._impl.ready:  # the next call starts the switch again
                 self._impl = previous

@@ -1,0 +1,299 @@
+"""RaNNC's Python API (``pyrannc``) over autostage.
+
+A script written for RaNNC runs on autostage after one changed line::
+
+    from autostage import rannc as pyrannc
+
+The names, signatures and meanings follow pyrannc's documentation; what differs is listed in
+docs/rannc-migration.md. Options autostage does not implement raise NotImplementedError naming
+the option, so nothing a script asks for is silently dropped. RaNNC's configuration variables
+(``RANNC_PARTITION_NUM`` ...) are read by autostage's config for the options both share
+(``AUTOSTAGE_<KEY>`` wins when both are set).
+"""
+
+import logging
+import weakref
+
+import torch
+
+from . import _autostage
+from .module import Module
+
+logger = logging.getLogger("autostage.rannc")
+
+_live_modules = weakref.WeakSet()  # live RaNNCModules, released by clear()
+
+
+def get_rank():
+    """Rank of this process in MPI_COMM_WORLD."""
+    return _autostage.get_rank()
+
+
+def get_world_size():
+    """Size of MPI_COMM_WORLD."""
+    return _autostage.get_world_size()
+
+
+def barrier():
+    """Blocks until every rank reaches it."""
+    _autostage.barrier()
+
+
+def clear():
+    """Releases every RaNNCModule's deployment (stages, buffers). A released module refuses
+    further calls; wrap the model again to go on."""
+    for module in list(_live_modules):
+        module._release()
+
+
+def delay_grad_allreduce(delay):
+    """With ``True``, backward leaves gradients local (no allreduce over replicas);
+    ``model.allreduce_grads()`` then performs it once (gradient accumulation)."""
+    _autostage.delay_grad_allreduce(bool(delay))
+
+
+def keep_graph(keep):
+    """RaNNC passes ``keep`` to backward's ``retain_graph``. autostage frees each pipeline step
+    after its backward, so only ``keep_graph(False)`` (the default behaviour) is accepted."""
+    if keep:
+        raise NotImplementedError(
+            "keep_graph(True): autostage does not keep the pipeline's graph for a second "
+            "backward of the same forward; run the forward again for each backward")
+
+
+def sync_params_on_init(sync):
+    """RaNNC can skip synchronising initial parameters. autostage always copies them from
+    rank 0 when it deploys; ``False`` is accepted but changes nothing (logged)."""
+    if not sync:
+        logger.warning("sync_params_on_init(False): autostage always copies the initial "
+                       "parameters from rank 0 at deployment")
+
+
+def show_deployment(path, batch_size):
+    """Prints a saved deployment: its stages, their ranks and the micro-batch size each replica
+    runs for a global batch of ``batch_size``."""
+    info = _autostage._read_deployment(str(path))
+    micro = info["micro_batches"]
+    lines = [f"Deployment {path}: world_size={info['world_size']} "
+             f"planned batch_size={info['batch_size']} device_memory={info['device_memory']} "
+             f"graph_hash={info['graph_hash']} schedule={info['schedule']} "
+             f"micro_batches={micro}"]
+    for stage in info["stages"]:
+        replicas = len(stage["ranks"])
+        per_replica = -(-batch_size // (micro * replicas))
+        lines.append(f"  {stage['name']}: ranks={stage['ranks']} replicas={replicas} "
+                     f"nodes={stage['node_count']} recompute={stage['recompute']} "
+                     f"micro_batch_size={per_replica} "
+                     f"fwd={stage['forward_seconds'] * 1e3:.3f}ms "
+                     f"bwd={stage['backward_seconds'] * 1e3:.3f}ms "
+                     f"memory={stage['memory_bytes']}")
+    print("\n".join(lines), flush=True)
+
+
+def _unsupported(option, value, why):
+    raise NotImplementedError(f"RaNNCModule({option}={value!r}): {why}")
+
+
+class _GatherRows(torch.autograd.Function):
+    """Concatenates every rank's rows (gather_inputs=False). Backward hands each rank the
+    gradient of its own rows, times the world size: autostage averages gradients over the
+    ranks' losses (as DDP), while here every rank computes the same loss of the whole batch."""
+
+    @staticmethod
+    def forward(ctx, rows, begin, end, world):
+        ctx.span = (begin, end, world)
+        return torch.cat(_autostage._all_gather(rows.detach().contiguous()))
+
+    @staticmethod
+    def backward(ctx, grad):
+        begin, end, world = ctx.span
+        return grad[begin:end] * world, None, None, None
+
+
+class RaNNCModule(Module):
+    """``pyrannc.RaNNCModule`` on autostage: wraps ``model`` (and trims ``optimizer`` to this
+    rank's parameters after deployment), partitions it on the first call and trains it with
+    the single-process loop. See autostage.Module for the runtime semantics."""
+
+    def __init__(self, model, optimizer=None, gather_inputs=True, load_deployment=None,
+                 enable_apex_amp=False, allreduce_amp_master_params=False, enable_zero=False,
+                 check_unused_values=True, offload_params=False):
+        if enable_apex_amp:
+            _unsupported("enable_apex_amp", enable_apex_amp,
+                         "Apex AMP is not supported by autostage; train in fp32")
+        if allreduce_amp_master_params:
+            _unsupported("allreduce_amp_master_params", allreduce_amp_master_params,
+                         "Apex AMP master parameters are not supported by autostage")
+        if enable_zero:
+            _unsupported("enable_zero", enable_zero,
+                         "autostage does not shard optimizer states (ZeRO); each replica keeps "
+                         "its stage's full optimizer state")
+        if offload_params:
+            _unsupported("offload_params", offload_params,
+                         "autostage does not offload parameters to host memory")
+        super().__init__(model, optimizer, load_deployment=load_deployment)
+        self.gather_inputs = bool(gather_inputs)
+        # RaNNC stops on unused graph values when this is true. autostage does not look for
+        # them (docs/rannc-migration.md): both settings train the same way.
+        self.check_unused_values = bool(check_unused_values)
+        self._released = False
+        _live_modules.add(self)
+
+    # -- calls ----------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        if self._released:
+            raise RuntimeError("this RaNNCModule was released by clear(); wrap the model "
+                               "in a new RaNNCModule to go on")
+        if self.gather_inputs or kwargs:
+            return super().forward(*args, **kwargs)
+        return self._forward_rank0_inputs(args)
+
+    def _forward_rank0_inputs(self, args):
+        """gather_inputs=False: the batch is the one rank 0 passed. Every rank runs its share
+        of rank 0's rows and gets back the output of the whole batch."""
+        world, rank = get_world_size(), get_rank()
+        inputs = []
+        for value in args:
+            if not isinstance(value, torch.Tensor):
+                return super().forward(*args)  # autostage reports the argument on every rank
+            copy = value.detach().clone().contiguous()
+            if world > 1:
+                _autostage._broadcast(copy, 0)
+            inputs.append(copy)
+        rows = inputs[0].size(0) if inputs and inputs[0].dim() > 0 else 0
+        if rows % world:
+            raise ValueError(f"gather_inputs=False: rank 0's batch of {rows} rows does not "
+                             f"split evenly over {world} ranks; use a multiple of {world}")
+        begin, end = rank * rows // world, (rank + 1) * rows // world
+        outputs = super().forward(*[x[begin:end] if x.dim() > 0 else x for x in inputs])
+        if isinstance(outputs, tuple):
+            return tuple(self._gather(o, begin, end, world) for o in outputs)
+        return self._gather(outputs, begin, end, world)
+
+    @staticmethod
+    def _gather(output, begin, end, world):
+        if output.dim() == 0 or world == 1:
+            return output  # a loss is already the whole batch's (Note [Loss outputs])
+        return _GatherRows.apply(output, begin, end, world)
+
+    # -- parameters, gradients, state -----------------------------------------------------
+
+    def parameters(self, *args, **kwargs):
+        """The model's parameters before deployment; afterwards only this rank's (as RaNNC)."""
+        local = self._local_ids()
+        for p in self.model.parameters(*args, **kwargs):
+            if local is None or p.data_ptr() in local:
+                yield p
+
+    def named_parameters(self, *args, **kwargs):
+        local = self._local_ids()
+        for name, p in self.model.named_parameters(*args, **kwargs):
+            if local is None or p.data_ptr() in local:
+                yield name, p
+
+    def _local_ids(self):
+        return {p.data_ptr() for p in self.local_parameters()} if self.ready else None
+
+    def state_dict(self, *args, no_hook=False, amp_master_params=True, **kwargs):
+        """The whole model's state with the original keys, on every rank. Collective after
+        deployment. ``no_hook=True`` skips the model's state_dict hooks; amp_master_params
+        only concerns Apex AMP, which is not supported."""
+        if not no_hook:
+            return super().state_dict(*args, **kwargs)
+        stashed = {}
+        for module in self.model.modules():
+            stashed[module] = module._state_dict_hooks
+            module._state_dict_hooks = type(module._state_dict_hooks)()
+        try:
+            return super().state_dict(*args, **kwargs)
+        finally:
+            for module, hooks in stashed.items():
+                module._state_dict_hooks = hooks
+
+    def zero_grad(self, set_to_none=False):
+        """Sets the gradients of this rank's parameters to zero."""
+        for p in self.model.parameters():
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.detach_().zero_()
+
+    def get_param(self, name, amp_master_param=False):
+        """The current value of parameter ``name`` (a named_parameters name of the model) from
+        the rank holding it. Collective after deployment: call on every rank."""
+        return self._gather_param(name, amp_master_param, grad=False)
+
+    def get_param_grad(self, name, amp_master_param=False):
+        """The gradient of parameter ``name`` from the rank holding it (None when it has none).
+        Collective after deployment: call on every rank."""
+        return self._gather_param(name, amp_master_param, grad=True)
+
+    def _gather_param(self, name, amp_master_param, grad):
+        if amp_master_param:
+            _unsupported("amp_master_param", amp_master_param, "Apex AMP is not supported")
+        params = dict(self.model.named_parameters())
+        if name not in params:
+            raise RuntimeError(f"No parameter found: {name}")
+        param = params[name]
+        if not self.ready:
+            return param.grad if grad else param
+        value = param.grad if grad else param.detach()
+        held = param.data_ptr() in self._local_ids() and value is not None
+        flags = _autostage._all_gather(torch.tensor([1 if held else 0], dtype=torch.int64))
+        holders = [rank for rank, flag in enumerate(flags) if int(flag) == 1]
+        if not holders:
+            return None if grad else param.detach().clone()  # no stage reads it: never trained
+        source = holders[0]
+        result = value.detach().clone().contiguous() if get_rank() == source else \
+            torch.empty_like(param, memory_format=torch.contiguous_format)
+        if get_world_size() > 1:
+            _autostage._broadcast(result, source)
+        return result
+
+    def save_deployment(self, file):
+        """Rank 0 writes the deployment (graph partitioning) to ``file``."""
+        if not self.ready:
+            raise RuntimeError("Failed to save deployment. Module is not ready.")
+        if get_rank() == 0:
+            super().save_deployment(file)
+        else:
+            logger.debug("save_deployment works only on rank 0")
+
+    # -- modes and lifetime ---------------------------------------------------------------
+
+    def enable_dropout(self, enable):
+        """Switches the model's dropout modules on (``True``) or off. After deployment the
+        module is re-traced and re-planned on its next call (parameters, buffers and optimizer
+        state carry over). Collective when deployed: call on every rank."""
+        dropouts = [m for m in self.model.modules()
+                    if isinstance(m, torch.nn.modules.dropout._DropoutNd)
+                    and m.training != bool(enable)]
+        for m in dropouts:
+            m.train(bool(enable))
+        if dropouts and self._impl is not None:
+            self._redeploy_next_call()
+
+    def undeploy(self):
+        """Releases this module's deployment; the next call re-traces and re-plans with the
+        current state. Collective: call on every rank."""
+        if self._impl is not None:
+            self._redeploy_next_call()
+
+    def _redeploy_next_call(self):
+        # Module._undeploy: the parameters, buffers and optimizer state carry over.
+        self._undeploy()
+
+    def _release(self):
+        self._impl, self._impls, self._deployments = None, {}, {}
+        self._released = True
+
+    def __getattr__(self, attr):
+        try:
+            return super().__getattr__(attr)
+        except AttributeError:
+            model = self.__dict__.get("_modules", {}).get("model")
+            if model is None or attr.startswith("__"):
+                raise
+            return getattr(model, attr)
