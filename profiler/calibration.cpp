@@ -37,6 +37,58 @@ bool covers(const ValueMap& values, const core::Graph& graph,
   return true;
 }
 
+// Adds the block's missing inputs to `values` when they derive from parameters alone (a
+// weight's transpose inside another node group, which the profiler's pass never returned) by
+// running just their producers. False when something else is missing or cannot be run.
+// Producers (ascending) of the block's inputs that derive from parameters/constants alone, with
+// their own such producers; inputs found in `values` (when given) are not followed. Sets
+// *complete to false when an input outside `values` comes from a BATCH/LOSS node or is a
+// graph input.
+std::vector<core::NodeId> paramDerivedProducers(const core::Graph& graph,
+                                                const std::vector<core::NodeId>& nodes,
+                                                const ValueMap* values, bool* complete = nullptr) {
+  std::vector<core::NodeId> producers;
+  std::vector<bool> chosen(graph.nodeCount(), false);
+  std::vector<core::ValueId> pending = graph.boundary(nodes).inputs;
+  while (!pending.empty()) {
+    core::ValueId v = pending.back();
+    pending.pop_back();
+    if (values && values->count(v)) continue;
+    core::NodeId producer = graph.value(v).producer;
+    core::ValueClass cls =
+        producer == core::kNoNode ? core::ValueClass::Batch : graph.nodeClass(producer);
+    if (cls == core::ValueClass::Batch || cls == core::ValueClass::Loss) {
+      if (complete) *complete = false;
+      continue;
+    }
+    if (chosen[producer]) continue;
+    chosen[producer] = true;
+    producers.push_back(producer);
+    for (core::ValueId input : graph.node(producer).inputs) pending.push_back(input);
+  }
+  std::sort(producers.begin(), producers.end());
+  return producers;
+}
+
+bool addParamDerivedInputs(const torchscript::ImportedModel& model,
+                           const std::vector<core::NodeId>& nodes, ValueMap& values) {
+  const core::Graph& graph = model.graph;
+  bool complete = true;
+  std::vector<core::NodeId> producers = paramDerivedProducers(graph, nodes, &values, &complete);
+  if (!complete) return false;
+  if (producers.empty()) return true;
+  try {
+    torchscript::ExportedFunction function = torchscript::exportSubgraph(graph, producers);
+    std::vector<c10::IValue> args = gatherArgs(graph, function, values);
+    torch::NoGradGuard noGrad;
+    std::vector<c10::IValue> outputs = executeFunction(function, std::move(args));
+    for (size_t i = 0; i < outputs.size(); ++i) values[function.outputs()[i]] = outputs[i];
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
 double relativeError(double predicted, double measured) {
   return measured > 0 ? std::abs(predicted - measured) / measured : 0;
 }
@@ -74,13 +126,28 @@ BlockMeasurement measureBlock(const torchscript::ImportedModel& model, const Val
                                     end <= static_cast<core::NodeId>(model.graph.nodeCount()),
                      "block [", begin, ", ", end, ") is not a non-empty node range of graph '",
                      model.graph.name(), "' with ", model.graph.nodeCount(), " nodes");
-  torchscript::ExportedFunction block = torchscript::exportSubgraph(model.graph, range(begin, end));
-  std::vector<c10::IValue> args = gatherArgs(model.graph, block, values);
-  RunMeasurement run = measureRun(model.graph, block, args, backend, settings);
+  // A stage computes values derived from its parameters alone (a weight's transpose made by
+  // the node before `begin`) itself: include their producers rather than feeding copies.
+  std::vector<core::NodeId> nodes = range(begin, end);
+  std::vector<core::NodeId> producers = paramDerivedProducers(model.graph, nodes, nullptr);
+  std::optional<torchscript::ExportedFunction> block;
+  if (!producers.empty()) {
+    std::vector<core::NodeId> widened = producers;
+    widened.insert(widened.end(), nodes.begin(), nodes.end());
+    std::sort(widened.begin(), widened.end());
+    widened.erase(std::unique(widened.begin(), widened.end()), widened.end());
+    try {
+      block.emplace(torchscript::exportSubgraph(model.graph, widened));
+    } catch (const std::exception&) {  // not convex (e.g. a tied weight): feed copies
+    }
+  }
+  if (!block) block.emplace(torchscript::exportSubgraph(model.graph, nodes));
+  std::vector<c10::IValue> args = gatherArgs(model.graph, *block, values);
+  RunMeasurement run = measureRun(model.graph, *block, args, backend, settings);
   BlockMeasurement result;
   result.forwardSeconds = run.forwardSeconds;
   result.backwardSeconds = run.backwardSeconds;
-  result.peakBytes = paramBytesFed(model.graph, block.inputs()) + run.inputBytes + run.peakBytes;
+  result.peakBytes = paramBytesFed(model.graph, block->inputs()) + run.inputBytes + run.peakBytes;
   return result;
 }
 
@@ -95,17 +162,24 @@ std::vector<std::pair<core::NodeId, core::NodeId>> pickBlocks(const core::Graph&
   }
   std::vector<std::pair<core::NodeId, core::NodeId>> blocks;
   if (starts.empty()) return blocks;
+  auto isStart = [&](core::NodeId n) {
+    return std::binary_search(starts.begin(), starts.end(), n);
+  };
   std::mt19937_64 random(seed);
   const auto total = static_cast<core::NodeId>(graph.nodeCount());
   for (int i = 0; i < count; ++i) {
     core::NodeId begin = starts[random() % starts.size()];
     core::NodeId end = begin;
     double seconds = 0;
-    while (end < total && (seconds < minSeconds || end == begin)) {
-      const core::NodeProfile& p = profile.nodes.at(end);
-      seconds += p.forwardSeconds.at(batch) + p.backwardSeconds.at(batch);
-      ++end;
-    }
+    auto cost = [&](core::NodeId n) {
+      const core::NodeProfile& p = profile.nodes.at(n);
+      return p.forwardSeconds.at(batch) + p.backwardSeconds.at(batch);
+    };
+    while (end < total && (seconds < minSeconds || end == begin)) seconds += cost(end++);
+    // Cut short by the graph's end (a lone loss node is all overhead): grow backwards instead,
+    // to the start of a BATCH/LOSS node.
+    while (begin > 0 && seconds < minSeconds) seconds += cost(--begin);
+    while (begin > 0 && seconds >= minSeconds && !isStart(begin)) --begin;
     blocks.emplace_back(begin, end);
   }
   return blocks;
@@ -125,13 +199,17 @@ CalibrationResult calibrate(const torchscript::ImportedModel& model,
                            options.calibrationMinSeconds, options.seed);
   std::sort(blocks.begin(), blocks.end());  // one forward pass serves them all, in order
   std::optional<ForwardPrefix> prefix;
+  ValueMap known = forwardValues ? *forwardValues : ValueMap();
   for (auto [begin, end] : blocks) {
     BlockPrediction predicted = predictBlock(model.graph, raw, range(begin, end), batch, 0);
     // The profiler's values lack those internal to a node group (e.g. a weight's transpose
-    // read by a block starting at its BATCH node): then run the forward pass here.
-    bool covered = forwardValues && covers(*forwardValues, model.graph, range(begin, end));
+    // read by a block starting at its BATCH node): computed from the parameters when that is
+    // all they need, else the forward pass runs here (slow: one big function up to the block).
+    bool covered = forwardValues && (covers(known, model.graph, range(begin, end)) ||
+                                     (addParamDerivedInputs(model, range(begin, end), known) &&
+                                      covers(known, model.graph, range(begin, end))));
     if (!covered && !prefix) prefix.emplace(model, exampleInputs, batch);
-    const ValueMap& values = covered ? *forwardValues : prefix->advanceTo(begin);
+    const ValueMap& values = covered ? known : prefix->advanceTo(begin);
     BlockMeasurement measured =
         measureBlock(model, values, begin, end, backend,
                      {options.warmupRuns, options.calibrationRepeats, options.normalizeLoad});

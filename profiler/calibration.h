@@ -54,7 +54,8 @@ class ForwardPrefix {
 };
 
 // `count` random contiguous ranges [begin, end), each starting at a BATCH/LOSS node and grown
-// until its uncalibrated predicted time reaches `minSeconds` (or the graph ends).
+// until its uncalibrated predicted time reaches `minSeconds`; one that reaches the graph's end
+// first grows backwards instead (to a BATCH/LOSS node's start).
 std::vector<std::pair<core::NodeId, core::NodeId>> pickBlocks(const core::Graph& graph,
                                                               const core::GraphProfile& profile,
                                                               int64_t batch, int count,

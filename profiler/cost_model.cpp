@@ -83,8 +83,8 @@ int64_t exampleBatchSize(const core::Graph& graph) {
 namespace {
 
 // Bytes of `values` at `batch`: BATCH/LOSS values scale with the batch from the example's.
-// With `onlyStageInputs`, graph inputs and non-floating tensors are skipped (they are data, not
-// activations a stage receives and keeps).
+// With `onlyStageInputs`, graph inputs, PARAM/CONST values and non-floating tensors are skipped
+// (they are data or parameters, not activations a stage receives and keeps).
 int64_t valueBytes(const core::Graph& graph, const std::vector<core::ValueId>& values,
                    int64_t batch, bool onlyStageInputs) {
   double scale = static_cast<double>(batch) / static_cast<double>(exampleBatchSize(graph));
@@ -93,8 +93,10 @@ int64_t valueBytes(const core::Graph& graph, const std::vector<core::ValueId>& v
     const core::Value& value = graph.value(v);
     int64_t bytes = value.type.bytes();
     if (bytes <= 0) continue;
-    if (onlyStageInputs &&
-        (value.producer == core::kNoNode || !core::isFloatingPoint(value.type.dtype())))
+    // Values derived from parameters alone (a weight's transpose) are recomputed from the
+    // parameters a stage holds (charged as parameter bytes), never received from another stage.
+    if (onlyStageInputs && (value.producer == core::kNoNode || !isBatchLike(value.cls) ||
+                            !core::isFloatingPoint(value.type.dtype())))
       continue;
     total += isBatchLike(value.cls) ? bytes * scale : bytes;
   }
@@ -131,9 +133,10 @@ BlockPrediction predictBlock(const core::Graph& graph, const core::GraphProfile&
     core::Boundary boundary = graph.boundary(nodes);
     p.inputBytes = valueBytes(graph, boundary.inputs, batch, true);
     p.outputBytes = valueBytes(graph, boundary.outputs, batch, false);
+    p.outputGradBytes = valueBytes(graph, boundary.outputs, batch, true);
   }
-  p.peakBytes = static_cast<int64_t>(p.paramBytes * (2 + optParamFactor)) + p.inputBytes +
-                p.activationBytes + p.outputBytes + p.workingBytes;
+  p.peakBytes = static_cast<int64_t>(p.paramBytes * (2 + optParamFactor)) + 2 * p.inputBytes +
+                p.activationBytes + p.outputBytes + p.outputGradBytes + p.workingBytes;
   return p;
 }
 

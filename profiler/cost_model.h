@@ -5,10 +5,15 @@
 // Note [Block composition]
 //   time(block, b)   = calibration * sum over profiled nodes of time_n(b)
 //   memory(block, b) = params * (2 + optParamFactor)          (weights, grads, optimizer state)
-//                    + bytes of floating boundary inputs     (received activations)
+//                    + 2 * bytes of floating boundary inputs (received activations, and their
+//                                                             gradients, all alive at the end
+//                                                             of backward)
 //                    + sum of activation_n(b)                (kept from forward for backward)
 //                    + bytes of the block's boundary outputs (held until backward)
-//                    + max over nodes of working_n(b)        (temporaries of the busiest node)
+//                    + bytes of its floating boundary outputs (the gradients received for them)
+//                    + max over nodes of working_n(b)        (temporaries of the busiest node,
+//                                                             beyond its own input/output grads)
+// The doubled boundary terms match the decomposer's communication buffers (2 * (in + out)).
 // Node groups (see nodeGroups) are keyed by their BATCH/LOSS node; PARAM/CONST nodes carry no
 // time of their own and are covered by the calibration factor.
 
@@ -45,6 +50,7 @@ struct BlockPrediction {
   int64_t activationBytes = 0;
   int64_t inputBytes = 0;    // floating boundary inputs produced by other nodes (stage inputs)
   int64_t outputBytes = 0;   // boundary outputs
+  int64_t outputGradBytes = 0;  // floating boundary outputs (their gradients come back)
   int64_t workingBytes = 0;  // max over nodes
   int64_t peakBytes = 0;     // per Note [Block composition]
   bool feasible = true;      // false when a node failed at (or below) this batch size

@@ -11,7 +11,10 @@ namespace {
 class CpuMeasurementBackend final : public MeasurementBackend {
  public:
   explicit CpuMeasurementBackend(CpuClock clock)
-      : tracker_(CpuMemoryTracker::install()), clock_(clock) {}
+      : tracker_(CpuMemoryTracker::install()), clock_(clock) {
+    tracker_.enableCache();  // Note [Measurement allocation cache]
+  }
+  ~CpuMeasurementBackend() override { tracker_.disableCache(); }
   std::string deviceKind() const override { return "cpu"; }
   double time(const std::function<void()>& work) override {
     double start = now();

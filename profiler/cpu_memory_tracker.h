@@ -3,7 +3,16 @@
 // with c10::SetCPUAllocator, that keeps current and peak bytes of the storages allocated through it.
 //
 // Contract: install() is idempotent and thread-safe; allocations made before install() are not
-// counted (their frees are not either). Counters are process-wide (all threads).
+// counted (their frees are not either). Counters are process-wide (all threads) and count the
+// bytes of live storages only, never the cache below.
+//
+// Note [Measurement allocation cache]
+// glibc serves large blocks with mmap (or trims the heap top on free), so every training step
+// of a big node pays page faults for fresh zeroed pages: that doubled the measured time of a
+// 9 MB-weight convolution, and by how much depended on what ran before (the heap's state), so
+// nodes measured alone and the same nodes measured as one block disagreed by 40%. While
+// caching is on, freed blocks of at least kCacheMinBytes are kept by exact size and handed out
+// again (steady-state reuse, as a training loop sees it), up to kCacheMaxBytes in total (when full, the cache is emptied and starts over).
 
 #include <atomic>
 #include <cstdint>
@@ -23,6 +32,15 @@ class CpuMemoryTracker final : public c10::Allocator {
   void resetPeak() { peak_.store(current_.load()); }
   // Number of allocations served (to assert that something was measured).
   int64_t allocationCount() const { return allocations_.load(); }
+  // Turns Note [Measurement allocation cache] on or off; nested: on while any enabler is
+  // active. Turning the last one off frees the cached blocks.
+  void enableCache();
+  void disableCache();
+  // Bytes currently held in the cache (not counted as current or peak).
+  int64_t cachedBytes() const;
+
+  static constexpr size_t kCacheMinBytes = 64 << 10;
+  static constexpr int64_t kCacheMaxBytes = int64_t{1} << 30;
 
   c10::DataPtr allocate(size_t bytes) const override;
   // Every non-empty DataPtr we return has this deleter and context == data, so kernels that

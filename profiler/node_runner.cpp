@@ -183,11 +183,16 @@ std::vector<c10::IValue> measureMemory(const core::Graph& graph,
   result->inputBytes = prepared.leafBytes;
   result->keptBytes = backend.currentMemory() - base - prepared.leafBytes;
   std::vector<at::Tensor> diff = differentiable(outputs);
-  backward(diff, onesLike(diff));
+  std::vector<at::Tensor> ones = onesLike(diff);
+  result->outputGradBytes = distinctStorageBytes(ones);
+  backward(diff, ones);
+  ones.clear();
   result->peakBytes = backend.peakMemory() - base - prepared.leafBytes;
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads, inputGrads;
   for (const auto& p : prepared.params) grads.push_back(p.grad());
   result->gradientBytes = distinctStorageBytes(grads);
+  for (const auto& leaf : prepared.leaves) inputGrads.push_back(leaf.grad());
+  result->inputGradBytes = distinctStorageBytes(inputGrads);
   resetGrads(prepared.params);
   std::vector<c10::IValue> values;
   for (const auto& o : outputs) values.push_back(detached(o));

@@ -57,10 +57,15 @@ struct RunMeasurement {
   int64_t outputBytes = 0;     // distinct storages of the outputs
   int64_t keptBytes = 0;       // held after forward: outputs + tensors saved for backward
   int64_t gradientBytes = 0;   // parameter gradients created by backward
+  int64_t inputGradBytes = 0;  // gradients of the floating non-BATCH inputs
+  int64_t outputGradBytes = 0;  // the all-ones gradients fed to the outputs
   int64_t peakBytes = 0;       // peak during forward + backward (includes the above)
   int64_t activationBytes() const { return std::max<int64_t>(0, keptBytes - outputBytes); }
+  // Temporaries beyond what Note [Block composition] (cost_model.h) charges a block anyway:
+  // kept bytes, parameter gradients and the gradients of its boundary inputs and outputs.
   int64_t workingBytes() const {
-    return std::max<int64_t>(0, peakBytes - keptBytes - gradientBytes);
+    return std::max<int64_t>(
+        0, peakBytes - keptBytes - gradientBytes - inputGradBytes - outputGradBytes);
   }
 };
 

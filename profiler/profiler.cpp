@@ -68,16 +68,20 @@ std::string attributeKey(const core::AttributeValue& value) {
 std::string groupSignature(const core::Graph& graph, const std::vector<core::NodeId>& nodes) {
   std::unordered_map<core::ValueId, std::string> local;
   std::ostringstream out;
+  int external = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const core::Node& node = graph.node(nodes[i]);
     out << node.kind << "{" << node.body << "}(";
     for (core::ValueId v : node.inputs) {
       auto it = local.find(v);
-      const core::Value& value = graph.value(v);
-      out << (it != local.end() ? it->second
-                                : value.type.toString() + "/" + std::to_string(int(value.cls)) +
-                                      (value.producer == core::kNoNode ? "/in" : ""))
-          << ";";
+      if (it == local.end()) {  // outside values numbered by first use: add(x, x) != add(x, y)
+        const core::Value& value = graph.value(v);
+        std::string name = "$" + std::to_string(external++) + ":" + value.type.toString() + "/" +
+                           std::to_string(int(value.cls)) +
+                           (value.producer == core::kNoNode ? "/in" : "");
+        it = local.emplace(v, name).first;
+      }
+      out << it->second << ";";
     }
     out << ")[";
     for (const core::Attribute& a : node.attributes)
@@ -98,6 +102,48 @@ void markIdenticalGroups(const core::Graph& graph, std::vector<Unit>& units) {
   }
 }
 
+// (position in `nodes`, output index) of each boundary output: where the outputs come from.
+std::vector<std::pair<size_t, size_t>> outputPositions(const core::Graph& graph,
+                                                       const std::vector<core::NodeId>& nodes,
+                                                       const std::vector<core::ValueId>& outputs) {
+  std::vector<std::pair<size_t, size_t>> positions;
+  for (core::ValueId v : outputs) {
+    auto at = std::find(nodes.begin(), nodes.end(), graph.value(v).producer);
+    const auto& produced = graph.node(*at).outputs;
+    positions.emplace_back(at - nodes.begin(),
+                           std::find(produced.begin(), produced.end(), v) - produced.begin());
+  }
+  return positions;
+}
+
+// Exports every unit. A group identical to an earlier one (Note [Identical node groups]) runs
+// that group's compiled function on its own values when its boundary has the same layout:
+// exporting and optimizing it again cost most of a 24-layer encoder's profiling time.
+void exportUnits(const core::Graph& graph, std::vector<Unit>& units) {
+  std::unordered_map<int, size_t> unitOfGroup;
+  for (size_t u = 0; u < units.size(); ++u) {
+    Unit& unit = units[u];
+    if (unit.group >= 0) unitOfGroup[unit.group] = u;
+    try {
+      if (unit.sameAs >= 0) {
+        const Unit& first = units[unitOfGroup.at(unit.sameAs)];
+        core::Boundary mine = graph.boundary(unit.nodes);
+        if (first.function && mine.inputs.size() == first.function->inputs().size() &&
+            outputPositions(graph, unit.nodes, mine.outputs) ==
+                outputPositions(graph, first.nodes, first.function->outputs())) {
+          unit.function = std::make_unique<torchscript::ExportedFunction>(
+              first.function->rebind(mine.inputs, mine.outputs));
+          continue;
+        }
+      }
+      unit.function = std::make_unique<torchscript::ExportedFunction>(
+          torchscript::exportSubgraph(graph, unit.nodes));
+    } catch (const std::exception& e) {
+      unit.exportFailure = std::string("cannot export: ") + e.what();
+    }
+  }
+}
+
 std::vector<Unit> buildUnits(const core::Graph& graph, const std::vector<NodeGroup>& groups) {
   std::vector<Unit> units;
   std::vector<bool> grouped(graph.nodeCount(), false);
@@ -108,14 +154,6 @@ std::vector<Unit> buildUnits(const core::Graph& graph, const std::vector<NodeGro
   for (core::NodeId n = 0; n < static_cast<core::NodeId>(graph.nodeCount()); ++n)
     if (!grouped[n]) units.push_back({n, -1, {n}, nullptr, ""});
   std::sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.last < b.last; });
-  for (Unit& unit : units) {
-    try {
-      unit.function = std::make_unique<torchscript::ExportedFunction>(
-          torchscript::exportSubgraph(graph, unit.nodes));
-    } catch (const std::exception& e) {
-      unit.exportFailure = std::string("cannot export: ") + e.what();
-    }
-  }
   return units;
 }
 
@@ -350,6 +388,7 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
   double start = wallSeconds();
   std::vector<Unit> units = buildUnits(graph, groups);
   if (options.reuseIdenticalGroups) markIdenticalGroups(graph, units);
+  exportUnits(graph, units);
   double exportSeconds = wallSeconds() - start;
   std::vector<GroupSamples> samples(groups.size());
   ProgressReporter progress(static_cast<int64_t>(groups.size() * batches.size()), "nodes",

@@ -113,6 +113,18 @@ ExportedFunction::ExportedFunction(std::shared_ptr<torch::jit::Graph> graph,
       inputs_(std::move(inputs)),
       outputs_(std::move(outputs)) {}
 
+ExportedFunction ExportedFunction::rebind(std::vector<core::ValueId> inputs,
+                                          std::vector<core::ValueId> outputs) const {
+  AUTOSTAGE_INTERNAL_ASSERT(inputs.size() == inputs_.size() && outputs.size() == outputs_.size(),
+                            "rebind: ", inputs.size(), " inputs and ", outputs.size(),
+                            " outputs for a function of ", inputs_.size(), " and ",
+                            outputs_.size());
+  ExportedFunction copy = *this;
+  copy.inputs_ = std::move(inputs);
+  copy.outputs_ = std::move(outputs);
+  return copy;
+}
+
 std::vector<c10::IValue> ExportedFunction::run(std::vector<c10::IValue> inputs) const {
   AUTOSTAGE_CHECK(inputs.size() == inputs_.size(), "exported subgraph takes ", inputs_.size(),
                   " inputs (its boundary values), but ", inputs.size(), " were given");

@@ -30,6 +30,11 @@ class ExportedFunction {
   const std::shared_ptr<torch::jit::Graph>& graph() const { return graph_; }
   torch::jit::GraphFunction& function() const { return *function_; }
 
+  // The same compiled function (graph and executor shared, nothing re-optimized) reading and
+  // producing other IR values: for a structurally identical subset elsewhere in the graph.
+  // Throws InternalError when the counts differ from this function's.
+  ExportedFunction rebind(std::vector<core::ValueId> inputs,
+                          std::vector<core::ValueId> outputs) const;
   // Runs the function; throws Error when the input count is wrong.
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) const;
 

@@ -45,7 +45,9 @@ void checkAccuracy(const std::string& name, const testing::TestModel& m) {
   auto backend = createCpuMeasurementBackend(CpuClock::ProcessCpu);
   ProfilerOptions options;
   options.progressBar = false;
-  options.normalizeLoad = true;
+  // No load normalization: process CPU time already leaves other jobs out, and rescaling by a
+  // 0.1 ms probe kernel added noise of its own (calibration factors 0.75-1.55 between runs).
+  options.normalizeLoad = false;
   core::GraphProfile profile = profileGraph(model, m.inputs, *backend, options);
   int64_t batch = profile.batchSizes.back();
   std::printf("%s: %zu nodes, calibration factor %.3f, in-sample calibration error %.1f%%\n",
@@ -57,7 +59,7 @@ void checkAccuracy(const std::string& name, const testing::TestModel& m) {
   for (auto [begin, end] : blocks) {
     BlockPrediction predicted = predictBlock(model.graph, profile, range(begin, end), batch, 0);
     BlockMeasurement measured =
-        measureBlock(model, m.inputs, begin, end, batch, *backend, {2, 9, true});
+        measureBlock(model, m.inputs, begin, end, batch, *backend, {2, 9, false});
     double timeError = std::abs(predicted.seconds() - measured.seconds()) / measured.seconds();
     double memoryError = std::abs(static_cast<double>(predicted.peakBytes - measured.peakBytes)) /
                          static_cast<double>(measured.peakBytes);
@@ -77,21 +79,19 @@ void checkAccuracy(const std::string& name, const testing::TestModel& m) {
 
 }  // namespace
 
-// Hidden ([.accuracy]): the issue-3 acceptance check is not fully met yet, so it is kept out of
-// scripts/test until it passes. Last run (load average ~12 on 2 cores): MLP time 1-3%, memory
-// 0-3%; transformer time 12-18%, memory 0% except the attention block [110, 128) at 31% (the
-// block holds the gradients of all its inputs at once; the model charges only the busiest node's
-// working set); resnet18 time 7%, 8% and 28% (a single conv node, i.e. timing noise), memory
-// 0-2%. Run it with: build/tests/profiler/profiler_tests "[accuracy]"
-TEST_CASE("accuracy: MLP blocks", "[profiler][.accuracy]") {
+// Registered with CTest's RUN_SERIAL (accuracy_serial.cmake): timings are taken in process
+// CPU time on one thread, but parallel tests still disturb them through shared caches.
+// Block starts are drawn with a fixed seed (977, unlike calibration's); each block grows until
+// its predicted time reaches 3 ms. Run alone: build/tests/profiler/profiler_tests "[accuracy]"
+TEST_CASE("accuracy: MLP blocks", "[profiler][accuracy]") {
   torch::manual_seed(11);
   checkAccuracy("mlp", testing::makeMlp(512, 8, 64));
 }
 
-TEST_CASE("accuracy: transformer encoder blocks", "[profiler][.accuracy]") {
+TEST_CASE("accuracy: transformer encoder blocks", "[profiler][accuracy]") {
   checkAccuracy("transformer", testing::loadTracedModel("transformer"));
 }
 
-TEST_CASE("accuracy: resnet18 blocks", "[profiler][.accuracy]") {
+TEST_CASE("accuracy: resnet18 blocks", "[profiler][accuracy]") {
   checkAccuracy("resnet18", testing::loadTracedModel("resnet18"));
 }

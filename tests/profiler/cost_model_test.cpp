@@ -89,12 +89,15 @@ TEST_CASE("block prediction composes node profiles as documented", "[profiler]")
   CHECK(b.paramBytes == 128);
   CHECK(b.activationBytes == 400 + 800);
   CHECK(b.workingBytes == std::max(50 + 40, 10 + 120));
-  // Boundary inputs: x and w2 (graph inputs: not stage inputs), t(w1) (PARAM, 64 bytes, not
-  // batch-scaled). Outputs: relu (8x4 floats at batch 8 -> 64 bytes at batch 4) and t(w2),
-  // which n5 outside the block reads (64 bytes).
-  CHECK(b.inputBytes == 64);
+  // Boundary inputs: x and w2 (graph inputs: not stage inputs), t(w1) (PARAM: recomputed from
+  // the parameter, which is charged already). Outputs: relu (8x4 floats at batch 8 -> 64 bytes
+  // at batch 4) and t(w2), which n5 outside the block reads (64 bytes; PARAM, so no gradient
+  // comes back for it).
+  CHECK(b.inputBytes == 0);
   CHECK(b.outputBytes == 64 + 64);
-  CHECK(b.peakBytes == 128 * 4 + 64 + 1200 + 128 + 130);
+  CHECK(b.outputGradBytes == 64);
+  // Stage inputs and outputs count twice: the tensors and their gradients.
+  CHECK(b.peakBytes == 128 * 4 + 1200 + 128 + 64 + 130);
   CHECK(b.feasible);
 }
 
