@@ -51,6 +51,9 @@ const std::vector<OptionSpec>& optionTable() {
        "plan with comm_bandwidth, allreduce_bandwidth and comm_latency)"},
       {"comm_timeout_s", T::Float, "60", "seconds a blocking receive or collective waits before failing with the peer named"},
       // Runtime
+      {"precision", T::String, "fp32",
+       "fp32, or mixed precision with fp32 master weights: bf16 (CPU and CUDA autocast) or fp16 "
+       "(CUDA only; CPU autocast in LibTorch 1.13 supports only bf16)"},
       {"allow_replan", T::Bool, "false", "when a later batch changes the traced shape (dims other than 0) or dtype: retrace and replan (true) or raise an error (false)"},
   };
   return table;

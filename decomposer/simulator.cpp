@@ -94,7 +94,8 @@ SimulationResult simulatePlan(const PlanRequest& request, const Plan& plan) {
     const double mb = static_cast<double>(st.estimate.microBatchPerReplica);
     st.perMicroBatchActivation = model.ranges().range(p.firstBlock, p.lastBlock).activationBytes.at(mb);
     const StageEstimate& e = st.estimate;
-    st.staticBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + e.workingBytes + e.commBufferBytes;
+    st.staticBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + e.castCacheBytes +
+                     e.workingBytes + e.commBufferBytes;
     st.ops = scheduleOrder(plan.schedule, s, count, microBatches);
     st.forwardDone.assign(microBatches, -1);
     st.backwardDone.assign(microBatches, -1);

@@ -34,6 +34,7 @@ namespace autostage::staging {
 struct ExecutorOptions {
   int64_t gradientBucketBytes = 25 << 20;  // Note [Gradient scaling]
   bool synchronizeParams = true;           // copy rank 0's parameters at construction
+  core::Precision precision = core::Precision::Fp32;  // stages run under autocast unless fp32
   void validate() const;
   std::string toString() const;
 };

@@ -40,6 +40,7 @@
 #include "comm/backend.h"
 #include "core/deployment.h"
 #include "core/ir/graph.h"
+#include "core/precision.h"
 #include "core/torchscript/importer.h"
 #include "staging/executor.h"
 
@@ -69,7 +70,10 @@ struct ModuleOptions {
   TraceCallback tracer;                    // see TraceCallback
   int64_t gradientBucketBytes = 25 << 20;
   bool allowReplan = false;                // retrace + replan when traced shapes change
-  // Defaults, with allowReplan from the config option allow_replan.
+  // Mixed precision (config key precision): the import probe and the stages run under autocast
+  // (Note [Autocast execution] in core/torchscript/autocast.h); parameters stay fp32.
+  core::Precision precision = core::Precision::Fp32;
+  // Defaults, with allowReplan and precision from the config options of the same names.
   static ModuleOptions fromConfig();
   void validate() const;
   std::string toString() const;
