@@ -17,11 +17,12 @@ differ by one or two bf16 steps, presumably because its stages receive contiguou
 plain PyTorch keeps strided views, so the GEMMs sum in another order). A flipped bf16 value upstream moves an output by a few steps, so outputs and
 gradients: rtol 2e-2 (2.5 bf16 steps where a step is largest, 2^-7 relative), atol 4e-3 (one
 step of a value in [0.5, 1)); measured: at most 2 steps.
-Parameters after Adam steps of lr 1e-3: rtol 1e-3, atol 2e-4 (a fifth of one step), except that
-up to 1% of a tensor's elements may be off by at most 2 lr per step taken: Adam's first steps are
-about lr * sign(gradient), so an element whose gradient is at bf16 noise level (the encoder's
-attention has such elements; a differently laid-out GEMM rounds them the other way) moves the
-other way, by 2 lr. The gradients themselves are checked at every step above.
+Parameters after Adam steps of lr 1e-3: rtol 1e-3, atol 2e-4 (a fifth of one step), except for
+elements whose plain-autocast gradient was within the gradient tolerance of zero (|g| <= 4e-3) at
+some step: those may be off by up to 2 lr per step taken. Adam's first steps are about
+lr * sign(gradient), so a gradient at bf16 noise level that rounds the other way moves its element
+the other way, by 2 lr (seen in the encoder's LayerNorm and attention weights). The gradients
+themselves are checked at every step above.
 """
 import os
 import sys
@@ -65,16 +66,17 @@ def close(what, got, expected, rtol, atol, failures, errors):
         failures.append(f"{what}: max error {error:.3g}")
 
 
-def close_params(what, got, expected, steps, failures, errors):
-    """Parameters within rtol/atol except for at most 1% of the elements, each of those within
-    2 lr per step (see the module docstring)."""
+def close_params(what, got, expected, steps, noisy, failures, errors):
+    """Parameters within rtol/atol, except elements in `noisy` (a reference gradient near zero at
+    some step): those within 2 lr per step (see the module docstring)."""
     error = (got.double() - expected.double()).abs()
     errors["param"] = max(errors.get("param", 0.0), error.max().item())
     off = ~torch.isclose(got.double(), expected.double(), rtol=PARAM_RTOL, atol=PARAM_ATOL)
-    errors["param_off_fraction"] = max(errors.get("param_off_fraction", 0.0),
-                                       off.double().mean().item())
-    if off.double().mean().item() > 0.01 or error.max().item() > 2 * LR * steps * 1.01:
-        failures.append(f"{what}: {int(off.sum())} of {off.numel()} elements off, max error "
+    errors["params_off"] = errors.get("params_off", 0) + int(off.sum())
+    unexplained = off & ~noisy
+    if unexplained.any() or error.max().item() > 2 * LR * steps * 1.01:
+        failures.append(f"{what}: {int(off.sum())} of {off.numel()} elements off "
+                        f"({int(unexplained.sum())} with a clear gradient), max error "
                         f"{error.max().item():.3g}")
 
 
@@ -86,7 +88,7 @@ def run(name, micros, schedule, recompute, rank, world, failures):
     wrapped = autostage.Module(model, optimizer, precision="bf16", partition_num=world,
                                pipeline_num=micros, schedule=schedule, recompute=recompute)
     rows = slice(rank * LOCAL, (rank + 1) * LOCAL)
-    errors = {}
+    errors, noisy = {}, {}
     tag = f"{name} {schedule} recompute={recompute}"
     for step in range(STEPS):
         (x,), y = spec.batch(world * LOCAL, step)
@@ -108,12 +110,16 @@ def run(name, micros, schedule, recompute, rank, world, failures):
                 continue
             close(f"grad step {step} {pname} ({tag})", p.grad, ref_params[pname].grad,
                   OUT_RTOL, OUT_ATOL, failures, errors)
+            near_zero = ref_params[pname].grad.abs() <= OUT_ATOL
+            noisy[pname] = noisy[pname] | near_zero if pname in noisy else near_zero
         optimizer.step()
         ref_opt.step()
         for pname, p in model.named_parameters():
             if p.data_ptr() in local:
                 close_params(f"param step {step} {pname} ({tag})", p.detach(),
-                             ref_params[pname].detach(), step + 1, failures, errors)
+                             ref_params[pname].detach(), step + 1,
+                             noisy.get(pname, torch.zeros_like(p, dtype=torch.bool)), failures,
+                             errors)
     info = wrapped._impl.deployment_info()
     if len(info["stages"]) != world or info["micro_batches"] != micros:
         failures.append(f"{tag}: planned {len(info['stages'])} stages x {info['micro_batches']} "
