@@ -62,6 +62,9 @@ const std::vector<OptionSpec>& optionTable() {
        "plan for this many ranks on however many are running, save the plan to "
        "deployment_file and exit (0: off)"},
       // Runtime
+      {"precision", T::String, "fp32",
+       "fp32, or mixed precision with fp32 master weights: bf16 (CPU and CUDA autocast) or fp16 "
+       "(CUDA only; CPU autocast in LibTorch 1.13 supports only bf16)"},
       {"allow_replan", T::Bool, "false", "when a later batch changes the traced shape (dims other than 0) or dtype: retrace and replan (true) or raise an error (false)"},
       {"trace_events", T::Bool, "false", "record each rank's forward/backward/send/recv/allreduce times and write a Chrome-trace JSON per rank (see trace_events_dir)"},
       {"trace_events_dir", T::String, "autostage_trace", "directory of the trace_events files (trace_rank0.json, trace_rank1.json, ...), rewritten at the end of every step"},

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/precision.h"
 
 namespace autostage::decomposer {
 namespace {
@@ -98,7 +99,10 @@ RangeTotals RangeIndex::range(int first, int last) const {
 }
 
 CostModel::CostModel(const PlanRequest& request)
-    : request_(request), ranges_(request), memoryLimit_(request.memoryLimit()) {}
+    : request_(request),
+      ranges_(request),
+      memoryLimit_(request.memoryLimit()),
+      castCopyRatio_(core::castCopyRatio(core::parsePrecision(request.options.precision))) {}
 
 int64_t CostModel::microBatchPerReplica(int microBatches, int replicaCount) const {
   int64_t share = static_cast<int64_t>(microBatches) * replicaCount;
@@ -140,14 +144,15 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
     e.allreduceSeconds = link.seconds(2.0 * (r - 1) / r * range.paramBytes);
   }
   e.optimizerBytes = request_.options.optParamFactor * range.paramBytes;
+  e.castCacheBytes = castCopyRatio_ * range.paramBytes;
   e.heldMicroBatches = heldMicroBatches(schedule, microBatches, choice.stagesAfter);
   const double act = range.activationBytes.at(mb);
   e.bytesPerHeldMicroBatch = choice.recompute ? e.inputBytes : act;
   e.activationBytes = e.heldMicroBatches * e.bytesPerHeldMicroBatch + (choice.recompute ? act : 0);
   e.workingBytes = range.workingBytes.at(mb);
   e.commBufferBytes = 2 * (e.inputBytes + e.outputBytes);
-  e.baseMemoryBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + (choice.recompute ? act : 0) +
-                      e.workingBytes + e.commBufferBytes;
+  e.baseMemoryBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + e.castCacheBytes +
+                      (choice.recompute ? act : 0) + e.workingBytes + e.commBufferBytes;
   e.totalMemoryBytes = e.baseMemoryBytes + e.heldMicroBatches * e.bytesPerHeldMicroBatch;
   return e;
 }

@@ -20,9 +20,17 @@
 // A p2p transfer is intra-node when the sender's ranks and the neighbouring rank of the next
 // (previous) stage lie on one node; an allreduce is intra-node when its ranks lie on one node.
 // Memory per device: params + grads + opt_param_factor * params
+//   + cast cache: 0.5 * params for precision bf16/fp16 (0 for fp32)
 //   + activations held: all M micro-batches (gpipe) or min(M, stages after + 1) (1f1b), each
 //     act(mb); a recomputing stage holds only its input per micro-batch plus one act(mb)
 //   + working(mb) + communication buffers 2 * (input + output bytes at mb).
+// Mixed precision (precision=bf16|fp16, Note [Autocast execution] in core/torchscript/autocast.h):
+// params, grads and optimizer state stay fp32. Autocast keeps a 2-byte copy of each fp32 weight
+// a matmul/conv casts, for the length of a stage's forward run: the cast cache term (an upper
+// bound: it counts every parameter). The copies autograd saves for backward, and the smaller
+// bf16 activations, are in act(mb) and working(mb), because profiling runs under the same
+// autocast; input/output bytes are the boundary values' bytes in the dtype the import probe
+// recorded under autocast, so a boundary autocast produces in bf16 costs half its fp32 bytes.
 
 #include <algorithm>
 #include <cstdint>
@@ -100,6 +108,7 @@ class CostModel {
   const PlanRequest& request_;
   RangeIndex ranges_;
   double memoryLimit_;
+  double castCopyRatio_;  // cast-cache bytes per parameter byte (core::castCopyRatio)
 };
 
 // evaluatePlan with a model already built for the request (saves rebuilding the range index).

@@ -32,6 +32,7 @@ struct PlanOptions {
   double memLimitGb = 0;          // 0: the device's own memory
   double memMargin = 0.1;
   double optParamFactor = 2;
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (Note [Pipeline cost model]: cast cache)
 
   // Throws ConfigError naming the first bad field, the value and the valid range.
   void validate() const;
@@ -116,6 +117,7 @@ struct StageEstimate {
   double allreduceSeconds = 0;
   double inputBytes = 0, outputBytes = 0;  // at the per-replica micro-batch
   double paramBytes = 0, gradientBytes = 0, optimizerBytes = 0;
+  double castCacheBytes = 0;  // autocast's low-precision weight copies (0 for fp32)
   double activationBytes = 0;  // held by the schedule at its peak
   double workingBytes = 0, commBufferBytes = 0;
   double totalMemoryBytes = 0;

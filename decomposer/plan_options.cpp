@@ -2,6 +2,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/precision.h"
 #include "decomposer/plan.h"
 
 namespace autostage::decomposer {
@@ -39,6 +40,7 @@ void PlanOptions::validate() const {
                      " must be >= 0 (0: use the device's memory)");
   AUTOSTAGE_CHECK_AS(ConfigError, memMargin >= 0 && memMargin < 1, "option mem_margin=", memMargin,
                      " must be in [0, 1)");
+  core::parsePrecision(precision);  // throws ConfigError naming the valid precisions
   AUTOSTAGE_CHECK_AS(ConfigError, optParamFactor >= 0, "option opt_param_factor=", optParamFactor,
                      " must be >= 0 (2 for Adam, 0 for SGD)");
 }
@@ -49,7 +51,8 @@ std::string PlanOptions::toString() const {
       << " partition_num=" << partitionNum << " pipeline_num=" << pipelineNum
       << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
       << " schedule=" << schedule << " recompute=" << recompute << " mem_limit_gb=" << memLimitGb
-      << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor;
+      << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor
+      << " precision=" << precision;
   return out.str();
 }
 
@@ -66,6 +69,7 @@ PlanOptions PlanOptions::fromConfig(const core::Config& config) {
   o.memLimitGb = config.getFloat("mem_limit_gb");
   o.memMargin = config.getFloat("mem_margin");
   o.optParamFactor = config.getFloat("opt_param_factor");
+  o.precision = config.getString("precision");
   o.validate();
   return o;
 }

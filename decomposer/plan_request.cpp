@@ -84,6 +84,7 @@ void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
     else if (key == "mem_limit_gb") o.memLimitGb = real();
     else if (key == "mem_margin") o.memMargin = real();
     else if (key == "opt_param_factor") o.optParamFactor = real();
+    else if (key == "precision") o.precision = v;
     else throw FormatError("plan request text, line " + std::to_string(line) + ": unknown option '" + key + "'");
   }
 }

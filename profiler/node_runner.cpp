@@ -7,6 +7,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/torch.h>
 
@@ -204,7 +205,12 @@ std::vector<c10::IValue> measureMemory(const core::Graph& graph,
 std::vector<c10::IValue> executeFunction(const torchscript::ExportedFunction& function,
                                          std::vector<c10::IValue> args) {
   gExecutions.fetch_add(1);
-  return function.run(std::move(args));
+  std::vector<c10::IValue> outputs = function.run(std::move(args));
+  // Note [Autocast cache] (core/torchscript/autocast.h): each run casts its own weight copies,
+  // as a stage's run does; a copy cached by a run without autograd would otherwise leak into
+  // later measured runs.
+  if (at::autocast::is_cpu_enabled() || at::autocast::is_enabled()) at::autocast::clear_cache();
+  return outputs;
 }
 
 int64_t executionCount() { return gExecutions.load(); }

@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/proto/profile_file.h"
+#include "core/torchscript/autocast.h"
 #include "profiler/calibration.h"
 #include "profiler/comm_profile.h"
 #include "profiler/cost_model.h"
@@ -363,6 +364,12 @@ std::string modelDtype(const torchscript::ImportedModel& model) {
   return "Float";
 }
 
+std::string profileDtype(const torchscript::ImportedModel& model, core::Precision precision) {
+  std::string dtype = modelDtype(model);
+  if (precision != core::Precision::Fp32) dtype += "-autocast-" + core::precisionName(precision);
+  return dtype;
+}
+
 std::string profileCachePath(const ProfilerOptions& options, const std::string& graphHash,
                              const std::string& deviceKind, const std::string& dtype) {
   if (!options.cacheFile.empty()) return options.cacheFile;
@@ -406,7 +413,7 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
   core::GraphProfile profile;
   profile.graphHash = graph.hash();
   profile.deviceKind = backend.deviceKind();
-  profile.dtype = modelDtype(model);
+  profile.dtype = profileDtype(model, options.precision);
   profile.batchSizes = batches;
   profile.nodes.resize(graph.nodeCount());
   for (core::NodeId n = 0; n < static_cast<core::NodeId>(graph.nodeCount()); ++n)
@@ -435,6 +442,7 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
 core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
                                 const std::vector<c10::IValue>& exampleInputs,
                                 MeasurementBackend& backend, const ProfilerOptions& options) {
+  torchscript::AutocastGuard autocast(options.precision);
   return profileNodesKeeping(model, exampleInputs, backend, options, nullptr);
 }
 
@@ -444,13 +452,14 @@ core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
   options.validate();
   auto log = core::logger("Profiler");
   log->info("profiler options: {}", options.toString());
-  std::string hash = model.graph.hash(), dtype = modelDtype(model);
+  std::string hash = model.graph.hash(), dtype = profileDtype(model, options.precision);
   std::string path = profileCachePath(options, hash, backend.deviceKind(), dtype);
   if (!path.empty() && std::filesystem::exists(path)) {
     core::GraphProfile cached = core::loadProfileFor(path, hash, backend.deviceKind(), dtype);
     log->info("loaded profile of graph {} from cache {}; skipping profiling", hash, path);
     return cached;
   }
+  torchscript::AutocastGuard autocast(options.precision);
   ValueMap lastValues;
   core::GraphProfile profile =
       profileNodesKeeping(model, exampleInputs, backend, options, &lastValues);

@@ -19,6 +19,9 @@
 
 namespace autostage::profiler {
 
+// Every model run of the profiler happens under options.precision's autocast (Note [Autocast
+// execution] in core/torchscript/autocast.h).
+//
 // Full run: cache lookup, node profiles, calibration, cache store. The comm part of the result
 // holds the configured fallbacks (see profileComm for measured ones).
 core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
@@ -36,6 +39,8 @@ std::vector<int64_t> resolveBatchSizes(const ProfilerOptions& options, int64_t e
 
 // Scalar type name of the model's first floating parameter or input ("Float" if none).
 std::string modelDtype(const torchscript::ImportedModel& model);
+// The profile's dtype key: modelDtype, with "-autocast-bf16" (fp16) appended for mixed precision.
+std::string profileDtype(const torchscript::ImportedModel& model, core::Precision precision);
 
 // Cache file for this key ("" when options name no cache).
 std::string profileCachePath(const ProfilerOptions& options, const std::string& graphHash,

@@ -57,7 +57,7 @@ std::string ProfilerOptions::toString() const {
       << calibrationRepeats << " seed=" << seed << " normalize_load=" << normalizeLoad
       << " reuse_identical=" << reuseIdenticalGroups << " cache="
       << (cacheFile.empty() ? (cacheDir.empty() ? "none" : cacheDir) : cacheFile)
-      << " opt_param_factor=" << optParamFactor;
+      << " opt_param_factor=" << optParamFactor << " precision=" << core::precisionName(precision);
   return out.str();
 }
 
@@ -70,6 +70,7 @@ ProfilerOptions ProfilerOptions::fromConfig() {
   options.repeats = static_cast<int>(config.getInt("profile_repeats"));
   options.calibrationBlocks = static_cast<int>(config.getInt("profile_calibration_blocks"));
   options.optParamFactor = config.getFloat("opt_param_factor");
+  options.precision = core::parsePrecision(config.getString("precision"));
   options.validate();
   return options;
 }

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "core/precision.h"
+
 namespace autostage::profiler {
 
 struct ProfilerOptions {
@@ -32,12 +34,15 @@ struct ProfilerOptions {
   bool reuseIdenticalGroups = true;
   // Live progress bar on stderr (only when it is a terminal).
   bool progressBar = true;
+  // Nodes run under the stages' autocast (config key precision), so times and bytes are those
+  // of the mixed-precision stages; part of the profile cache key (as the dtype's suffix).
+  core::Precision precision = core::Precision::Fp32;
 
   // Throws ConfigError naming the bad field, what came and what would be valid.
   void validate() const;
   std::string toString() const;
   // From the global config: profile_cache_dir, profile_batch_sizes, profile_repeats,
-  // profile_calibration_blocks, opt_param_factor.
+  // profile_calibration_blocks, opt_param_factor, precision.
   static ProfilerOptions fromConfig();
 };
 

@@ -30,7 +30,8 @@ void ExecutorOptions::validate() const {
 std::string ExecutorOptions::toString() const {
   std::ostringstream out;
   out << "gradient_bucket_bytes=" << gradientBucketBytes
-      << " synchronize_params=" << (synchronizeParams ? "true" : "false");
+      << " synchronize_params=" << (synchronizeParams ? "true" : "false")
+      << " precision=" << core::precisionName(precision);
   return out.str();
 }
 
@@ -72,7 +73,8 @@ Executor::Executor(const torchscript::ImportedModel& model, core::Deployment dep
       bool mine = std::find(consumers.begin(), consumers.end(), stageId_) != consumers.end();
       if (mine && carriesGradient(r)) gradientInputs.push_back(route.value);
     }
-    runner_ = std::make_unique<StageRunner>(model_.graph, stage, params_, gradientInputs);
+    runner_ = std::make_unique<StageRunner>(model_.graph, stage, params_, gradientInputs,
+                                            options_.precision);
   }
   if (options_.synchronizeParams) ParamStorage::synchronize(model_, *backend_);
 }

@@ -37,6 +37,7 @@ struct ExecutorOptions {
   bool synchronizeParams = true;           // copy rank 0's parameters at construction
   std::string traceDirectory;              // non-empty: record events (Note [Trace files])
   int traceSteps = 10;
+  core::Precision precision = core::Precision::Fp32;  // stages run under autocast unless fp32
   void validate() const;
   std::string toString() const;
 };

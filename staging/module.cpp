@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/proto/deployment_file.h"
+#include "core/torchscript/autocast.h"
 #include "staging/checkpoint.h"
 #include "staging/route_check.h"
 #include "staging/sample_range.h"
@@ -167,7 +168,7 @@ void checkSameAcrossRanks(const std::vector<std::string>& summaries) {
 const char* const kPlanKeyOptions[] = {
     "decomposer", "max_blocks", "partition_num", "pipeline_num", "min_pipeline", "max_pipeline",
     "schedule", "recompute", "mem_limit_gb", "mem_margin", "opt_param_factor", "comm_bandwidth",
-    "allreduce_bandwidth", "comm_latency", "profile_batch_sizes"};
+    "allreduce_bandwidth", "comm_latency", "profile_batch_sizes", "precision"};
 
 std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch) {
   const core::Config& config = core::globalConfig();
@@ -244,6 +245,7 @@ ModuleOptions ModuleOptions::fromConfig() {
   if (load) options.deploymentPath = file;
   if (save || dryRun > 0) options.saveDeploymentPath = file;
   options.dryRunWorldSize = static_cast<int>(dryRun);
+  options.precision = core::parsePrecision(config.getString("precision"));
   return options;
 }
 
@@ -266,7 +268,7 @@ std::string ModuleOptions::toString() const {
       << "' gradient_bucket_bytes=" << gradientBucketBytes
       << " allow_replan=" << (allowReplan ? "true" : "false") << " save_deployment_path='"
       << saveDeploymentPath << "' dry_run_world_size=" << dryRunWorldSize
-      << " device_memory=" << deviceMemory;
+      << " device_memory=" << deviceMemory << " precision=" << core::precisionName(precision);
   return out.str();
 }
 
@@ -279,6 +281,10 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
     comm::registerBuiltinBackends();
     backend_ = comm::sharedBackend("mpi");
   }
+  // Stages run on CPU tensors unless the backend is NCCL (CUDA): fp16 autocast needs CUDA.
+  torchscript::checkAutocastSupported(
+      options_.precision,
+      backend_->name() == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
   anchor_ = at::zeros({}, at::kFloat).requires_grad_(true);
   core::logger("Module")->debug("options: {}", options_.toString());
 }
@@ -362,6 +368,7 @@ void Module::deploy(const std::vector<at::Tensor>& inputs) {
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;
   executorOptions.traceDirectory = options_.traceDirectory;
   executorOptions.traceSteps = options_.traceSteps;
+  executorOptions.precision = options_.precision;
   executor_ = std::make_shared<Executor>(*model_, std::move(deployment), backend_,
                                          executorOptions);
   tracedSignature_ = signatureOf(inputs, true);
@@ -374,7 +381,10 @@ void Module::deploy(const std::vector<at::Tensor>& inputs) {
 
 void Module::importModel(const std::vector<c10::IValue>& examples) {
   model_.reset();
-  if (options_.tracer) module_ = options_.tracer(examples);
+  if (options_.tracer) module_ = options_.tracer(examples);  // traced without autocast
+  // The import probe runs under the stages' autocast, so the IR records the dtypes the stages
+  // produce and routes carry (Note [Autocast execution]).
+  torchscript::AutocastGuard autocast(options_.precision);
   model_ = std::make_unique<torchscript::ImportedModel>(
       torchscript::importModule(module_, examples));
 }

@@ -50,6 +50,7 @@
 #include "core/deployment.h"
 #include "core/error.h"
 #include "core/ir/graph.h"
+#include "core/precision.h"
 #include "core/torchscript/importer.h"
 #include "staging/executor.h"
 
@@ -92,9 +93,12 @@ struct ModuleOptions {
   // Bytes per device this job has (what a plan made now would assume); a loaded deployment
   // planned for more is refused. 0: not checked.
   int64_t deviceMemory = 0;
+  // Mixed precision (config key precision): the import probe and the stages run under autocast
+  // (Note [Autocast execution] in core/torchscript/autocast.h); parameters stay fp32.
+  core::Precision precision = core::Precision::Fp32;
   // Defaults, from the config options allow_replan, trace_events, trace_events_dir,
-  // trace_events_steps, save_deployment, load_deployment, deployment_file and
-  // partitioning_dry_run_np.
+  // trace_events_steps, save_deployment, load_deployment, deployment_file,
+  // partitioning_dry_run_np and precision.
   static ModuleOptions fromConfig();
   void validate() const;
   std::string toString() const;

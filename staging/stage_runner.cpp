@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "core/error.h"
+#include "core/torchscript/autocast.h"
 
 namespace autostage::staging {
 namespace {
@@ -80,11 +81,13 @@ std::vector<core::ValueId> stageParams(const core::Graph& graph,
 }
 
 StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& stage,
-                         const ParamStorage& params, std::vector<core::ValueId> gradientInputs)
+                         const ParamStorage& params, std::vector<core::ValueId> gradientInputs,
+                         core::Precision precision)
     : stage_(stage),
       params_(params),
       function_(torchscript::exportSubgraph(graph, stage.nodes)),
-      gradientInputs_(std::move(gradientInputs)) {
+      gradientInputs_(std::move(gradientInputs)),
+      precision_(precision) {
   core::Boundary boundary = graph.boundary(stage.nodes);
   for (core::ValueId v : boundary.inputs)
     if (!isGraphParam(graph, v) && !isLocalDerived(graph, v)) routedInputs_.push_back(v);
@@ -102,6 +105,7 @@ StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& 
 // differentiable: the gradient still reaches the leaf).
 std::vector<at::Tensor> StageRunner::run(
     const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
+  torchscript::AutocastGuard autocast(precision_);  // Note [Autocast execution]
   std::unordered_map<core::ValueId, c10::IValue> derived;
   if (prelude_) {
     std::vector<c10::IValue> args;

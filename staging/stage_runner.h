@@ -15,6 +15,10 @@
 // back-propagates; dropout masks therefore match. The stage's buffers are restored after the
 // re-run, so in-place buffer updates (BatchNorm running statistics, num_batches_tracked) happen
 // once per micro-batch, as without recompute.
+//
+// With a mixed precision (core/precision.h) every run of the stage's functions -- forward and a
+// recompute stage's re-run alike -- happens inside its own autocast region (Note [Autocast
+// execution], Note [Autocast cache] in core/torchscript/autocast.h).
 
 #include <map>
 #include <memory>
@@ -25,6 +29,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/deployment.h"
+#include "core/precision.h"
 #include "core/ir/graph.h"
 #include "core/torchscript/exporter.h"
 #include "staging/param_storage.h"
@@ -39,7 +44,8 @@ class StageRunner {
  public:
   // `gradientInputs` are the routed inputs whose gradient is sent back (carriesGradient routes).
   StageRunner(const core::Graph& graph, const core::StageDeployment& stage,
-              const ParamStorage& params, std::vector<core::ValueId> gradientInputs);
+              const ParamStorage& params, std::vector<core::ValueId> gradientInputs,
+              core::Precision precision = core::Precision::Fp32);
 
   const core::StageDeployment& stage() const { return stage_; }
   // Routed values the stage reads (batch values from the feeder or other stages).
@@ -74,6 +80,7 @@ class StageRunner {
   std::unique_ptr<torchscript::ExportedFunction> prelude_;
   std::vector<core::ValueId> routedInputs_;
   std::vector<core::ValueId> gradientInputs_;
+  core::Precision precision_;
   std::map<int, Saved> saved_;
 };
 

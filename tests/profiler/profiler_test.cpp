@@ -4,7 +4,10 @@
 
 #include <filesystem>
 
+#include <ATen/autocast_mode.h>
+
 #include "core/error.h"
+#include "core/torchscript/autocast.h"
 #include "profiler/cost_model.h"
 #include "profiler/node_runner.h"
 #include "test_models.h"
@@ -196,4 +199,34 @@ TEST_CASE("profiler options validate and come from the config table", "[profiler
   CHECK(fromConfig.repeats == 5);
   CHECK(fromConfig.calibrationBlocks == 4);
   CHECK_THAT(fromConfig.toString(), Catch::Contains("repeats=5"));
+}
+
+TEST_CASE("bf16 profiling measures the nodes under autocast", "[profiler]") {
+  torch::manual_seed(3);
+  const int64_t width = 64, batch = 16;
+  testing::TestModel m = testing::makeMlp(width, 3, batch);
+  torchscript::ImportedModel model = [&] {  // as staging::Module imports it
+    torchscript::AutocastGuard autocast(core::Precision::Bf16);
+    return torchscript::importModule(m.module, m.inputs);
+  }();
+  auto backend = createCpuMeasurementBackend();
+  ProfilerOptions options = quickOptions();
+  options.precision = core::Precision::Bf16;
+  core::GraphProfile profile = profileNodes(model, m.inputs, *backend, options);
+  CHECK(profile.dtype == "Float-autocast-bf16");  // a cache key apart from fp32 profiles
+  CHECK_FALSE(at::autocast::is_cpu_enabled());    // the guard ended with profiling
+  const double row = width * 2.0;  // one sample's bf16 activation
+  int64_t params = 0;
+  for (const auto& p : profile.nodes) params += p.paramBytes;
+  CHECK(params == 3 * (width * width + width) * 4);  // master weights stay fp32
+  for (core::NodeId n : groupsOfKind(model.graph, "aten::addmm")) {
+    INFO(nodeLabel(model.graph, n));
+    const core::NodeProfile& p = profile.nodes[n];
+    CHECK(p.failure.empty());
+    CHECK(p.outputBytes.at(batch) == Approx(batch * row));
+    // addmm keeps its bf16 input and the bf16 copy of the weight for backward.
+    CHECK(p.activationBytes.at(batch) == Approx(batch * row + width * width * 2.0));
+  }
+  for (core::NodeId n : groupsOfKind(model.graph, "aten::relu"))
+    CHECK(profile.nodes[n].outputBytes.at(batch) == Approx(batch * row));
 }

@@ -1,0 +1,55 @@
+#pragma once
+// torch.autocast for the exported stage functions: an RAII guard that turns autocast on for one
+// device at a precision (core/precision.h) and restores the previous state, like Python's
+// `with torch.autocast(device, dtype=...)`.
+//
+// Note [Autocast execution]
+// Stages, the importer's probe run and the profiler run the exported TorchScript graphs with the
+// simple executor, which applies no JIT autocast pass: every op dispatches through the
+// AutocastCPU (AutocastCUDA) key at run time, exactly as eager code inside torch.autocast does.
+// Parameters are fed as the fp32 master weights; matmul/conv-like ops cast them (and their other
+// inputs) to the low precision, so tensors downstream of them are bf16/fp16 wherever autocast
+// would produce them in plain PyTorch; their gradients flow back to the fp32 weights. The
+// importer's probe runs under the same guard, so the IR records the dtypes the stages will
+// produce (and routes allocate and send those: a bf16 boundary travels in half the bytes).
+//
+// Note [Autocast cache]
+// Autocast caches the low-precision copy of each leaf weight it casts until the outermost
+// autocast region ends. The guard clears that cache whenever it ends (even when nested inside a
+// caller's autocast region): a copy cast under no_grad has no autograd history and, reused by a
+// later run with autograd (a recompute stage's re-run), would silently cut the weights'
+// gradients (checked on LibTorch 1.13); and the optimizer updates the weights in place between
+// steps, which the cache, keyed by tensor, would not notice.
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+#include "core/precision.h"
+
+namespace autostage::torchscript {
+
+// Throws UnsupportedError when autocast cannot run `precision` on `device` (fp16 on CPU: CPU
+// autocast in LibTorch 1.13 supports only bfloat16).
+void checkAutocastSupported(core::Precision precision, c10::DeviceType device);
+
+// The low-precision dtype autocast uses (Float for fp32).
+c10::ScalarType autocastDtype(core::Precision precision);
+
+class AutocastGuard {
+ public:
+  // fp32: does nothing. Otherwise enables autocast for `device` with the precision's dtype.
+  explicit AutocastGuard(core::Precision precision, c10::DeviceType device = c10::DeviceType::CPU);
+  // Restores the previous autocast state and clears the cast cache (Note [Autocast cache]).
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool active_ = false;
+  c10::DeviceType device_;
+  bool previousEnabled_ = false;
+  bool previousCache_ = true;
+  c10::ScalarType previousDtype_ = c10::ScalarType::BFloat16;
+};
+
+}  // namespace autostage::torchscript
