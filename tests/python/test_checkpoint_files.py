@@ -79,6 +79,7 @@ def test_shape_mismatch_is_refused_naming_key_and_both_shapes(tmp_path):
     assert "'2.weight' has shape [5, 3] in the checkpoint but [2, 3] in the model" in message
     assert "'2.bias' has shape [5] in the checkpoint but [2] in the model" in message
     assert "Nothing was loaded (the model is unchanged)" in message
+    assert "strict=False" not in message  # it would not help with shapes
     # torch's load_state_dict would have copied layers 0 and 1 before raising: nothing moved.
     assert_unchanged(model, before)
     # The same through autostage.Module.load_state_dict (before deployment) and strict=False.

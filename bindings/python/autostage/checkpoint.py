@@ -100,11 +100,12 @@ def state_dict_problem(model, state_dict, strict=True):
                                "dict; save model.state_dict() (or the module) with "
                                "autostage.save_checkpoint")
     own = model.state_dict()
-    problems = []
+    problems, key_problems = [], 0
     for key, value in own.items():
         if key not in state_dict:
             if strict:
                 problems.append(f"'{key}' is missing from the checkpoint")
+                key_problems += 1
             continue
         given = state_dict[key]
         if not isinstance(value, torch.Tensor):
@@ -115,8 +116,9 @@ def state_dict_problem(model, state_dict, strict=True):
             problems.append(f"'{key}' has shape {list(given.shape)} in the checkpoint but "
                             f"{list(value.shape)} in the model")
     if strict:
-        problems += [f"'{key}' is in the checkpoint but not in the model"
-                     for key in state_dict if key not in own]
+        unexpected = [key for key in state_dict if key not in own]
+        problems += [f"'{key}' is in the checkpoint but not in the model" for key in unexpected]
+        key_problems += len(unexpected)
     if not problems:
         return ("", "")
     listed = "; ".join(problems[:_MAX_LISTED])
@@ -125,7 +127,7 @@ def state_dict_problem(model, state_dict, strict=True):
             f"the checkpoint does not fit {type(model).__name__}: {listed}{more}. Nothing was "
             "loaded (the model is unchanged); load a checkpoint saved from this model with the "
             "same sizes" + (", or pass strict=False to skip missing and unexpected keys"
-                            if strict else ""))
+                            if key_problems else ""))
 
 
 def _shapes_fit(given, own):
