@@ -121,9 +121,10 @@ std::vector<int> silentMembers(MpiBackend::Impl& impl, const Group& group, doubl
   std::vector<int> others;
   for (int r : group.ranks())
     if (r != impl.rank) others.push_back(r);
-  // Leaked on purpose: a probe may never be received, and its buffer must outlive it.
+  // Static: a probe may never be received, and its buffer must outlive the send. The answer
+  // buffers are freed on return: every receive has completed or been cancelled and waited for.
   static const char probe = 1;
-  char* answers = new char[others.size()];
+  std::vector<char> answers(others.size());
   std::vector<MPI_Request> sends(others.size()), recvs(others.size());
   for (size_t i = 0; i < others.size(); ++i) {
     MPI_Isend(&probe, 1, MPI_CHAR, others[i], kProbeTag, impl.collComm, &sends[i]);
@@ -145,9 +146,14 @@ std::vector<int> silentMembers(MpiBackend::Impl& impl, const Group& group, doubl
   std::vector<int> silent;
   for (size_t i = 0; i < others.size(); ++i) {
     if (!answered[i]) {
-      silent.push_back(others[i]);
       MPI_Cancel(&recvs[i]);
-      MPI_Request_free(&recvs[i]);
+      // A wait on a cancelled receive returns whatever the peers do (MPI 3.1, 3.8.4); after it
+      // no late answer can be written into `answers`. (It may have arrived since the last test.)
+      MPI_Status status;
+      MPI_Wait(&recvs[i], &status);
+      int cancelled = 0;
+      MPI_Test_cancelled(&status, &cancelled);
+      if (cancelled) silent.push_back(others[i]);
     }
     int done = 0;
     MPI_Test(&sends[i], &done, MPI_STATUS_IGNORE);

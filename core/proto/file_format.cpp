@@ -1,7 +1,9 @@
 #include "core/proto/file_format.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -35,24 +37,55 @@ std::string encodeFramed(const std::string& kind, uint32_t formatVersion, const 
   return envelope.SerializeAsString();
 }
 
+// Note [Atomic writes]
+// The bytes go to a temporary file next to `path` (same file system, so the rename is atomic),
+// which is fsynced before the rename and whose directory is fsynced after it: a crash at any
+// point leaves either the complete old file or the complete new one under `path`, never a
+// partial one. The temporary name is unique per process and call (pid + counter), so threads
+// writing the same path do not share a temporary file. Any failure removes the temporary file.
 void writeFramedFile(const std::string& path, const std::string& kind, uint32_t formatVersion,
                      const std::string& payload) {
+  static std::atomic<unsigned> counter{0};
   std::string bytes = encodeFramed(kind, formatVersion, payload);
-  std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw FormatError("cannot write " + kind + " file '" + path + "' (temporary '" + tmp +
-                        "'): " + std::strerror(errno) + "; check the directory exists and has space");
-    }
+  std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  auto fail = [&](const std::string& what, int err) {
+    std::remove(tmp.c_str());
+    throw FormatError("cannot write " + kind + " file '" + path + "' (" + what + " '" + tmp +
+                      "'): " + std::strerror(err) +
+                      "; check the directory exists, is writable and has space");
+  };
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    int err = errno;  // nothing was created: do not remove another writer's file
+    throw FormatError("cannot write " + kind + " file '" + path + "' (creating temporary '" + tmp +
+                      "'): " + std::strerror(err) + "; check the directory exists and is writable");
   }
+  for (size_t done = 0; done < bytes.size();) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      fail("writing temporary", err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    fail("syncing temporary", err);
+  }
+  if (::close(fd) != 0) fail("closing temporary", errno);
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     std::remove(tmp.c_str());
     throw FormatError("cannot move '" + tmp + "' to '" + path + "': " + std::strerror(err));
+  }
+  std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
+  int dirFd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dirFd >= 0) {  // best effort: the file is complete under its name either way
+    ::fsync(dirFd);
+    ::close(dirFd);
   }
 }
 

@@ -2,9 +2,9 @@
 // Framed, versioned, hashed files for every autostage format (graph, profile, cluster spec,
 // deployment). See Note [File validation].
 //
-// writeFramedFile writes to `path + ".tmp-<pid>"` and renames it over `path`, so a crash or a
-// full disk never leaves a half-written file under the real name; the old file survives a failed
-// write. readFramedFile throws FormatError saying which check failed: missing file, not an
+// writeFramedFile writes to `path + ".tmp-<pid>-<n>"`, fsyncs it and renames it over `path`, so a
+// crash or a full disk never leaves a half-written file under the real name; the old file survives
+// a failed write and no temporary file is left behind (Note [Atomic writes]). readFramedFile throws FormatError saying which check failed: missing file, not an
 // autostage file, truncated/corrupted, wrong kind, unsupported version, hash mismatch.
 
 #include <cstdint>

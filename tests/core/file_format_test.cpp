@@ -2,10 +2,13 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <unistd.h>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -65,4 +68,30 @@ TEST_CASE("a failed write leaves the old file untouched", "[core]") {
   REQUIRE(readFramedFile(path, "graph", 1).payload == "old");
   REQUIRE_THROWS_WITH(readFramedFile(scratch("missing.bin").string(), "graph", 1),
                       Catch::Contains("cannot open graph file"));
+}
+
+TEST_CASE("writes leave no temporary file, also when the rename fails", "[core]") {
+  fs::path dir = scratch("atomic_dir");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::string path = (dir / "plan.deployment").string();
+  writeFramedFile(path, "deployment", 1, "first");
+  writeFramedFile(path, "deployment", 1, "second");
+  REQUIRE(readFramedFile(path, "deployment", 1).payload == "second");
+  auto names = [&] {
+    std::vector<std::string> found;
+    for (const auto& entry : fs::directory_iterator(dir)) found.push_back(entry.path().filename());
+    return found;
+  };
+  REQUIRE(names() == std::vector<std::string>{"plan.deployment"});
+  // A non-empty directory under the target name: the temporary file is written, the rename
+  // fails, and the temporary file is removed.
+  fs::path blocked = dir / "blocked";
+  fs::create_directories(blocked / "inside");
+  REQUIRE_THROWS_WITH(writeFramedFile(blocked.string(), "deployment", 1, "x"),
+                      Catch::Contains("cannot move") && Catch::Contains(blocked.string()));
+  std::vector<std::string> after = names();
+  std::sort(after.begin(), after.end());
+  REQUIRE(after == std::vector<std::string>{"blocked", "plan.deployment"});
+  fs::remove_all(dir);
 }

@@ -46,6 +46,21 @@ class DictOutput(SeqNet):
         return {"y": self.c(self.a(x).mean(1))}
 
 
+class TimesTwo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class PythonFunction(SeqNet):
+    def forward(self, x, scale):
+        return TimesTwo.apply(self.c(self.a(x).mean(1))) * scale
+
+
 class Doubler(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -89,6 +104,37 @@ def expect_close(got, want, what):
         raise AssertionError(f"{what}: output differs by {(got - want).abs().max()}")
 
 
+def flip_byte(source, target, at):
+    data = bytearray(open(source, "rb").read())
+    data[at] ^= 0x20
+    with open(target, "wb") as f:
+        f.write(bytes(data))
+
+
+def checkpoint_cases(m, path, rank):
+    """Checkpoints of the deployed module: one of another model's shapes, and one damaged on
+    rank 1 only, are refused on every rank without changing any stage's parameters."""
+    saved = path + ".pt"
+    state = m.state_dict()
+    autostage.save_checkpoint(state, saved)  # rank 0 writes
+    autostage.save_checkpoint(make(hidden=32), saved + ".wide")
+    if rank == 0:
+        weight = state["a.weight"].detach().numpy().tobytes()
+        flip_byte(saved, saved + ".damaged", at=open(saved, "rb").read().find(weight) + 1)
+    autostage.barrier()
+    run_case("checkpoint_other_shapes", lambda: autostage.load_checkpoint(saved + ".wide", m))
+    run_case("checkpoint_damaged_on_rank1", lambda: autostage.load_checkpoint(
+        saved + ".damaged" if rank == 1 else saved, m))
+
+    def unchanged():
+        now = m.state_dict()
+        changed = [k for k in state if not torch.equal(state[k], now[k])]
+        if changed:
+            raise AssertionError(f"refused checkpoints changed {changed}")
+        autostage.load_checkpoint(saved, m)  # the intact one loads
+    run_case("checkpoint_refused_unchanged", unchanged)
+
+
 def main_cases(one_rank_deployment, results_dir):
     rank, world = autostage.get_rank(), autostage.get_world_size()
     model = make()
@@ -129,6 +175,13 @@ def main_cases(one_rank_deployment, results_dir):
     if rank == 0:
         m.save_deployment(path)
     autostage.barrier()
+    checkpoint_cases(m, path, rank)
+    corrupted = path + ".corrupted"
+    if rank == 0:
+        flip_byte(path, corrupted, at=os.path.getsize(path) // 2)  # inside the payload
+    autostage.barrier()
+    run_case("deployment_corrupted",
+             lambda: autostage.Module(make(), load_deployment=corrupted)(x, s))
     run_case("deployment_other_graph",
              lambda: autostage.Module(make(hidden=32), load_deployment=path)(x, s))
     run_case("deployment_other_world_size",
@@ -141,6 +194,7 @@ def main_cases(one_rank_deployment, results_dir):
     run_case("output_int", lambda: autostage.Module(make(IntOutput))(x, s))
     run_case("output_none", lambda: autostage.Module(make(NoneOutput))(x, s))
     run_case("output_dict", lambda: autostage.Module(make(DictOutput))(x, s))
+    run_case("unsupported_op", lambda: autostage.Module(make(PythonFunction))(x, s))
     run_case("complex_dtype", lambda: autostage.Module(Doubler())(torch.randn(8, 8).to(
         torch.complex64)))
     run_case("no_feasible_plan", lambda: autostage.Module(make(), mem_limit_gb=1e-7)(x, s))
@@ -178,7 +232,8 @@ def main_cases(one_rank_deployment, results_dir):
     run_case("allow_replan_shape_changed", replan)
     autostage.barrier()
     if rank == 0:
-        os.remove(path)
+        for name in (path, corrupted, path + ".pt", path + ".pt.wide", path + ".pt.damaged"):
+            os.remove(name)
     with open(os.path.join(results_dir, f"rank{rank}.txt"), "w") as f:
         f.write("\n".join(RESULTS + [f"rank {rank}: done"]) + "\n")
     print(f"rank {rank}: done", flush=True)

@@ -1,8 +1,10 @@
 """Run under mpirun (see test_checkpoint.py). `save PATH`: train 3 steps, check the gathered
 state_dict against plain PyTorch and save it. `resume PATH`: on another rank count, load it and
-train 3 more steps; the result must equal 6 uninterrupted plain steps. Each phase does this twice:
-with SGD and a BatchNorm model (one stage per rank), and with Adam on an MLP with 2 stages
-(replicated on 4 ranks), saving the optimizer's global state (state_dict(from_global=True))."""
+train 3 more steps; the result must equal 6 uninterrupted plain steps; a checkpoint of a wider
+model is then refused on every rank and changes nothing. Each phase does this twice: with SGD and
+a BatchNorm model (one stage per rank), saving and loading through autostage.save_checkpoint /
+load_checkpoint, and with Adam on an MLP with 2 stages (replicated on 4 ranks), saving the
+optimizer's global state (state_dict(from_global=True))."""
 import sys
 
 import torch
@@ -72,6 +74,27 @@ def compare(state, reference, what, failures):
             failures.append(f"{what}: {key} differs by {(state[key] - value).abs().max()}")
 
 
+def refuse_mismatched(wrapped, wide_path, rank, failures):
+    """A checkpoint of a wider model is refused on every rank, naming the key and both shapes,
+    and no stage's parameters change."""
+    wide = Net()
+    wide.layers[7] = torch.nn.Linear(16, 5)
+    autostage.save_checkpoint(wide, wide_path)
+    autostage.barrier()  # rank 0 has written it
+    before = wrapped.state_dict()
+    try:
+        autostage.load_checkpoint(wide_path, wrapped)
+        failures.append("a checkpoint of a wider model was loaded")
+    except autostage.FormatError as e:
+        expected = "'layers.7.weight' has shape [5, 16] in the checkpoint but [3, 16] in the model"
+        if expected not in str(e) or "Nothing was loaded" not in str(e):
+            failures.append(f"unexpected message: {e}")
+    after = wrapped.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    if changed:
+        failures.append(f"refused checkpoint changed {changed}")
+
+
 def main():
     phase, path = sys.argv[1], sys.argv[2]
     rank, world = autostage.get_rank(), autostage.get_world_size()
@@ -90,16 +113,18 @@ def main():
         compare(state, plain(STEPS), f"state_dict after {STEPS} steps", failures)
         fresh = Net()
         fresh.load_state_dict(state)  # strict: the plain model takes it as is
-        if rank == 0:
-            torch.save(state, path)
+        wrote = autostage.save_checkpoint(state, path)  # only rank 0 writes
+        if wrote != (rank == 0):
+            failures.append(f"save_checkpoint returned {wrote} on rank {rank}")
     else:
-        wrapped.load_state_dict(torch.load(path))  # before deployment
+        autostage.load_checkpoint(path, wrapped)  # before deployment
         train(wrapped, optimizer, STEPS, STEPS, rank, world)
         reference = plain(2 * STEPS)
         compare(wrapped.state_dict(), reference, f"resumed for {STEPS} more steps", failures)
         # Loading after deployment reaches every rank's stages: back to the saved state.
-        wrapped.load_state_dict(torch.load(path))
+        autostage.load_checkpoint(path, wrapped)
         compare(wrapped.state_dict(), plain(STEPS), "loaded after deployment", failures)
+        refuse_mismatched(wrapped, path + ".wide", rank, failures)
     check_adam(phase, path, rank, world, failures)
     print(f"rank {rank}: checkpoint {phase} checked; {len(failures)} failures", flush=True)
     finish(rank, failures)

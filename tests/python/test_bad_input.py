@@ -50,6 +50,16 @@ EXPECTED = {
     "non_tensor_after_deploy_rank3": ("UnsupportedError", [
         "failed on rank 3: input 1 (of type list) is not a tensor"]),
     "usable_after_errors": ("OK", []),
+    "checkpoint_other_shapes": ("FormatError", [
+        "loading the checkpoint failed on ranks 0,1,2,3: the checkpoint does not fit SeqNet: "
+        "'a.weight' has shape [32, 8] in the checkpoint but [16, 8] in the model",
+        "Nothing was loaded (the model is unchanged)"]),
+    "checkpoint_damaged_on_rank1": ("FormatError", [
+        "loading the checkpoint failed on rank 1: checkpoint file", ".pt.damaged' is corrupted: "
+        "member", "fails its CRC-32 check"]),
+    "checkpoint_refused_unchanged": ("OK", []),
+    "deployment_corrupted": ("FormatError", [
+        "deployment file is corrupted or truncated (payload hash"]),
     "deployment_other_graph": ("FormatError", [
         "validating the deployment failed on ranks 0,1,2,3: deployment field graph_hash is"]),
     "deployment_other_world_size": ("ConfigError", [
@@ -60,6 +70,9 @@ EXPECTED = {
     "output_int": ("UnsupportedError", ["torch.jit.trace of IntOutput failed"]),
     "output_none": ("UnsupportedError", ["torch.jit.trace of NoneOutput failed"]),
     "output_dict": ("UnsupportedError", ["unsupported dict output"]),
+    "unsupported_op": ("UnsupportedError", [
+        "tracing and importing the model failed on ranks 0,1,2,3: unsupported operation "
+        "prim::PythonOp (the custom autograd.Function TimesTwo, in forward) in PythonFunction"]),
     "complex_dtype": ("UnsupportedError", ["tracing and importing the model failed on ranks"]),
     "no_feasible_plan": ("PlanError", ["planning failed on rank 0:"]),
     "allow_replan_shape_changed": ("OK", []),

@@ -1,5 +1,7 @@
 """Checkpoints: state_dict gathered from the stages on 4 ranks equals plain PyTorch's and loads
-into the plain model; loading it on 2 ranks and training 3 more steps equals 6 plain steps. The
+into the plain model; loading it on 2 ranks and training 3 more steps equals 6 plain steps; a
+checkpoint that does not fit is refused on every rank and changes no stage (checkpoint_check.py;
+one-process cases of save_checkpoint / load_checkpoint are in test_checkpoint_files.py). The
 same with Adam and the optimizer's global state (state_dict(from_global=True)), which also loads
 into a plain torch.optim.Adam."""
 import os

@@ -247,6 +247,33 @@ def test_complex_dtype_is_unsupported():
         autostage.trace_to_ir(nn.Identity(), (torch.randn(2, 3, dtype=torch.cfloat),))
 
 
+class TimesTwo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class CustomFunctionModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(3, 3))
+
+    def forward(self, x):
+        return TimesTwo.apply(self.inner(x)) + 1
+
+
+def test_custom_autograd_function_is_unsupported():
+    with pytest.raises(autostage.UnsupportedError,
+                       match=r"unsupported operation prim::PythonOp \(the custom autograd.Function "
+                             r"TimesTwo, in forward\) in CustomFunctionModel: it calls back into "
+                             r"Python"):
+        autostage.trace_to_ir(CustomFunctionModel(), (torch.randn(2, 3),))
+
+
 def test_loaded_script_module_gets_shapes_from_example_run():
     import io
     torch.manual_seed(7)

@@ -7,6 +7,7 @@ import weakref
 import torch
 
 from . import _autostage
+from .checkpoint import load_state_dict_checked
 from .optimizer import patch_optimizer
 from .torchscript import _trace
 
@@ -96,8 +97,9 @@ class Module(torch.nn.Module):
     def load_state_dict(self, state_dict, strict=True):
         """Loads a state dict of the original model (e.g. from ``state_dict()`` or from a plain
         model), before or after deployment: the deployed stages share the model's tensors, so
-        each rank's stages see the new values. Call it on every rank with the same dict."""
-        return self.model.load_state_dict(state_dict, strict=strict)
+        each rank's stages see the new values. Call it on every rank with the same dict. A dict
+        that does not fit the model (key or shape) raises FormatError and changes nothing."""
+        return load_state_dict_checked(self.model, state_dict, strict=strict)
 
     def allreduce_grads(self):
         """Sums the gradients accumulated under ``autostage.delay_grad_allreduce(True)`` over

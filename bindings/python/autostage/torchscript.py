@@ -27,12 +27,28 @@ def _as_tuple(example_inputs):
     return tuple(example_inputs)
 
 
+def _check_no_python_ops(traced, model_name):
+    """A custom torch.autograd.Function is recorded as prim::PythonOp: a call back into Python
+    that has no TorchScript body, so no stage can run it. Say so by name instead of failing later
+    on its attributes."""
+    for node in traced.inlined_graph.nodes():
+        if node.kind() == "prim::PythonOp":
+            scope = node.scopeName() or "forward"
+            raise _autostage.UnsupportedError(
+                f"unsupported operation prim::PythonOp (the custom autograd.Function "
+                f"{node.pyname()}, in {scope}) in {model_name}: it calls back into Python, so "
+                "autostage cannot run it in a pipeline stage; write it with torch operations "
+                "(autograd then derives its backward)")
+
+
 def _trace(model, inputs):
     """torch.jit.trace without side effects on the model's buffers (tracing runs forward once)."""
     _check_positional_forward(model)
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
-        return torch.jit.trace(model, inputs, strict=False, check_trace=False)
+        traced = torch.jit.trace(model, inputs, strict=False, check_trace=False)
+        _check_no_python_ops(traced, type(model).__name__)
+        return traced
     except _autostage.Error:
         raise
     except Exception as e:  # torch's tracer reports unsupported forwards as RuntimeError etc.
