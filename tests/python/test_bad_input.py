@@ -95,7 +95,10 @@ def parse_cases(log):
 
 
 def test_bad_inputs_raise_the_same_error_on_every_rank():
-    env = mpi_env(AUTOSTAGE_COMM_TIMEOUT_S="120")
+    # Negligible configured comm costs: the 2-stage plan then always replicates a stage (idle
+    # ranks never win), so batch_too_small meets a replicated stage whatever the profiled times.
+    env = mpi_env(AUTOSTAGE_COMM_TIMEOUT_S="120", AUTOSTAGE_COMM_LATENCY="1e-12",
+                  AUTOSTAGE_COMM_BANDWIDTH="1e15", AUTOSTAGE_ALLREDUCE_BANDWIDTH="1e15")
     results = tempfile.mkdtemp()
     one_rank = os.path.join(results, "one_rank.deployment")
     save = subprocess.run([sys.executable, os.path.join(HERE, "bad_input_check.py"),
