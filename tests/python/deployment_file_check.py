@@ -67,6 +67,8 @@ def expect_error(failures, what, words, call):
     except autostage.Error as e:
         if not all(w in str(e) for w in words):
             failures.append(f"{what}: error does not say {words}: {e}")
+        if autostage.get_rank() == 0:  # the message, for docs/errors.md
+            print(f"ERROR {what}: {type(e).__name__}: {e}", flush=True)
         return
     failures.append(f"{what}: no error")
 

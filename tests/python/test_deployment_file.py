@@ -50,6 +50,7 @@ def test_deployments_that_do_not_fit_are_refused_naming_the_field(tmp_path):
     for rank in range(4):
         assert f"rank {rank}: mismatch checked; 0 failures" in log, log
     assert "Saved the deployment to" in log, log
+    print("\n".join(line for line in log.splitlines() if line.startswith("ERROR ")))
 
 
 def test_dry_run_without_deployment_file_says_so():
