@@ -120,7 +120,9 @@ class RaNNCModule(Module):
                  check_unused_values=True, offload_params=False):
         if enable_apex_amp:
             _unsupported("enable_apex_amp", enable_apex_amp,
-                         "Apex AMP is not supported by autostage; train in fp32")
+                         "Apex AMP is not supported by autostage; for mixed precision "
+                         "pass precision='bf16' to autostage.Module (autocast with fp32 "
+                         "master weights), or train in fp32")
         if allreduce_amp_master_params:
             _unsupported("allreduce_amp_master_params", allreduce_amp_master_params,
                          "Apex AMP master parameters are not supported by autostage")
