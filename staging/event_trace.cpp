@@ -1,13 +1,12 @@
 // The runtime event trace; see event_trace.h (Note [Trace files]).
 #include "staging/event_trace.h"
 
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/proto/file_format.h"
 
 namespace autostage::staging {
 
@@ -53,13 +52,8 @@ std::string EventTrace::toJson() const {
 void EventTrace::endStep() {
   if (!open_) return;
   open_ = false;
-  const std::string temporary = path_ + ".tmp";
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    file << toJson();
-    AUTOSTAGE_CHECK_AS(ConfigError, file.good(), "cannot write the event trace '", temporary, "'");
-  }
-  std::filesystem::rename(temporary, path_);
+  // Rewritten every step: atomic, so readers never see a partial file, but not fsynced.
+  core::writeFileAtomically(path_, toJson(), "event trace", false);
 }
 
 }  // namespace autostage::staging

@@ -7,7 +7,7 @@
 // Rank r writes `<directory>/trace_rank<r>.json`: {"traceEvents": [...]} with one complete ("X")
 // event per line, "ts"/"dur" in microseconds of the system clock (comparable across ranks of one
 // machine), "pid" = rank, "tid" = 0, "args" = {"stage", "micro_batch", "step"}. It holds the last
-// `keepSteps` steps and is rewritten (write to a temporary file, then rename) at the end of every
+// `keepSteps` steps and is rewritten (core::writeFileAtomically, without fsync) at the end of every
 // step, so the file on disk is always complete and bounded. When tracing is off the executor
 // holds no EventTrace and each instrumented point costs one null-pointer test.
 

@@ -1,13 +1,12 @@
 // `autostage show` and `autostage report`; see report_command.h.
 #include "bindings/cli/report_command.h"
 
-#include <fstream>
-
 #include "bindings/cli/cli_args.h"
 #include "bindings/cli/deployment_view.h"
 #include "bindings/cli/report_html.h"
 #include "core/error.h"
 #include "core/proto/deployment_file.h"
+#include "core/proto/file_format.h"
 
 namespace autostage::cli {
 namespace {
@@ -60,12 +59,7 @@ int runReportCommand(const std::vector<std::string>& given, std::ostream& out) {
     input.trace = loadMeasuredTrace(a.get("trace"));
     input.source += "; trace: " + a.get("trace");
   }
-  const std::string html = renderReportHtml(input);
-  std::ofstream stream(a.get("out"), std::ios::binary);
-  AUTOSTAGE_CHECK_AS(ConfigError, stream.good(), "cannot write the report to '", a.get("out"), "'");
-  stream << html;
-  stream.close();
-  AUTOSTAGE_CHECK_AS(ConfigError, stream.good(), "writing the report to '", a.get("out"), "' failed");
+  core::writeFileAtomically(a.get("out"), renderReportHtml(input), "report");
   out << a.get("out") << "\n";
   return 0;
 }

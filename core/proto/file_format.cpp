@@ -43,10 +43,11 @@ std::string encodeFramed(const std::string& kind, uint32_t formatVersion, const 
 // point leaves either the complete old file or the complete new one under `path`, never a
 // partial one. The temporary name is unique per process and call (pid + counter), so threads
 // writing the same path do not share a temporary file. Any failure removes the temporary file.
-void writeFramedFile(const std::string& path, const std::string& kind, uint32_t formatVersion,
-                     const std::string& payload) {
+// Without `durable` (files rewritten often, e.g. the runtime's event traces) both fsyncs are
+// skipped: readers still never see a partial file, but a crash may lose the latest version.
+void writeFileAtomically(const std::string& path, const std::string& bytes,
+                         const std::string& kind, bool durable) {
   static std::atomic<unsigned> counter{0};
-  std::string bytes = encodeFramed(kind, formatVersion, payload);
   std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   auto fail = [&](const std::string& what, int err) {
     std::remove(tmp.c_str());
@@ -70,7 +71,7 @@ void writeFramedFile(const std::string& path, const std::string& kind, uint32_t 
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (durable && ::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);
     fail("syncing temporary", err);
@@ -81,12 +82,18 @@ void writeFramedFile(const std::string& path, const std::string& kind, uint32_t 
     std::remove(tmp.c_str());
     throw FormatError("cannot move '" + tmp + "' to '" + path + "': " + std::strerror(err));
   }
+  if (!durable) return;
   std::string dir = path.find('/') == std::string::npos ? "." : path.substr(0, path.rfind('/') + 1);
   int dirFd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dirFd >= 0) {  // best effort: the file is complete under its name either way
     ::fsync(dirFd);
     ::close(dirFd);
   }
+}
+
+void writeFramedFile(const std::string& path, const std::string& kind, uint32_t formatVersion,
+                     const std::string& payload) {
+  writeFileAtomically(path, encodeFramed(kind, formatVersion, payload), kind, true);
 }
 
 FramedPayload decodeFramed(const std::string& bytes, const std::string& expectedKind,

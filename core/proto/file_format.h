@@ -19,6 +19,12 @@ struct FramedPayload {
   std::string payload;
 };
 
+// Writes `bytes` to `path` through a temporary file and a rename (Note [Atomic writes]); with
+// `durable` the file and its directory are fsynced. `kind` names the file in errors. Throws
+// FormatError if the file cannot be written; the old file is then untouched.
+void writeFileAtomically(const std::string& path, const std::string& bytes,
+                         const std::string& kind, bool durable = true);
+
 // Wraps `payload` and writes it atomically. Throws FormatError if the file cannot be written.
 void writeFramedFile(const std::string& path, const std::string& kind, uint32_t formatVersion,
                      const std::string& payload);
