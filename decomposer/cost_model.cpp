@@ -151,8 +151,7 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
   e.activationBytes = e.heldMicroBatches * e.bytesPerHeldMicroBatch + (choice.recompute ? act : 0);
   e.workingBytes = range.workingBytes.at(mb);
   e.commBufferBytes = 2 * (e.inputBytes + e.outputBytes);
-  e.baseMemoryBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + e.castCacheBytes +
-                      (choice.recompute ? act : 0) + e.workingBytes + e.commBufferBytes;
+  e.baseMemoryBytes = e.staticMemoryBytes() + (choice.recompute ? act : 0);
   e.totalMemoryBytes = e.baseMemoryBytes + e.heldMicroBatches * e.bytesPerHeldMicroBatch;
   return e;
 }

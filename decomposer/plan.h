@@ -125,6 +125,13 @@ struct StageEstimate {
   // totalMemoryBytes = baseMemoryBytes + heldMicroBatches * bytesPerHeldMicroBatch.
   double baseMemoryBytes = 0;
   double bytesPerHeldMicroBatch = 0;
+  // The memory that does not depend on the schedule's progress: parameters, gradients,
+  // optimizer state, cast cache, working set and communication buffers (the cost model and the
+  // simulator both start from it; Note [Pipeline cost model]).
+  double staticMemoryBytes() const {
+    return paramBytes + gradientBytes + optimizerBytes + castCacheBytes + workingBytes +
+           commBufferBytes;
+  }
 };
 
 struct PlanEvaluation {

@@ -153,8 +153,7 @@ SimulationResult simulatePlan(const PlanRequest& request, const Plan& plan, bool
     const double activation = model.ranges().range(p.firstBlock, p.lastBlock).activationBytes.at(mb);
     st.kept = p.recompute ? e.inputBytes : activation;
     st.recomputeBytes = p.recompute ? activation : 0;
-    st.staticBytes = e.paramBytes + e.gradientBytes + e.optimizerBytes + e.castCacheBytes +
-                     e.workingBytes + e.commBufferBytes;
+    st.staticBytes = e.staticMemoryBytes();
   }
   SimulationResult result = run(stages, plan.microBatchCount, plan.schedule, recordEvents);
   for (const StageState& st : stages) result.peakMemoryBytes.push_back(st.staticBytes + st.peakDynamic);
