@@ -94,6 +94,18 @@ std::string optionTableMarkdown() {
 
 namespace {
 
+std::string lowerCase(const std::string& s) {
+  std::string out;
+  for (char c : s) out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string upperCase(const std::string& s) {
+  std::string out;
+  for (char c : s) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
 const OptionSpec* findOption(const std::string& key) {
   for (const auto& o : optionTable())
     if (o.key == key) return &o;
@@ -119,8 +131,7 @@ OptionValue parseText(const OptionSpec& spec, const std::string& raw, const std:
   };
   switch (spec.type) {
     case OptionType::Bool: {
-      std::string lower;
-      for (char c : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const std::string lower = lowerCase(text);
       if (lower == "true" || lower == "1" || lower == "yes" || lower == "on") return true;
       if (lower == "false" || lower == "0" || lower == "no" || lower == "off") return false;
       throw bad();
@@ -256,18 +267,11 @@ const char* const kRanncKeys[] = {
 
 // RaNNC's `checkpointing` (recompute every stage, or none) is autostage's `recompute`.
 bool ranncCheckpointing(const std::string& value, std::string* recompute) {
-  std::string lower;
-  for (char c : value) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string lower = lowerCase(value);
   if (lower == "true" || lower == "1") *recompute = "always";
   else if (lower == "false" || lower == "0") *recompute = "never";
   else return false;
   return true;
-}
-
-std::string upper(const std::string& s) {
-  std::string out;
-  for (char c : s) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return out;
 }
 
 }  // namespace
@@ -277,9 +281,7 @@ void Config::applyRanncEnvironment(const std::map<std::string, std::string>& env
   auto log = logger("Process");
   for (const auto& [name, value] : environment) {
     if (name.rfind(prefix, 0) != 0) continue;
-    std::string key;
-    for (char c : name.substr(prefix.size()))
-      key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const std::string key = lowerCase(name.substr(prefix.size()));
     std::string target = key == "checkpointing" ? "recompute" : key, text = value;
     bool ranncKey = std::find(std::begin(kRanncKeys), std::end(kRanncKeys), key) !=
                     std::end(kRanncKeys);
@@ -291,8 +293,8 @@ void Config::applyRanncEnvironment(const std::map<std::string, std::string>& env
     } else if (!findOption(target)) {
       warn("RaNNC option " + name + " has no autostage equivalent and is ignored; autostage "
            "options: " + knownKeys());
-    } else if (environment.count("AUTOSTAGE_" + upper(target))) {
-      log->info("{}={} is overridden by AUTOSTAGE_{}", name, value, upper(target));
+    } else if (environment.count("AUTOSTAGE_" + upperCase(target))) {
+      log->info("{}={} is overridden by AUTOSTAGE_{}", name, value, upperCase(target));
     } else {
       if (key == "checkpointing" && !ranncCheckpointing(value, &text))
         throw ConfigError("option 'checkpointing' from env " + name + ": value '" + value +
@@ -308,9 +310,7 @@ void Config::applyEnvironment(const std::map<std::string, std::string>& environm
   const std::string prefix = "AUTOSTAGE_";
   for (const auto& [name, value] : environment) {
     if (name.rfind(prefix, 0) != 0 || name == "AUTOSTAGE_CONF_DIR") continue;
-    std::string key;
-    for (char c : name.substr(prefix.size()))
-      key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const std::string key = lowerCase(name.substr(prefix.size()));
     if (findOption(key)) set(key, value, "env " + name);
     else warn("unknown environment variable " + name + " is ignored; known options: " + knownKeys());
   }
