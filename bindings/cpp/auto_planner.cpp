@@ -84,8 +84,8 @@ core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Co
 int64_t jobDeviceMemory(const core::Config& config) {
   const double limitGb = config.getFloat("mem_limit_gb");
   if (limitGb > 0) return static_cast<int64_t>(limitGb * 1073741824.0);
-  int64_t physical = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
-  return physical / localRankCount(1 << 20);
+  const int ranksHere = localRankCount(1 << 20);  // this node's ranks, whatever the world size
+  return localCluster(ranksHere, ranksHere, config).memoryPerDevice;
 }
 
 void checkProfiledFeasibility(const core::Graph& graph, const core::GraphProfile& profile,
