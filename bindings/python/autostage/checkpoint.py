@@ -77,8 +77,8 @@ def load_checkpoint(path, model=None, strict=True, map_location="cpu"):
         _autostage._agree("loading the checkpoint", *problem)
     elif problem[0]:
         raise getattr(_autostage, problem[0])(problem[1])
-    if model is not None:
-        model.load_state_dict(state, strict=strict)
+    if model is not None:  # checked above: load without checking again
+        (model.model if isinstance(model, Module) else model).load_state_dict(state, strict=strict)
     return state
 
 
