@@ -37,9 +37,6 @@ bool covers(const ValueMap& values, const core::Graph& graph,
   return true;
 }
 
-// Adds the block's missing inputs to `values` when they derive from parameters alone (a
-// weight's transpose inside another node group, which the profiler's pass never returned) by
-// running just their producers. False when something else is missing or cannot be run.
 // Producers (ascending) of the block's inputs that derive from parameters/constants alone, with
 // their own such producers; inputs found in `values` (when given) are not followed. Sets
 // *complete to false when an input outside `values` comes from a BATCH/LOSS node or is a
@@ -70,6 +67,9 @@ std::vector<core::NodeId> paramDerivedProducers(const core::Graph& graph,
   return producers;
 }
 
+// Adds the block's missing inputs to `values` when they derive from parameters alone (a
+// weight's transpose inside another node group, which the profiler's pass never returned) by
+// running just their producers. False when something else is missing or cannot be run.
 bool addParamDerivedInputs(const torchscript::ImportedModel& model,
                            const std::vector<core::NodeId>& nodes, ValueMap& values) {
   const core::Graph& graph = model.graph;
