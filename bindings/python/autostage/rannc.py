@@ -243,16 +243,11 @@ class RaNNCModule(Module):
             return param.grad if grad else param
         value = param.grad if grad else param.detach()
         held = param.data_ptr() in self._local_ids() and value is not None
-        flags = _autostage._all_gather(torch.tensor([1 if held else 0], dtype=torch.int64))
-        holders = [rank for rank, flag in enumerate(flags) if int(flag) == 1]
-        if not holders:
+        # The lowest rank holding it sends it to every rank (Note [Gathering from owners]).
+        gathered = _autostage._gather_from_owners([(name, value)] if held else [])
+        if not gathered:
             return None if grad else param.detach().clone()  # no stage reads it: never trained
-        source = holders[0]
-        result = value.detach().clone().contiguous() if get_rank() == source else \
-            torch.empty_like(param, memory_format=torch.contiguous_format)
-        if get_world_size() > 1:
-            _autostage._broadcast(result, source)
-        return result
+        return gathered[0][1]
 
     def save_deployment(self, file):
         """Rank 0 writes the deployment (graph partitioning) to ``file``."""
