@@ -58,6 +58,12 @@ class Reader {
   Json value() {
     skip();
     if (i_ >= s_.size()) fail("unexpected end");
+    // Trace files nest 4 deep; a limit keeps a crafted file from exhausting the stack.
+    if (depth_ >= kMaxDepth) fail("nested deeper than " + std::to_string(kMaxDepth) + " levels");
+    struct Nesting {
+      int& depth;
+      ~Nesting() { --depth; }
+    } nesting{++depth_};
     const char c = s_[i_];
     Json v;
     if (c == '{') {
@@ -123,6 +129,8 @@ class Reader {
   const std::string& s_;
   std::string origin_;
   size_t i_ = 0;
+  int depth_ = 0;
+  static constexpr int kMaxDepth = 64;
 };
 
 double numberField(const Json& object, const std::string& key, double fallback) {

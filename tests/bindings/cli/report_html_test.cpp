@@ -171,6 +171,9 @@ TEST_CASE("measured trace: the last step every rank recorded, relative times", "
   REQUIRE(t.spanSeconds() == Approx(4.3e-3));
   REQUIRE_THROWS_AS(parseChromeTrace("{\"traceEvents\": [", "x"), FormatError);
   REQUIRE_THROWS_AS(parseChromeTrace("{\"other\": []}", "x"), FormatError);
+  // Deep nesting is refused with a message, not a stack overflow.
+  REQUIRE_THROWS_WITH(parseChromeTrace(std::string(100000, '['), "x"),
+                      Catch::Contains("nested deeper than 64 levels"));
   REQUIRE_THROWS_AS(selectLastStep({}), FormatError);
 }
 
