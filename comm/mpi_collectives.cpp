@@ -112,7 +112,10 @@ namespace {
 // probe to every other member of the group (the world, for point-to-point waits) over the world
 // collective communicator (whose point-to-point traffic never meets its collectives) and listens
 // for theirs for a short window (comm_timeout_s / 4, at most 2 s). Ranks that timed out at about
-// the same time answer each other; one that died, or is stuck elsewhere, does not. The backend
+// the same time answer each other; one that died, or is stuck elsewhere, does not. When every
+// member of a collective's group answers, they all wait for a rank outside it (a replica of this
+// stage waiting for a dead rank of the next stage), so this rank probes the other ranks of the
+// world too and names the silent ones. The backend
 // is not to be used after a timeout (Backend contract), so probes of a later timeout never meet
 // stale ones.
 constexpr int kProbeTag = 32001;
@@ -189,20 +192,38 @@ void answerProbes() {
   }
 }
 
-std::string probeReport(MpiBackend::Impl& impl, const Group& group) {
-  double seconds = std::clamp(impl.options.timeoutSeconds / 4, 0.2, 2.0);
-  std::vector<int> silent = silentMembers(impl, group, seconds);
+namespace {
+
+// "; a liveness probe of group G got no answer within S s from rank(s) R: ..." for `silent`.
+std::string silentClause(const Group& probed, double seconds, const std::vector<int>& silent) {
   std::ostringstream out;
-  if (silent.empty()) {
-    out << "; every other member of group " << group.toString()
-        << " answered a liveness probe: all are alive";
-    return out.str();
-  }
-  out << "; a liveness probe of group " << group.toString() << " got no answer within " << seconds
+  out << "; a liveness probe of group " << probed.toString() << " got no answer within " << seconds
       << " s from " << (silent.size() == 1 ? "rank " : "ranks ");
   for (size_t i = 0; i < silent.size(); ++i) out << (i ? "," : "") << silent[i];
   out << ": " << (silent.size() == 1 ? "it has" : "they have") << " probably died or "
       << (silent.size() == 1 ? "is" : "are") << " stuck elsewhere";
+  return out.str();
+}
+
+}  // namespace
+
+std::string probeReport(MpiBackend::Impl& impl, const Group& group) {
+  double seconds = std::clamp(impl.options.timeoutSeconds / 4, 0.2, 2.0);
+  std::vector<int> silent = silentMembers(impl, group, seconds);
+  if (!silent.empty()) return silentClause(group, seconds, silent);
+  std::ostringstream out;
+  out << "; every other member of group " << group.toString()
+      << " answered a liveness probe: all are alive";
+  // They wait for someone outside the group (e.g. a replica for a dead rank of the next stage):
+  // probe the rest of the world too (Note [Liveness probe]).
+  std::vector<int> rest{impl.rank};
+  for (int r = 0; r < impl.worldSize; ++r)
+    if (!group.contains(r)) rest.push_back(r);
+  if (rest.size() > 1) {
+    Group outside(rest);
+    std::vector<int> silentOutside = silentMembers(impl, outside, seconds);
+    if (!silentOutside.empty()) out << silentClause(outside, seconds, silentOutside);
+  }
   return out.str();
 }
 
