@@ -41,7 +41,9 @@ const std::vector<OptionSpec>& optionTable() {
        "later launch of the same job skips profiling and planning (empty: no cache)"},
       {"profile_cache_dir", T::String, "", "directory of cached profiles keyed by graph hash, device and dtype (empty: no cache)"},
       {"profile_batch_sizes", T::String, "", "comma-separated micro-batch sizes to profile at (empty: a quarter and a half of the example batch)"},
-      {"profile_repeats", T::Int, "5", "timed runs per node and batch size; the median is kept (warm-up excluded)"},
+      {"profile_repeats", T::Int, "3", "timed runs per node, batch size and pass; each pass keeps their median (warm-up excluded)"},
+      {"profile_passes", T::Int, "3", "passes through the model, each timing every node; a figure is the smallest pass median, so a moment of contention on a shared machine does not skew it"},
+      {"profile_pass_seconds", T::Float, "1.5", "least time the timing passes at one batch size span: more passes (at most 16) are added until they do"},
       {"profile_calibration_blocks", T::Int, "4", "real multi-node blocks measured to calibrate the composed cost model"},
       // Communication fallbacks used when only one rank exists to measure with
       {"comm_bandwidth", T::Float, "10e9", "point-to-point bandwidth in bytes/s when it cannot be measured"},

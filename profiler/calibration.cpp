@@ -1,6 +1,7 @@
 #include "profiler/calibration.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -111,21 +112,24 @@ const ValueMap& ForwardPrefix::advanceTo(core::NodeId end) {
   return values_;
 }
 
-BlockMeasurement measureBlock(const torchscript::ImportedModel& model,
-                              const std::vector<c10::IValue>& exampleInputs, core::NodeId begin,
-                              core::NodeId end, int64_t batch, MeasurementBackend& backend,
-                              const RunSettings& settings) {
-  ForwardPrefix prefix(model, exampleInputs, batch);
-  return measureBlock(model, prefix.advanceTo(begin), begin, end, backend, settings);
+namespace {
+
+// A block ready to be measured: its exported function and arguments.
+struct PreparedBlock {
+  std::optional<torchscript::ExportedFunction> function;
+  std::vector<c10::IValue> args;
+};
+
+void checkBlockRange(const core::Graph& graph, core::NodeId begin, core::NodeId end) {
+  AUTOSTAGE_CHECK_AS(PlanError, 0 <= begin && begin < end &&
+                                    end <= static_cast<core::NodeId>(graph.nodeCount()),
+                     "block [", begin, ", ", end, ") is not a non-empty node range of graph '",
+                     graph.name(), "' with ", graph.nodeCount(), " nodes");
 }
 
-BlockMeasurement measureBlock(const torchscript::ImportedModel& model, const ValueMap& values,
-                              core::NodeId begin, core::NodeId end, MeasurementBackend& backend,
-                              const RunSettings& settings) {
-  AUTOSTAGE_CHECK_AS(PlanError, 0 <= begin && begin < end &&
-                                    end <= static_cast<core::NodeId>(model.graph.nodeCount()),
-                     "block [", begin, ", ", end, ") is not a non-empty node range of graph '",
-                     model.graph.name(), "' with ", model.graph.nodeCount(), " nodes");
+PreparedBlock prepareBlock(const torchscript::ImportedModel& model, const ValueMap& values,
+                           core::NodeId begin, core::NodeId end) {
+  checkBlockRange(model.graph, begin, end);
   // A stage computes values derived from its parameters alone (a weight's transpose made by
   // the node before `begin`) itself: include their producers rather than feeding copies.
   std::vector<core::NodeId> nodes = range(begin, end);
@@ -143,12 +147,72 @@ BlockMeasurement measureBlock(const torchscript::ImportedModel& model, const Val
   }
   if (!block) block.emplace(torchscript::exportSubgraph(model.graph, nodes));
   std::vector<c10::IValue> args = gatherArgs(model.graph, *block, values);
-  RunMeasurement run = measureRun(model.graph, *block, args, backend, settings);
-  BlockMeasurement result;
-  result.forwardSeconds = run.forwardSeconds;
-  result.backwardSeconds = run.backwardSeconds;
-  result.peakBytes = paramBytesFed(model.graph, block->inputs()) + run.inputBytes + run.peakBytes;
+  return {std::move(block), std::move(args)};
+}
+
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Measures the blocks in at least `passes` passes over all of them, spanning at least
+// `minSeconds` (at most kMaxPasses; Note [Measurement passes]).
+std::vector<BlockMeasurement> measurePrepared(const torchscript::ImportedModel& model,
+                                              const std::vector<PreparedBlock>& blocks,
+                                              MeasurementBackend& backend,
+                                              const RunSettings& settings, int passes,
+                                              double minSeconds) {
+  const double start = wallSeconds();
+  std::vector<RunMeasurement> runs;
+  for (const PreparedBlock& b : blocks)
+    runs.push_back(measureRun(model.graph, *b.function, b.args, backend, settings));
+  for (int pass = 1; pass < kMaxPasses && (pass < passes || wallSeconds() - start < minSeconds);
+       ++pass)
+    for (size_t i = 0; i < blocks.size(); ++i)
+      runs[i].addPass(timeRuns(model.graph, *blocks[i].function, blocks[i].args, backend, settings));
+  std::vector<BlockMeasurement> result;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const RunMeasurement& run = runs[i];
+    result.push_back({run.forwardSeconds, run.backwardSeconds,
+                      paramBytesFed(model.graph, blocks[i].function->inputs()) + run.inputBytes +
+                          run.peakBytes});
+  }
   return result;
+}
+
+}  // namespace
+
+BlockMeasurement measureBlock(const torchscript::ImportedModel& model,
+                              const std::vector<c10::IValue>& exampleInputs, core::NodeId begin,
+                              core::NodeId end, int64_t batch, MeasurementBackend& backend,
+                              const RunSettings& settings) {
+  return measureBlocks(model, exampleInputs, {{begin, end}}, batch, backend, settings, 1, 0).front();
+}
+
+BlockMeasurement measureBlock(const torchscript::ImportedModel& model, const ValueMap& values,
+                              core::NodeId begin, core::NodeId end, MeasurementBackend& backend,
+                              const RunSettings& settings) {
+  return measurePrepared(model, {prepareBlock(model, values, begin, end)}, backend, settings, 1, 0)
+      .front();
+}
+
+std::vector<BlockMeasurement> measureBlocks(
+    const torchscript::ImportedModel& model, const std::vector<c10::IValue>& exampleInputs,
+    const std::vector<std::pair<core::NodeId, core::NodeId>>& blocks, int64_t batch,
+    MeasurementBackend& backend, const RunSettings& settings, int passes, double minSeconds) {
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    checkBlockRange(model.graph, blocks[i].first, blocks[i].second);
+    order[i] = i;
+  }
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return blocks[a] < blocks[b]; });
+  ForwardPrefix prefix(model, exampleInputs, batch);  // one pass serves them all, in order
+  std::vector<PreparedBlock> prepared(blocks.size());
+  for (size_t i : order) {
+    auto [begin, end] = blocks[i];
+    prepared[i] = prepareBlock(model, prefix.advanceTo(begin), begin, end);
+  }
+  return measurePrepared(model, prepared, backend, settings, passes, minSeconds);
 }
 
 std::vector<std::pair<core::NodeId, core::NodeId>> pickBlocks(const core::Graph& graph,
@@ -200,8 +264,10 @@ CalibrationResult calibrate(const torchscript::ImportedModel& model,
   std::sort(blocks.begin(), blocks.end());  // one forward pass serves them all, in order
   std::optional<ForwardPrefix> prefix;
   ValueMap known = forwardValues ? *forwardValues : ValueMap();
+  std::vector<BlockPrediction> predictions;
+  std::vector<PreparedBlock> prepared;
   for (auto [begin, end] : blocks) {
-    BlockPrediction predicted = predictBlock(model.graph, raw, range(begin, end), batch, 0);
+    predictions.push_back(predictBlock(model.graph, raw, range(begin, end), batch, 0));
     // The profiler's values lack those internal to a node group (e.g. a weight's transpose
     // read by a block starting at its BATCH node): computed from the parameters when that is
     // all they need, else the forward pass runs here (slow: one big function up to the block).
@@ -210,11 +276,17 @@ CalibrationResult calibrate(const torchscript::ImportedModel& model,
                                       covers(known, model.graph, range(begin, end))));
     if (!covered && !prefix) prefix.emplace(model, exampleInputs, batch);
     const ValueMap& values = covered ? known : prefix->advanceTo(begin);
-    BlockMeasurement measured =
-        measureBlock(model, values, begin, end, backend,
-                     {options.warmupRuns, options.calibrationRepeats, options.normalizeLoad});
-    result.samples.push_back({begin, end, predicted.seconds(), measured.seconds(),
-                              predicted.peakBytes, measured.peakBytes});
+    prepared.push_back(prepareBlock(model, values, begin, end));
+  }
+  std::vector<BlockMeasurement> measurements = measurePrepared(
+      model, prepared, backend,
+      {options.warmupRuns, options.calibrationRepeats, options.normalizeLoad}, options.passes,
+      options.passSeconds);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockPrediction& predicted = predictions[i];
+    const BlockMeasurement& measured = measurements[i];
+    result.samples.push_back({blocks[i].first, blocks[i].second, predicted.seconds(),
+                              measured.seconds(), predicted.peakBytes, measured.peakBytes});
     predictedSum += predicted.seconds();
     measuredSum += measured.seconds();
   }

@@ -38,6 +38,15 @@ BlockMeasurement measureBlock(const torchscript::ImportedModel& model, const Val
                               core::NodeId begin, core::NodeId end, MeasurementBackend& backend,
                               const RunSettings& settings);
 
+// Several blocks, measured together: their timed runs are spread over at least `passes` passes
+// through all of them, spanning at least `minSeconds` (Note [Measurement passes] in
+// node_runner.h), each pass running settings.repeats timed runs of every block. Results in the
+// order of `blocks`.
+std::vector<BlockMeasurement> measureBlocks(
+    const torchscript::ImportedModel& model, const std::vector<c10::IValue>& exampleInputs,
+    const std::vector<std::pair<core::NodeId, core::NodeId>>& blocks, int64_t batch,
+    MeasurementBackend& backend, const RunSettings& settings, int passes, double minSeconds);
+
 // Values of one real forward pass (no autograd) at `batch`, advanced in node order: several
 // blocks share one pass instead of re-running the model up to each of them.
 class ForwardPrefix {

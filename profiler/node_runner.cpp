@@ -295,6 +295,76 @@ double median(std::vector<double> values) {
   return (upper + *std::max_element(values.begin(), values.begin() + mid)) / 2;
 }
 
+namespace {
+
+// Timed runs; the first `untimed` of them are warm-ups (not recorded). Leaves the last run's
+// outputs, detached, in *outputs when given.
+TimedRuns runTimed(const core::Graph& graph, const torchscript::ExportedFunction& function,
+                   const std::vector<c10::IValue>& args, MeasurementBackend& backend,
+                   int untimed, int timed, std::vector<c10::IValue>* outputs) {
+  TimedRuns runs;
+  for (int run = 0; run < untimed + timed; ++run) {
+    PreparedArgs prepared = prepare(graph, function, args);
+    std::vector<c10::IValue> results;
+    double f = backend.time([&] { results = executeFunction(function, std::move(prepared.args)); });
+    std::vector<at::Tensor> diff = differentiable(results);
+    std::vector<at::Tensor> grads = onesLike(diff);
+    double b = diff.empty() ? 0.0 : backend.time([&] { backward(diff, grads); });
+    resetGrads(prepared.params);
+    if (outputs && run + 1 == untimed + timed) {
+      outputs->clear();
+      for (const auto& r : results) outputs->push_back(detached(r));
+    }
+    if (run < untimed) continue;
+    runs.forward.push_back(f);
+    runs.backward.push_back(b);
+  }
+  return runs;
+}
+
+}  // namespace
+
+void RunMeasurement::addPass(const TimedRuns& pass) {
+  runs.forward.insert(runs.forward.end(), pass.forward.begin(), pass.forward.end());
+  runs.backward.insert(runs.backward.end(), pass.backward.begin(), pass.backward.end());
+  passMedians.forward.push_back(median(pass.forward));
+  passMedians.backward.push_back(median(pass.backward));
+  forwardSeconds = *std::min_element(passMedians.forward.begin(), passMedians.forward.end());
+  backwardSeconds = *std::min_element(passMedians.backward.begin(), passMedians.backward.end());
+}
+
+namespace {
+
+// settings.repeats timed runs after `warmups` untimed ones, scaled by the load probe when
+// settings.normalizeLoad; accounts the time in settings.phases.
+TimedRuns timedPhase(const core::Graph& graph, const torchscript::ExportedFunction& function,
+                     const std::vector<c10::IValue>& args, MeasurementBackend& backend,
+                     const RunSettings& settings, PhaseTimes& phases, int warmups,
+                     std::vector<c10::IValue>* outputs) {
+  double start = wallNow();
+  double scaleBefore = settings.normalizeLoad ? loadScale(backend) : 1;
+  double afterProbe = wallNow();
+  phases.loadProbes += afterProbe - start;
+  TimedRuns runs = runTimed(graph, function, args, backend, warmups, settings.repeats, outputs);
+  double afterRuns = wallNow();
+  phases.timedRuns += afterRuns - afterProbe;
+  double scale = settings.normalizeLoad ? (scaleBefore + loadScale(backend)) / 2 : 1;
+  phases.loadProbes += wallNow() - afterRuns;
+  for (double& t : runs.forward) t *= scale;
+  for (double& t : runs.backward) t *= scale;
+  return runs;
+}
+
+}  // namespace
+
+TimedRuns timeRuns(const core::Graph& graph, const torchscript::ExportedFunction& function,
+                   const std::vector<c10::IValue>& args, MeasurementBackend& backend,
+                   const RunSettings& settings, std::vector<c10::IValue>* outputs) {
+  PhaseTimes ignored;
+  return timedPhase(graph, function, args, backend, settings,
+                    settings.phases ? *settings.phases : ignored, 0, outputs);
+}
+
 RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedFunction& function,
                           const std::vector<c10::IValue>& args, MeasurementBackend& backend,
                           const RunSettings& settings, std::vector<c10::IValue>* outputs) {
@@ -305,30 +375,9 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
   double start = wallNow();
   std::vector<c10::IValue> values = measureMemory(graph, function, args, backend, &result);
   if (outputs) *outputs = std::move(values);
-  double afterMemory = wallNow();
-  phases.memoryRuns += afterMemory - start;
-  double scaleBefore = settings.normalizeLoad ? loadScale(backend) : 1;
-  double afterProbe = wallNow();
-  phases.loadProbes += afterProbe - afterMemory;
-  std::vector<double> forward, backwardTimes;
-  for (int run = 1; run < settings.warmupRuns + settings.repeats; ++run) {
-    PreparedArgs prepared = prepare(graph, function, args);
-    std::vector<c10::IValue> results;
-    double f = backend.time([&] { results = executeFunction(function, std::move(prepared.args)); });
-    std::vector<at::Tensor> diff = differentiable(results);
-    std::vector<at::Tensor> grads = onesLike(diff);
-    double b = diff.empty() ? 0.0 : backend.time([&] { backward(diff, grads); });
-    resetGrads(prepared.params);
-    if (run < settings.warmupRuns) continue;
-    forward.push_back(f);
-    backwardTimes.push_back(b);
-  }
-  double afterRuns = wallNow();
-  phases.timedRuns += afterRuns - afterProbe;
-  double scale = settings.normalizeLoad ? (scaleBefore + loadScale(backend)) / 2 : 1;
-  phases.loadProbes += wallNow() - afterRuns;
-  result.forwardSeconds = scale * median(forward);
-  result.backwardSeconds = scale * median(backwardTimes);
+  phases.memoryRuns += wallNow() - start;
+  result.addPass(
+      timedPhase(graph, function, args, backend, settings, phases, settings.warmupRuns - 1, nullptr));
   return result;
 }
 

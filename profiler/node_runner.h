@@ -50,9 +50,17 @@ std::string describeInputs(const core::Graph& graph, const std::vector<c10::IVal
 // all-ones output gradients) of an exported subset. Memory figures are relative to the usage
 // before the run (model parameters and the value environment excluded) and leave out the
 // input copies (inputBytes), which a pipeline stage holds anyway.
+// Times of individual timed runs (seconds), in the order they ran.
+struct TimedRuns {
+  std::vector<double> forward, backward;
+};
+
 struct RunMeasurement {
-  double forwardSeconds = 0;   // median of the timed runs
-  double backwardSeconds = 0;  // median; 0 when no output needs a gradient
+  // The smallest median of a pass's timed runs (Note [Measurement passes]).
+  double forwardSeconds = 0;
+  double backwardSeconds = 0;  // 0 when no output needs a gradient
+  TimedRuns runs;              // every timed run, in order
+  TimedRuns passMedians;       // per pass: the median of its timed runs
   int64_t inputBytes = 0;      // floating non-BATCH inputs (fed as grad-requiring copies)
   int64_t outputBytes = 0;     // distinct storages of the outputs
   int64_t keptBytes = 0;       // held after forward: outputs + tensors saved for backward
@@ -67,6 +75,8 @@ struct RunMeasurement {
     return std::max<int64_t>(
         0, peakBytes - keptBytes - gradientBytes - inputGradBytes - outputGradBytes);
   }
+  // Adds the timed runs of one pass (Note [Measurement passes]).
+  void addPass(const TimedRuns& pass);
 };
 
 // Where profiling time goes (wall seconds), accumulated across runs when a RunSettings points
@@ -80,7 +90,7 @@ struct PhaseTimes {
 
 struct RunSettings {
   int warmupRuns = 1;  // >= 1: the first run records memory and is never timed
-  int repeats = 5;
+  int repeats = 5;     // timed runs of one measurement (one pass)
   bool normalizeLoad = false;  // see Note [Load normalization] in node_runner.cpp
   PhaseTimes* phases = nullptr;  // optional: accumulates where the time went
 };
@@ -92,6 +102,28 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
                           const std::vector<c10::IValue>& args, MeasurementBackend& backend,
                           const RunSettings& settings,
                           std::vector<c10::IValue>* outputs = nullptr);
+
+// Note [Measurement passes]
+// On a machine that shares its memory system (a VM on a busy host, other jobs on the other core)
+// the same kernel's speed drifts. Measured here on an otherwise idle machine, in process CPU
+// time: a 64x512x512 matmul took 5.7-10 ms per 250 ms window, slow stretches lasting up to a
+// second, while a register-only loop stayed within 4% (so it is contention for caches and
+// memory, not lost CPU time). Runs taken back to back all land in one stretch: the same block,
+// measured as the median of 9 runs a few seconds apart, took 12.2, 12.4, 13.9 and 17.0 ms.
+// So every figure is measured in passes spread over time: the profiler passes through the whole
+// model profile_passes times, timing each node group profile_repeats times per pass, and
+// calibration and measureBlocks pass over their blocks the same way. Each pass keeps the median
+// of its runs; the figure is the smallest pass median. Contention only ever adds time, so the
+// least disturbed pass is the best estimate of the code's own cost, and it is the same estimate
+// for a node, for a block built from nodes, and for the reference a test measures (the
+// reasoning behind timeit's advice to take the minimum of repeated measurements).
+//
+// settings.repeats more timed runs (forward with autograd, then backward) of an exported subset,
+// without warm-up or memory figures: a later pass of measureRun's measurement, for
+// RunMeasurement::addPass. When `outputs` is given it receives the last run's outputs, detached.
+TimedRuns timeRuns(const core::Graph& graph, const torchscript::ExportedFunction& function,
+                   const std::vector<c10::IValue>& args, MeasurementBackend& backend,
+                   const RunSettings& settings, std::vector<c10::IValue>* outputs = nullptr);
 
 // Median of a non-empty sample.
 double median(std::vector<double> values);

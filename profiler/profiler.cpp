@@ -7,6 +7,7 @@
 #include <sstream>
 #include <type_traits>
 #include <unordered_map>
+#include <unordered_set>
 #include <variant>
 
 #include <torch/torch.h>
@@ -176,20 +177,31 @@ std::string lastLine(const std::string& text) {
   return last.empty() ? text : last;
 }
 
+// Arguments of measured node groups kept for later passes (Note [Measurement passes]); beyond
+// this a batch size is measured in one pass.
+constexpr double kSavedArgsBudget = 2.0 * (1 << 30);
+
 class ForwardPass {
  public:
   ForwardPass(const torchscript::ImportedModel& model, std::vector<Unit>& units,
               MeasurementBackend& backend, const RunSettings& settings)
       : model_(model), units_(units), backend_(backend), settings_(settings) {}
 
-  // Runs every unit at `batch`, measuring group units into `samples`.
+  // Runs every unit at `batch`, measuring group units into `samples` (the first pass of Note
+  // [Measurement passes] in node_runner.h). Keeps the arguments of the groups it measured for
+  // later passes (retime) while they fit in kSavedArgsBudget.
   void run(const std::vector<c10::IValue>& inputs, int64_t batch,
            std::vector<GroupSamples>& samples, ProgressReporter& progress) {
     values_ = seedValues(model_, inputs, batch);
     countUses();
+    saved_.clear();
+    copied_.clear();
+    savedStorages_.clear();
+    savedBytes_ = 0;
+    savingArgs_ = true;
     for (Unit& unit : units_) {
       const GroupSamples* reuse = reusable(unit, batch, samples);
-      if (reuse) ++reused_;
+      if (reuse) ++reused_, copied_.emplace_back(unit.group, unit.sameAs);
       std::string failure = runUnit(unit, batch, unit.group >= 0 ? &samples[unit.group] : nullptr,
                                     reuse);
       if (unit.group >= 0) {
@@ -200,6 +212,26 @@ class ForwardPass {
     }
     if (keep_) kept_ = std::move(values_);
     values_.clear();
+  }
+
+  // Whether retime can run (the last run's measured arguments were all kept).
+  bool canRetime() const { return savingArgs_; }
+
+  // A later pass: times every group the last run measured again, from its kept arguments, and
+  // gives the groups that reuse a measurement the updated one.
+  void retime(std::vector<GroupSamples>& samples) {
+    for (const SavedArgs& s : saved_) {
+      const Unit& unit = units_[s.unit];
+      try {
+        samples[unit.group].runs.back().addPass(
+            timeRuns(model_.graph, *unit.function, s.args, backend_, settings_));
+      } catch (const std::exception& e) {  // measured before; a later failure costs this pass only
+        core::logger("Profiler")->warn("{}: a later timing pass failed: {}",
+                                       nodeLabel(model_.graph, unit.last), lastLine(e.what()));
+      }
+    }
+    for (auto [group, representative] : copied_)
+      samples[group].runs.back() = samples[representative].runs.back();
   }
 
   // Makes the next run keep every value it computes (see takeKept).
@@ -222,6 +254,24 @@ class ForwardPass {
     return measured ? &first : nullptr;
   }
 
+  // Keeps `args` of the measured unit at `index` for retime, unless the kept arguments would
+  // exceed kSavedArgsBudget (then no later pass runs at this batch size).
+  void saveArgs(size_t index, const std::vector<c10::IValue>& args) {
+    if (!savingArgs_) return;
+    for (const c10::IValue& a : args) {
+      if (!a.isTensor()) continue;
+      const at::Tensor& t = a.toTensor();
+      if (t.has_storage() && savedStorages_.insert(t.storage().unsafeGetStorageImpl()).second)
+        savedBytes_ += static_cast<double>(t.storage().nbytes());
+    }
+    if (savedBytes_ > kSavedArgsBudget) {
+      savingArgs_ = false;
+      saved_.clear();
+      return;
+    }
+    saved_.push_back({index, args});
+  }
+
   // Runs `unit`; measures it into `samples` (copying `reuse`'s measurement at `batch` instead
   // when given). Returns "" on success, else what went wrong.
   std::string runUnit(Unit& unit, int64_t batch, GroupSamples* samples,
@@ -236,6 +286,7 @@ class ForwardPass {
             measureRun(model_.graph, *unit.function, args, backend_, settings_, &outputs);
         samples->batches.push_back(batch);
         samples->runs.push_back(m);
+        saveArgs(static_cast<size_t>(&unit - units_.data()), args);
       } else {
         double start = wallSeconds();
         torch::NoGradGuard noGrad;
@@ -290,6 +341,16 @@ class ForwardPass {
   int64_t reused_ = 0;
   bool keep_ = false;
   ValueMap kept_;
+  // For retime: arguments of the measured units, and (group, representative) of the reusing ones.
+  struct SavedArgs {
+    size_t unit;
+    std::vector<c10::IValue> args;
+  };
+  std::vector<SavedArgs> saved_;
+  std::vector<std::pair<int, int>> copied_;
+  std::unordered_set<const void*> savedStorages_;
+  double savedBytes_ = 0;
+  bool savingArgs_ = true;
 };
 
 // Values of the last profiling pass are kept for calibration (which then runs no forward pass
@@ -403,10 +464,24 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
   PhaseTimes phases;
   ForwardPass pass(model, units, backend,
                    {options.warmupRuns, options.repeats, options.normalizeLoad, &phases});
+  int passCount = 0;
   for (int64_t batch : batches) {
     pass.keepValues(lastValues && batch == batches.back() &&
                     estimatedValueBytes(graph, batch) <= kKeptValuesBudget);
+    double passesStart = wallSeconds();
     pass.run(exampleInputs, batch, samples, progress);
+    int done = 1;
+    // Note [Measurement passes] in node_runner.h: at least options.passes, spanning at least
+    // options.passSeconds (at most kMaxPasses).
+    while (pass.canRetime() && done < kMaxPasses &&
+           (done < options.passes || wallSeconds() - passesStart < options.passSeconds)) {
+      pass.retime(samples);
+      ++done;
+    }
+    if (!pass.canRetime() && options.passes > 1)
+      core::logger("Profiler")->info("batch size {}: the measured nodes' inputs exceed {:.0f} GiB; "
+                                     "timed in one pass", batch, kSavedArgsBudget / (1 << 30));
+    passCount += done;
   }
   if (lastValues) *lastValues = pass.takeKept();
 
@@ -427,8 +502,8 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
   }
   progress.finish("profiled " + std::to_string(groups.size()) + " node groups of " +
                   std::to_string(graph.nodeCount()) + " nodes at " +
-                  std::to_string(batches.size()) + " batch sizes (" + std::to_string(failures) +
-                  " failed)");
+                  std::to_string(batches.size()) + " batch sizes in " + std::to_string(passCount) +
+                  " timing passes (" + std::to_string(failures) + " failed)");
   core::logger("Profiler")->info(
       "node profiling time: export {:.1f} s, memory runs {:.1f} s, timed runs {:.1f} s, load "
       "probes {:.1f} s, value-only runs {:.1f} s ({} measurements; {} reused from identical "

@@ -36,8 +36,12 @@ void ProfilerOptions::validate() const {
   }
   AUTOSTAGE_CHECK_AS(ConfigError, warmupRuns >= 1, "profiler warmupRuns must be >= 1, got ",
                      warmupRuns);
-  AUTOSTAGE_CHECK_AS(ConfigError, repeats >= 3, "profile_repeats must be >= 3 (each figure is a ",
+  AUTOSTAGE_CHECK_AS(ConfigError, repeats >= 3, "profile_repeats must be >= 3 (each pass keeps the ",
                      "median of at least 3 timed runs), got ", repeats);
+  AUTOSTAGE_CHECK_AS(ConfigError, passes >= 1 && passes <= kMaxPasses, "profile_passes must be in 1..",
+                     kMaxPasses, ", got ", passes);
+  AUTOSTAGE_CHECK_AS(ConfigError, passSeconds >= 0, "profile_pass_seconds must be >= 0, got ",
+                     passSeconds);
   AUTOSTAGE_CHECK_AS(ConfigError, calibrationBlocks >= 0,
                      "profile_calibration_blocks must be >= 0, got ", calibrationBlocks);
   AUTOSTAGE_CHECK_AS(ConfigError, calibrationRepeats >= 3,
@@ -53,7 +57,7 @@ std::string ProfilerOptions::toString() const {
   out << "batch_sizes=[";
   for (size_t i = 0; i < batchSizes.size(); ++i) out << (i ? "," : "") << batchSizes[i];
   out << (batchSizes.empty() ? "auto" : "") << "] warmup=" << warmupRuns << " repeats=" << repeats
-      << " calibration_blocks=" << calibrationBlocks << " calibration_repeats="
+      << " passes=" << passes << " pass_seconds=" << passSeconds      << " calibration_blocks=" << calibrationBlocks << " calibration_repeats="
       << calibrationRepeats << " seed=" << seed << " normalize_load=" << normalizeLoad
       << " reuse_identical=" << reuseIdenticalGroups << " cache="
       << (cacheFile.empty() ? (cacheDir.empty() ? "none" : cacheDir) : cacheFile)
@@ -68,6 +72,8 @@ ProfilerOptions ProfilerOptions::fromConfig() {
   options.batchSizes = parseBatchSizes(config.getString("profile_batch_sizes"),
                                        "option profile_batch_sizes");
   options.repeats = static_cast<int>(config.getInt("profile_repeats"));
+  options.passes = static_cast<int>(config.getInt("profile_passes"));
+  options.passSeconds = config.getFloat("profile_pass_seconds");
   options.calibrationBlocks = static_cast<int>(config.getInt("profile_calibration_blocks"));
   options.optParamFactor = config.getFloat("opt_param_factor");
   options.precision = core::parsePrecision(config.getString("precision"));

@@ -10,6 +10,9 @@
 
 namespace autostage::profiler {
 
+// Most timing passes per batch size (ProfilerOptions::passes, passSeconds).
+constexpr int kMaxPasses = 16;
+
 struct ProfilerOptions {
   // Micro-batch sizes to measure each node at (>= 2 distinct for the linear fit). Empty: a
   // quarter and a half of the example batch (see resolveBatchSizes).
@@ -17,10 +20,17 @@ struct ProfilerOptions {
   int warmupRuns = 1;   // untimed runs before the timed ones (>= 1; the first records memory)
   // Scale times by a reference kernel's slowdown (Note [Load normalization], node_runner.cpp).
   bool normalizeLoad = false;
-  int repeats = 5;      // timed runs; the median is kept
+  int repeats = 3;      // timed runs per pass (>= 3); each pass keeps their median
+  // Passes through the model, each timing every node group `repeats` times; a figure is the
+  // smallest pass median (Note [Measurement passes] in node_runner.h). Calibration measures its
+  // blocks in as many passes.
+  int passes = 3;
+  // More passes (at most kMaxPasses) are added until the passes at one batch size span this
+  // many seconds: a short profile would otherwise fall into one slow stretch.
+  double passSeconds = 1.5;
   // Real multi-node blocks measured to fit the calibration factor (0: no calibration).
   int calibrationBlocks = 4;
-  int calibrationRepeats = 7;
+  int calibrationRepeats = 3;  // timed runs of each calibration block per pass (>= 3)
   // Smallest forward+backward time a calibration block should have (seconds).
   double calibrationMinSeconds = 2e-3;
   uint64_t seed = 1;
@@ -42,7 +52,7 @@ struct ProfilerOptions {
   void validate() const;
   std::string toString() const;
   // From the global config: profile_cache_dir, profile_batch_sizes, profile_repeats,
-  // profile_calibration_blocks, opt_param_factor, precision.
+  // profile_passes, profile_calibration_blocks, opt_param_factor, precision.
   static ProfilerOptions fromConfig();
 };
 

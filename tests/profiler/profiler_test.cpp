@@ -20,6 +20,7 @@ namespace {
 ProfilerOptions quickOptions() {
   ProfilerOptions options;
   options.repeats = 3;
+  options.passSeconds = 0;  // exactly `passes` timing passes
   options.calibrationBlocks = 0;
   options.progressBar = false;
   return options;
@@ -96,11 +97,12 @@ TEST_CASE("identical node groups are measured once and their figures reused", "[
   core::GraphProfile profile = profileNodes(model, m.inputs, *backend, options);
   int64_t withReuse = executionCount() - before;
   // fc1 reads the graph input, so it differs from fc2/fc3; relu1..3 are alike. Reused groups
-  // (fc3 from fc2, relu2 and relu3 from relu1) run once per batch size instead of the
-  // memory run + (warm-up - 1) + repeats times.
+  // (fc3 from fc2, relu2 and relu3 from relu1) run once per batch size (later timing passes
+  // skip them) instead of the memory run + (warm-up - 1) + the timed runs of every pass.
   const int reusedGroups = 3, batchSizes = 2;
+  REQUIRE(options.passes == 3);
   CHECK(withoutReuse - withReuse ==
-        reusedGroups * batchSizes * (options.warmupRuns + options.repeats - 1));
+        reusedGroups * batchSizes * (options.warmupRuns + options.repeats * options.passes - 1));
   CHECK(profile.batchSizes == std::vector<int64_t>{2, 4});
   std::vector<core::NodeId> linear = groupsOfKind(model.graph, "aten::addmm");
   std::vector<core::NodeId> relu = groupsOfKind(model.graph, "aten::relu");
@@ -196,9 +198,16 @@ TEST_CASE("profiler options validate and come from the config table", "[profiler
   explicitSizes.batchSizes = {8, 2};
   CHECK(resolveBatchSizes(explicitSizes, 6) == std::vector<int64_t>{2, 8});
   ProfilerOptions fromConfig = ProfilerOptions::fromConfig();
-  CHECK(fromConfig.repeats == 5);
+  CHECK(fromConfig.repeats == 3);
+  CHECK(fromConfig.passes == 3);
   CHECK(fromConfig.calibrationBlocks == 4);
-  CHECK_THAT(fromConfig.toString(), Catch::Contains("repeats=5"));
+  CHECK_THAT(fromConfig.toString(), Catch::Contains("repeats=3 passes=3"));
+  ProfilerOptions spread;
+  spread.passes = 0;
+  CHECK_THROWS_WITH(spread.validate(), Catch::Contains("profile_passes must be in 1..16"));
+  spread.passes = 2;
+  spread.passSeconds = -1;
+  CHECK_THROWS_WITH(spread.validate(), Catch::Contains("profile_pass_seconds must be >= 0"));
 }
 
 TEST_CASE("bf16 profiling measures the nodes under autocast", "[profiler]") {

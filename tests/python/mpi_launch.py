@@ -10,14 +10,15 @@ BUILD_PYTHON = os.path.abspath(os.path.join(HERE, "..", "..", "build", "python")
 
 def mpi_env(**extra):
     """The environment every rank gets: one OpenMP thread, this build's autostage on the path,
-    root allowed, a small profiling repeat count, a generous timeout, and configured (not
+    root allowed, a small profiling repeat count and no minimum span for the timing passes (these
+    tests check results, not timings), a generous timeout, and configured (not
     measured) communication costs, so plans do not depend on how busy the machine is: measured
     on a loaded machine, replicas can look too costly and ranks are left without a stage
     (all overridable)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=BUILD_PYTHON,
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               AUTOSTAGE_PROFILE_REPEATS="3", AUTOSTAGE_COMM_TIMEOUT_S="120",
-               AUTOSTAGE_MEASURE_COMM="false")
+               AUTOSTAGE_PROFILE_REPEATS="3", AUTOSTAGE_PROFILE_PASS_SECONDS="0",
+               AUTOSTAGE_COMM_TIMEOUT_S="120", AUTOSTAGE_MEASURE_COMM="false")
     env.update(extra)
     return env
 

@@ -17,6 +17,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 BUILD_PYTHON = os.path.join(ROOT, "build", "python")
 EXAMPLES = os.path.join(ROOT, "examples")
 ENV_KEYS = ("OMP_NUM_THREADS", "PYTHONPATH", "AUTOSTAGE_PROFILE_REPEATS",
+            "AUTOSTAGE_PROFILE_PASS_SECONDS",
             "AUTOSTAGE_COMM_TIMEOUT_S", "AUTOSTAGE_PROFILE_CALIBRATION_BLOCKS",
             "AUTOSTAGE_MEASURE_COMM")
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
@@ -25,8 +26,8 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun
 def run_example(script, args, ranks):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=BUILD_PYTHON,
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               AUTOSTAGE_PROFILE_REPEATS="3", AUTOSTAGE_COMM_TIMEOUT_S="120",
-               AUTOSTAGE_PROFILE_CALIBRATION_BLOCKS="1", AUTOSTAGE_MEASURE_COMM="false")
+               AUTOSTAGE_PROFILE_REPEATS="3", AUTOSTAGE_PROFILE_PASS_SECONDS="0",
+               AUTOSTAGE_COMM_TIMEOUT_S="120", AUTOSTAGE_PROFILE_CALIBRATION_BLOCKS="1", AUTOSTAGE_MEASURE_COMM="false")
     command = [sys.executable, os.path.join(EXAMPLES, script), *args]
     if ranks > 1:
         exports = [item for key in ENV_KEYS for item in ("-x", key)]

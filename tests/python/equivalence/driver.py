@@ -132,7 +132,7 @@ def run_config(config, cache_dir, rank, world):
     wrapped = autostage.Module(
         model, optimizer, partition_num=partition, pipeline_num=pipeline, schedule=schedule,
         recompute=recompute, profile_cache_dir=cache_dir, profile_repeats=3,
-        profile_batch_sizes="", decomposer="dp", mem_limit_gb=0, comm_timeout_s=600)
+        profile_pass_seconds=0, profile_batch_sizes="", decomposer="dp", mem_limit_gb=0, comm_timeout_s=600)
     mismatch = Mismatch()
     rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
     names, params = None, None
