@@ -31,10 +31,13 @@ void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestS
         for (int s = 0; s < stages; ++s)
           plan.stages.push_back({cuts[s].first, cuts[s].second, r, s * r, recompute});
         PlanEvaluation e = evaluatePlanWith(model, plan);
-        if (e.feasible && e.iterationSeconds < bestSeconds) {
-          bestSeconds = e.iterationSeconds;
+        // Chosen by the searched closed form, like the DP (Note [Search objective and reported
+        // estimate] in cost_model.h).
+        if (e.feasible && e.searchSeconds < bestSeconds) {
+          bestSeconds = e.searchSeconds;
           best = plan;
           best.predictedSeconds = e.iterationSeconds;
+          best.searchSeconds = e.searchSeconds;
         }
       }
     }

@@ -226,7 +226,7 @@ Best seedFromBaselines(const PlanRequest& request, const CostModel& model) {
     for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
     for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
     PlanEvaluation e = evaluatePlanWith(model, plan);
-    if (e.feasible && e.iterationSeconds < best.seconds) best = {e.iterationSeconds, plan};
+    if (e.feasible && e.searchSeconds < best.seconds) best = {e.searchSeconds, plan};
   }
   return best;
 }
@@ -273,7 +273,7 @@ Best firstPlan(const PlanRequest& request, const CostModel& model) {
     if (coarse.plan.stages.empty()) continue;
     Plan plan = expandPlan(merged, coarse.plan);
     PlanEvaluation e = evaluatePlanWith(model, plan);
-    if (e.feasible && e.iterationSeconds < best.seconds) best = {e.iterationSeconds, plan};
+    if (e.feasible && e.searchSeconds < best.seconds) best = {e.searchSeconds, plan};
   }
   return best;
 }
@@ -287,7 +287,8 @@ Plan planDynamicProgramming(const PlanRequest& request) {
   searchAll(model, best, true);
   AUTOSTAGE_CHECK_AS(PlanError, best.seconds < kInf, infeasibleMessage(request));
   best.plan.decomposer = "dp";
-  best.plan.predictedSeconds = best.seconds;
+  best.plan.searchSeconds = best.seconds;
+  best.plan.predictedSeconds = evaluatePlanWith(model, best.plan).iterationSeconds;
   return best.plan;
 }
 
