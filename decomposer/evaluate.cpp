@@ -50,7 +50,7 @@ PlanEvaluation evaluatePlan(const PlanRequest& request, const Plan& plan) {
   return evaluatePlanWith(model, plan);
 }
 
-PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
+PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool searchOnly) {
   const PlanRequest& request = model.request();
   PlanEvaluation result;
   result.problem = shapeProblem(request, plan);
@@ -80,9 +80,11 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
   // Note [Search objective and reported estimate] in cost_model.h.
   result.searchSeconds = CostModel::iterationSeconds(sum, maxFirst + maxSecond, maxAllreduce,
                                                      plan.microBatchCount);
-  result.pipelineSeconds = estimatePipelineSeconds(times, plan.microBatchCount, plan.schedule);
   result.allreduceSeconds = maxAllreduce;
-  result.iterationSeconds = result.pipelineSeconds + maxAllreduce;
+  if (!searchOnly) {
+    result.pipelineSeconds = estimatePipelineSeconds(times, plan.microBatchCount, plan.schedule);
+    result.iterationSeconds = result.pipelineSeconds + maxAllreduce;
+  }
   result.problem = memoryProblems.str();
   result.feasible = result.problem.empty();
   return result;
