@@ -47,8 +47,8 @@
 // 157 1f1b plans of random instances): the reported estimate is at most 2.3% below the simulated
 // 1f1b time (never above it) and exact for gpipe; the closed form is up to 17.6% off for 1f1b.
 // The tests require the reported estimate within 5% on every plan a planner produces. The DP
-// returns, among the plans its search completed, the one with the smallest reported estimate
-// (Note [Finalists] in dp_stage_search.h).
+// returns, among the plans its search completed, the one that simulates fastest (Note
+// [Finalists] in dp_stage_search.h).
 
 #include <algorithm>
 #include <cstdint>

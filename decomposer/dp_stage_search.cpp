@@ -13,6 +13,7 @@
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_bounds.h"
 #include "decomposer/request_merge.h"
+#include "decomposer/simulator.h"
 
 namespace autostage::decomposer {
 
@@ -287,6 +288,16 @@ Best firstPlan(const PlanRequest& request, const CostModel& model) {
   return best;
 }
 
+// The simulated iteration time of a plan (simulator.h) from the cost model's stage times.
+double simulatedSeconds(const CostModel& model, const Plan& plan) {
+  const PlanEvaluation e = evaluatePlanWith(model, plan, true);
+  std::vector<StageTiming> timings;
+  for (const StageEstimate& s : e.stages)
+    timings.push_back({s.forwardSeconds, s.sendForwardSeconds, s.backwardSeconds, s.sendBackwardSeconds,
+                       s.allreduceSeconds});
+  return simulateTimeline(timings, plan.microBatchCount, plan.schedule).iterationSeconds;
+}
+
 }  // namespace
 
 DpSearchResult searchDynamicProgramming(const PlanRequest& request) {
@@ -309,11 +320,13 @@ DpSearchResult searchDynamicProgramming(const PlanRequest& request) {
 
 Plan planDynamicProgramming(const PlanRequest& request) {
   DpSearchResult search = searchDynamicProgramming(request);
+  CostModel model(request);
   Plan chosen = search.best;
-  for (const Plan& plan : search.finalists)
-    if (plan.predictedSeconds < chosen.predictedSeconds ||
-        (plan.predictedSeconds == chosen.predictedSeconds && plan.searchSeconds < chosen.searchSeconds))
-      chosen = plan;
+  double chosenSeconds = simulatedSeconds(model, chosen);
+  for (const Plan& plan : search.finalists) {
+    const double seconds = simulatedSeconds(model, plan);
+    if (seconds < chosenSeconds * (1 - 1e-12)) chosen = plan, chosenSeconds = seconds;
+  }
   return chosen;
 }
 

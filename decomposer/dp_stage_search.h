@@ -15,16 +15,20 @@
 // optimum need not be the fastest plan. The search offers its incumbent every plan it completes:
 // the baseline seeds, the merged levels' plans (Note [First plan]) and, for each micro-batch
 // count, every complete plan left in the last cells (each beats the incumbent the count started
-// with). These finalists cost nothing to collect (a handful: 6 for the 96-layer BERT on 32
-// devices) and one evaluation each; planDynamicProgramming returns the finalist with the smallest
-// reported estimate (PlanEvaluation::iterationSeconds; ties: smallest closed form). Since the
-// estimate is a lower bound within the 1f1b estimate's gap of the simulated time, this choice can
-// simulate at most that gap slower than the closed-form optimum. Measured on small random
-// instances against every plan of the space, simulated (dp_stage_search_test.cpp): never slower,
-// faster on 17 of 233 by up to 12%; the DP's plan simulates at worst 1.171x the best plan of the
+// with). These finalists cost nothing to collect (6 for the 96-layer BERT on 32 devices) and one
+// simulation each (simulateTimeline over the cost model's stage times); planDynamicProgramming
+// returns the finalist that simulates fastest (ties: the closed-form optimum). The optimum is a
+// finalist, so the plan returned never simulates slower than it.
+// Choosing by the reported estimate instead was tried: it is a lower bound, and a finalist whose
+// estimate is further below its schedule can win wrongly. On small instances it never did, but
+// on the 10k-node BERT on 1024 devices (bench/plan_scaling) it chose a plan simulating 496.87 ms
+// over the optimum's 489.22 ms. The simulator costs as little and cannot do that.
+// Measured on small random instances against every plan of the space, simulated
+// (dp_stage_search_test.cpp): the finalist choice is faster than the closed-form optimum on 17
+// of 233 instances, by up to 12%; the DP's plan simulates at worst 1.171x the best plan of the
 // space (the closed-form optimum alone: 1.188x), mean 1.005x. Keeping plans up to 2% (5%) above
-// the incumbent would bring the worst to 1.116x (1.097x) but prunes less: the 96-layer BERT then
-// plans in 1.13x (1.6x) the time, so it is not done.
+// the incumbent brought the worst to 1.116x (1.097x) but prunes less: the 96-layer BERT then
+// planned in 1.13x (1.6x) the time, so it is not done.
 
 #include <vector>
 
@@ -48,7 +52,7 @@ struct DpSearchResult {
 };
 DpSearchResult searchDynamicProgramming(const PlanRequest& request);
 
-// The finalist with the smallest reported estimate (Note [Finalists]); throws PlanError (see
+// The finalist that simulates fastest (Note [Finalists]); throws PlanError (see
 // infeasibleMessage) when no plan fits in memory.
 Plan planDynamicProgramming(const PlanRequest& request);
 

@@ -3,7 +3,7 @@
 // and a tight lower bound for 1f1b. It is the time the planners report for a plan (evaluatePlan's
 // iterationSeconds, Plan::predictedSeconds; Note [Search objective and reported estimate] in
 // cost_model.h); the DP still searches the closed form of Note [Pipeline cost model] (see "Why
-// the DP does not use it" below) and only chooses among its finalists by this estimate.
+// the DP does not use it" below).
 //
 // Note [1f1b pipeline estimate]
 // A stage's forward op takes f = fwd + send of its output, its backward op b = bwd + send of its
@@ -43,10 +43,10 @@
 // times to the Pareto dimensions. Cells then held up to ~2,200 labels instead of a handful, and
 // the 96-layer BERT on 32 devices took > 100 s instead of 1.6 s (without the window: 1.7 s for 64
 // blocks, still > 100 s for 256). Until a cheaper dominance exists, the DP searches the closed
-// form (up to 17.6% away from the 1f1b schedule on planner outputs), reports this estimate for
-// the plan it returns, and picks that plan among its finalists by this estimate (Note
-// [Finalists] in dp_stage_search.h: the plans it returns simulate at worst 1.17x the best plan of
-// the search space on small instances, against 1.19x for the closed-form optimum).
+// form (up to 17.6% away from the 1f1b schedule on planner outputs), returns the plan among its
+// finalists that simulates fastest (Note [Finalists] in dp_stage_search.h: on small instances
+// at worst 1.17x the best simulated plan of the search space, against 1.19x for the closed-form
+// optimum), and reports this estimate for it.
 
 #include <array>
 #include <vector>

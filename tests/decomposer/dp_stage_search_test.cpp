@@ -127,11 +127,13 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
     // estimate] in decomposer/cost_model.h) ...
     const DpSearchResult search = searchDynamicProgramming(request);
     REQUIRE(near(search.best.searchSeconds, reference));
-    // ... and returns the finalist with the smallest reported estimate (Note [Finalists]).
+    // ... and returns the finalist that simulates fastest (Note [Finalists]).
     Plan plan = planDynamicProgramming(request);
-    REQUIRE(plan.predictedSeconds <= search.best.predictedSeconds);
     REQUIRE(plan.searchSeconds >= reference * (1 - 1e-9));
-    for (const Plan& finalist : search.finalists) REQUIRE(plan.predictedSeconds <= finalist.predictedSeconds);
+    const double simulated = simulatePlan(request, plan).iterationSeconds;
+    REQUIRE(simulated <= simulatePlan(request, search.best).iterationSeconds * (1 + 1e-12));
+    for (const Plan& finalist : search.finalists)
+      REQUIRE(simulated <= simulatePlan(request, finalist).iterationSeconds * (1 + 1e-12));
     for (const auto& stage : plan.stages) {
       if (request.options.recompute == "always") REQUIRE(stage.recompute);
       if (request.options.recompute == "never") REQUIRE_FALSE(stage.recompute);
@@ -156,13 +158,12 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
 // enumerated here). This is not the estimate's accuracy (estimate_check.h holds that to 5%) but
 // the plan quality lost because the search ranks plans by the closed form: measured worst 1.171
 // (1.188 for the closed-form optimum alone, before the choice among the finalists), mean 1.005.
-// The choice among the finalists is also compared with the closed-form optimum: it can lose at
-// most the estimate's gap (the estimate is a lower bound within 5%), and must gain more than it
-// loses (measured: better on 17 instances by up to 12%, worse on none).
+// The choice among the finalists is also compared with the closed-form optimum: it is never
+// slower (the optimum is a finalist) and faster on some instances.
 TEST_CASE("DP plans simulate within a measured factor of the exhaustive best simulated plan", "[decomposer]") {
   std::mt19937 rng(4242);
   int compared = 0, suboptimal = 0, better = 0, worse = 0;
-  double worst = 1, worstClosedForm = 1, total = 0, gains = 0, losses = 0, largestGain = 0, largestLoss = 0;
+  double worst = 1, worstClosedForm = 1, total = 0, largestGain = 0, largestLoss = 0;
   for (int instance = 0; instance < 300; ++instance) {
     const int blocks = 2 + static_cast<int>(rng() % 7), devices = 1 + static_cast<int>(rng() % 6);
     PlanRequest request = testing::randomRequest(rng, blocks, devices);
@@ -183,8 +184,6 @@ TEST_CASE("DP plans simulate within a measured factor of the exhaustive best sim
     suboptimal += ratio > 1 + 1e-9;
     better += ratio < closedForm * (1 - 1e-9);
     worse += ratio > closedForm * (1 + 1e-9);
-    gains += std::max(0.0, closedForm - ratio);
-    losses += std::max(0.0, ratio - closedForm);
     largestGain = std::max(largestGain, closedForm / ratio - 1);
     largestLoss = std::max(largestLoss, ratio / closedForm - 1);
     ++compared;
@@ -195,9 +194,8 @@ TEST_CASE("DP plans simulate within a measured factor of the exhaustive best sim
               worstClosedForm, better, largestGain, worse, largestLoss);
   REQUIRE(compared >= 150);
   REQUIRE(worst <= 1.18);
-  REQUIRE(largestLoss <= 0.05);
-  REQUIRE(losses <= gains);
-  REQUIRE(better >= 1);
+  REQUIRE(worse == 0);
+  REQUIRE(better >= 10);
 }
 
 TEST_CASE("replica candidates and device units", "[decomposer]") {
