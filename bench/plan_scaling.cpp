@@ -144,8 +144,9 @@ int main(int argc, char** argv) {
       for (int devices : {8, 64, 1024})
         if (nodes <= maxNodes) cases.push_back(bertCase(nodes, devices));
   if (!json)
-    std::printf("%-14s %7s %7s %6s %6s %6s %4s %12s %12s %12s %10s %10s %9s\n", "case", "layers", "nodes", "devs",
-                "batch", "blocks", "stg", "iter_ms", "search_ms", "sim_ms", "plan_s", "plan_cpu_s", "rss_MiB");
+    std::printf("%-14s %7s %7s %6s %6s %6s %4s %12s %12s %12s %10s %10s %9s\n", "case", "layers", "nodes",
+                "devs", "batch", "blocks", "stg", "iter_ms", "search_ms", "sim_ms", "plan_s", "plan_cpu_s",
+                "rss_MiB");
   for (const Case& c : cases) {
     double rss = -1;
     Outcome o = runIsolated(c, timeout, &rss);
@@ -158,8 +159,8 @@ int main(int argc, char** argv) {
                   o.blocks, o.stages, o.microBatches, o.iterationMs, o.searchMs, o.simulatedMs, o.planSeconds,
                   o.planCpuSeconds, rss, o.error);
     } else {
-      std::printf("%-14s %7d %7d %6d %6lld %6d %4d %12.2f %12.2f %12.2f %10.3f %10.3f %9.1f %s\n", c.label.c_str(),
-                  c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch), o.blocks, o.stages,
+      std::printf("%-14s %7d %7d %6d %6lld %6d %4d %12.2f %12.2f %12.2f %10.3f %10.3f %9.1f %s\n",
+                  c.label.c_str(), c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch), o.blocks, o.stages,
                   o.iterationMs, o.searchMs, o.simulatedMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
     }
     std::fflush(stdout);

@@ -85,8 +85,10 @@ class Exhaustive {
     // and then all backwards, each paced by its own slowest stage.
     double period = schedule_ == Schedule::OneFOneB ? maxStage : maxForward + maxBackward;
     best_ = std::min(best_, sum + (microBatches_ - 1) * period + maxAllreduce);
-    if (simulate_)
-      bestSimulated_ = std::min(bestSimulated_, simulateTimeline(timings_, microBatches_, schedule_).iterationSeconds);
+    if (simulate_) {
+      const double simulated = simulateTimeline(timings_, microBatches_, schedule_).iterationSeconds;
+      bestSimulated_ = std::min(bestSimulated_, simulated);
+    }
   }
 
   const PlanRequest& request_;
@@ -160,7 +162,8 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
 // (1.188 for the closed-form optimum alone, before the choice among the finalists), mean 1.005.
 // The choice among the finalists is also compared with the closed-form optimum: it is never
 // slower (the optimum is a finalist) and faster on some instances.
-TEST_CASE("DP plans simulate within a measured factor of the exhaustive best simulated plan", "[decomposer]") {
+TEST_CASE("DP plans simulate within a measured factor of the exhaustive best simulated plan",
+          "[decomposer]") {
   std::mt19937 rng(4242);
   int compared = 0, suboptimal = 0, better = 0, worse = 0;
   double worst = 1, worstClosedForm = 1, total = 0, largestGain = 0, largestLoss = 0;
