@@ -2,7 +2,9 @@
 // and its profile are built before the clock starts) and peak RSS for BERT-shaped graphs of about
 // 1k, 10k and 100k IR nodes on 8, 64 and 1024 devices, plus the 96-layer BERT on 32 devices.
 // Each case runs in a forked child so its peak RSS is its own; a case over --timeout seconds is
-// reported as such. Prints a table, or one JSON object per case with --json.
+// reported as such. Prints a table, or one JSON object per case with --json. Per plan it also
+// prints the reported estimate (iter_ms), the closed form the planner searched (search_ms) and
+// the simulated iteration (sim_ms); see Note [Search objective and reported estimate].
 //
 //   plan_scaling [--json] [--timeout SECONDS] [--max-nodes N] [--target-only]
 
@@ -37,7 +39,9 @@ struct Outcome {
   double planSeconds = -1;
   double planCpuSeconds = -1;  // this process's CPU time over the same span (the machine is shared)
   int nodes = 0, blocks = 0, stages = 0, microBatches = 0;
-  double iterationMs = 0;
+  double iterationMs = 0;   // the plan's reported estimate
+  double searchMs = 0;      // the closed form the planner searched
+  double simulatedMs = 0;   // the pipeline simulator's iteration time of the plan
   char error[160] = "";
 };
 
@@ -62,6 +66,8 @@ Outcome runCase(const Case& c) {
     o.stages = static_cast<int>(r.plan.stages.size());
     o.microBatches = r.plan.microBatchCount;
     o.iterationMs = r.evaluation.iterationSeconds * 1e3;
+    o.searchMs = r.evaluation.searchSeconds * 1e3;
+    o.simulatedMs = r.simulation.iterationSeconds * 1e3;
   } catch (const Error& e) {
     std::snprintf(o.error, sizeof o.error, "%s", e.what());
   }
@@ -138,21 +144,24 @@ int main(int argc, char** argv) {
       for (int devices : {8, 64, 1024})
         if (nodes <= maxNodes) cases.push_back(bertCase(nodes, devices));
   if (!json)
-    std::printf("%-14s %7s %7s %6s %6s %6s %4s %12s %10s %10s %9s\n", "case", "layers", "nodes", "devs",
-                "batch", "blocks", "stg", "iter_ms", "plan_s", "plan_cpu_s", "rss_MiB");
+    std::printf("%-14s %7s %7s %6s %6s %6s %4s %12s %12s %12s %10s %10s %9s\n", "case", "layers", "nodes",
+                "devs", "batch", "blocks", "stg", "iter_ms", "search_ms", "sim_ms", "plan_s", "plan_cpu_s",
+                "rss_MiB");
   for (const Case& c : cases) {
     double rss = -1;
     Outcome o = runIsolated(c, timeout, &rss);
     if (json) {
       std::printf("{\"case\": \"%s\", \"layers\": %d, \"nodes\": %d, \"devices\": %d, \"batch\": %lld, "
                   "\"blocks\": %d, \"stages\": %d, \"micro_batches\": %d, \"predicted_iteration_ms\": %.3f, "
+                  "\"search_objective_ms\": %.3f, \"simulated_iteration_ms\": %.3f, "
                   "\"plan_seconds\": %.3f, \"plan_cpu_seconds\": %.3f, \"peak_rss_mib\": %.1f, \"error\": \"%s\"}\n",
                   c.label.c_str(), c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch),
-                  o.blocks, o.stages, o.microBatches, o.iterationMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
+                  o.blocks, o.stages, o.microBatches, o.iterationMs, o.searchMs, o.simulatedMs, o.planSeconds,
+                  o.planCpuSeconds, rss, o.error);
     } else {
-      std::printf("%-14s %7d %7d %6d %6lld %6d %4d %12.2f %10.3f %10.3f %9.1f %s\n", c.label.c_str(),
-                  c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch), o.blocks, o.stages,
-                  o.iterationMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
+      std::printf("%-14s %7d %7d %6d %6lld %6d %4d %12.2f %12.2f %12.2f %10.3f %10.3f %9.1f %s\n",
+                  c.label.c_str(), c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch), o.blocks, o.stages,
+                  o.iterationMs, o.searchMs, o.simulatedMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
     }
     std::fflush(stdout);
   }

@@ -30,11 +30,12 @@ void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestS
         plan.schedule = schedule;
         for (int s = 0; s < stages; ++s)
           plan.stages.push_back({cuts[s].first, cuts[s].second, r, s * r, recompute});
-        PlanEvaluation e = evaluatePlanWith(model, plan);
-        if (e.feasible && e.iterationSeconds < bestSeconds) {
-          bestSeconds = e.iterationSeconds;
+        // Chosen by the searched closed form, like the DP (Note [Search objective and reported
+        // estimate] in cost_model.h); the reported estimate is computed for the choice only.
+        PlanEvaluation e = evaluatePlanWith(model, plan, true);
+        if (e.feasible && e.searchSeconds < bestSeconds) {
+          bestSeconds = e.searchSeconds;
           best = plan;
-          best.predictedSeconds = e.iterationSeconds;
         }
       }
     }
@@ -54,6 +55,8 @@ Plan bestOverStageCounts(const PlanRequest& request, const std::string& name, Ma
   AUTOSTAGE_CHECK_AS(PlanError, bestSeconds < std::numeric_limits<double>::infinity(),
                      "decomposer ", name, ": ", infeasibleMessage(request));
   best.decomposer = name;
+  best.searchSeconds = bestSeconds;
+  best.predictedSeconds = evaluatePlanWith(model, best).iterationSeconds;
   return best;
 }
 

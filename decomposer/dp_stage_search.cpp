@@ -13,6 +13,7 @@
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_bounds.h"
 #include "decomposer/request_merge.h"
+#include "decomposer/simulator.h"
 
 namespace autostage::decomposer {
 
@@ -45,9 +46,15 @@ struct Label {
   bool recompute = false;
 };
 
+// The closed-form incumbent, and every plan offered to it (Note [Finalists]).
 struct Best {
   double seconds = kInf;
   Plan plan;
+  std::vector<Plan> finalists;
+  void offer(double planSeconds, const Plan& candidate) {
+    finalists.push_back(candidate);
+    if (planSeconds < seconds) seconds = planSeconds, plan = candidate;
+  }
 };
 
 // Note [Label dominance]
@@ -155,14 +162,17 @@ class SuffixSearch {
     }
   }
 
+  // Offers every complete plan that beats the incumbent of the search's start (all complete
+  // labels passed its bound; Note [Finalists]).
   void collect() {
+    const double incumbent = best_.seconds;
     for (int u = 1; u <= units_; ++u) {
       const int cell = cellIndex(0, u);
       for (size_t i = 0; i < cells_[cell].size(); ++i) {
         const Label& l = cells_[cell][i];
         if (forcedStages_ > 0 && l.stages != forcedStages_) continue;
         double seconds = CostModel::iterationSeconds(l.sum, l.maxFirst + l.maxSecond, l.maxAllreduce, microBatches_);
-        if (seconds < best_.seconds) best_ = {seconds, reconstruct(cell, static_cast<int>(i))};
+        if (seconds < incumbent) best_.offer(seconds, reconstruct(cell, static_cast<int>(i)));
       }
     }
   }
@@ -225,8 +235,8 @@ Best seedFromBaselines(const PlanRequest& request, const CostModel& model) {
     int rank = request.devices;
     for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
     for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
-    PlanEvaluation e = evaluatePlanWith(model, plan);
-    if (e.feasible && e.iterationSeconds < best.seconds) best = {e.iterationSeconds, plan};
+    PlanEvaluation e = evaluatePlanWith(model, plan, true);
+    if (e.feasible) best.offer(e.searchSeconds, plan);
   }
   return best;
 }
@@ -272,23 +282,52 @@ Best firstPlan(const PlanRequest& request, const CostModel& model) {
     searchAll(mergedModel, coarse, false);
     if (coarse.plan.stages.empty()) continue;
     Plan plan = expandPlan(merged, coarse.plan);
-    PlanEvaluation e = evaluatePlanWith(model, plan);
-    if (e.feasible && e.iterationSeconds < best.seconds) best = {e.iterationSeconds, plan};
+    PlanEvaluation e = evaluatePlanWith(model, plan, true);
+    if (e.feasible) best.offer(e.searchSeconds, plan);
   }
   return best;
 }
 
+// The simulated iteration time of a plan (simulator.h) from the cost model's stage times.
+double simulatedSeconds(const CostModel& model, const Plan& plan) {
+  const PlanEvaluation e = evaluatePlanWith(model, plan, true);
+  std::vector<StageTiming> timings;
+  for (const StageEstimate& s : e.stages)
+    timings.push_back({s.forwardSeconds, s.sendForwardSeconds, s.backwardSeconds, s.sendBackwardSeconds,
+                       s.allreduceSeconds});
+  return simulateTimeline(timings, plan.microBatchCount, plan.schedule).iterationSeconds;
+}
+
 }  // namespace
 
-Plan planDynamicProgramming(const PlanRequest& request) {
+DpSearchResult searchDynamicProgramming(const PlanRequest& request) {
   request.validate();
   CostModel model(request);
   Best best = firstPlan(request, model);
   searchAll(model, best, true);
   AUTOSTAGE_CHECK_AS(PlanError, best.seconds < kInf, infeasibleMessage(request));
-  best.plan.decomposer = "dp";
-  best.plan.predictedSeconds = best.seconds;
-  return best.plan;
+  DpSearchResult result{std::move(best.plan), std::move(best.finalists)};
+  auto finish = [&](Plan& plan) {
+    const PlanEvaluation e = evaluatePlanWith(model, plan);
+    plan.decomposer = "dp";
+    plan.searchSeconds = e.searchSeconds;
+    plan.predictedSeconds = e.iterationSeconds;
+  };
+  finish(result.best);
+  for (Plan& plan : result.finalists) finish(plan);
+  return result;
+}
+
+Plan planDynamicProgramming(const PlanRequest& request) {
+  DpSearchResult search = searchDynamicProgramming(request);
+  CostModel model(request);
+  Plan chosen = search.best;
+  double chosenSeconds = simulatedSeconds(model, chosen);
+  for (const Plan& plan : search.finalists) {
+    const double seconds = simulatedSeconds(model, plan);
+    if (seconds < chosenSeconds * (1 - 1e-12)) chosen = plan, chosenSeconds = seconds;
+  }
+  return chosen;
 }
 
 }  // namespace autostage::decomposer

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "decomposer/cost_model.h"
+#include "decomposer/pipeline_time.h"
 #include "decomposer/plan.h"
 
 namespace autostage::decomposer {
@@ -49,7 +50,7 @@ PlanEvaluation evaluatePlan(const PlanRequest& request, const Plan& plan) {
   return evaluatePlanWith(model, plan);
 }
 
-PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
+PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool searchOnly) {
   const PlanRequest& request = model.request();
   PlanEvaluation result;
   result.problem = shapeProblem(request, plan);
@@ -57,6 +58,8 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
   const int stageCount = static_cast<int>(plan.stages.size());
   double sum = 0, maxFirst = 0, maxSecond = 0, maxAllreduce = 0;
   std::ostringstream memoryProblems;
+  std::vector<StageTimes> times;
+  times.reserve(stageCount);
   for (int s = 0; s < stageCount; ++s) {
     const StagePlan& st = plan.stages[s];
     StageChoice choice{st.firstBlock, st.lastBlock, st.replicaCount, st.firstRank, st.recompute,
@@ -71,12 +74,17 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan) {
     if (e.totalMemoryBytes > model.memoryLimit())
       memoryProblems << "stage " << s << " needs " << e.totalMemoryBytes << " bytes > limit "
                      << model.memoryLimit() << "; ";
+    times.push_back({e.forwardSeconds + e.sendForwardSeconds, e.backwardSeconds + e.sendBackwardSeconds});
     result.stages.push_back(e);
   }
-  result.pipelineSeconds = sum + (plan.microBatchCount - 1) * (maxFirst + maxSecond);
+  // Note [Search objective and reported estimate] in cost_model.h.
+  result.searchSeconds = CostModel::iterationSeconds(sum, maxFirst + maxSecond, maxAllreduce,
+                                                     plan.microBatchCount);
   result.allreduceSeconds = maxAllreduce;
-  result.iterationSeconds = CostModel::iterationSeconds(sum, maxFirst + maxSecond, maxAllreduce,
-                                                        plan.microBatchCount);
+  if (!searchOnly) {
+    result.pipelineSeconds = estimatePipelineSeconds(times, plan.microBatchCount, plan.schedule);
+    result.iterationSeconds = result.pipelineSeconds + maxAllreduce;
+  }
   result.problem = memoryProblems.str();
   result.feasible = result.problem.empty();
   return result;

@@ -102,7 +102,11 @@ struct Plan {
   std::vector<StagePlan> stages;  // pipeline order, covering blocks 0..n-1
   int microBatchCount = 1;
   Schedule schedule = Schedule::GPipe;
-  double predictedSeconds = 0;  // the planner's own objective
+  // Note [Search objective and reported estimate] (cost_model.h): the estimate reported as the
+  // plan's iteration time (PlanEvaluation::iterationSeconds), and the closed form the planner
+  // searched (PlanEvaluation::searchSeconds).
+  double predictedSeconds = 0;
+  double searchSeconds = 0;
   std::string toString() const;
 };
 
@@ -137,8 +141,12 @@ struct StageEstimate {
 struct PlanEvaluation {
   bool feasible = false;
   std::string problem;  // why not feasible
+  // The reported estimate: pipelineSeconds (estimatePipelineSeconds: exact for gpipe, the tight
+  // path bound for 1f1b) + allreduceSeconds. What the user sees as the predicted time.
   double iterationSeconds = 0;
   double pipelineSeconds = 0;
+  // The closed form of Note [Pipeline cost model] the planners search and compare plans by.
+  double searchSeconds = 0;
   double allreduceSeconds = 0;
   double peakMemoryBytes = 0;
   std::vector<StageEstimate> stages;

@@ -96,7 +96,8 @@ std::vector<Schedule> PlanOptions::scheduleCandidates() const {
 std::string Plan::toString() const {
   std::ostringstream out;
   out << decomposer << " micro_batches=" << microBatchCount << " schedule="
-      << scheduleName(schedule) << " predicted=" << predictedSeconds << "s stages:";
+      << scheduleName(schedule) << " predicted=" << predictedSeconds << "s search=" << searchSeconds
+      << "s stages:";
   for (const StagePlan& s : stages)
     out << " [" << s.firstBlock << ".." << s.lastBlock << " x" << s.replicaCount << " @"
         << s.firstRank << (s.recompute ? " rc" : "") << "]";

@@ -63,6 +63,7 @@ void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::Pl
       << "  \"micro_batches\": " << r.plan.microBatchCount << ",\n"
       << "  \"schedule\": \"" << decomposer::scheduleName(r.plan.schedule) << "\",\n"
       << "  \"predicted_iteration_ms\": " << r.evaluation.iterationSeconds * 1e3 << ",\n"
+      << "  \"search_objective_ms\": " << r.evaluation.searchSeconds * 1e3 << ",\n"
       << "  \"simulated_iteration_ms\": " << r.simulation.iterationSeconds * 1e3 << ",\n"
       << "  \"bubble_fraction\": " << r.simulation.bubbleFraction << ",\n"
       << "  \"peak_memory_bytes\": " << static_cast<int64_t>(r.evaluation.peakMemoryBytes) << ",\n"

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
 
 #include "core/error.h"
 #include "decomposer/cost_model.h"
+#include "decomposer/simulator.h"
 #include "random_requests.h"
 
 using namespace autostage;
@@ -21,9 +23,11 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 // Brute force: every cut set x replica vector (sum <= devices) x recompute vector x micro-batch
 // count x schedule, stages laid out on consecutive ranks ending at the last rank (the DP's layout).
 // The objective is composed here from CostModel::stage, independently of the DP and evaluator.
+// With `simulate`, it also keeps the smallest simulated iteration time over the same plans.
 class Exhaustive {
  public:
-  explicit Exhaustive(const PlanRequest& request) : request_(request), model_(request) {}
+  explicit Exhaustive(const PlanRequest& request, bool simulate = false)
+      : request_(request), model_(request), simulate_(simulate) {}
 
   double best() {
     for (int m : request_.options.microBatchCandidates())
@@ -34,6 +38,7 @@ class Exhaustive {
       }
     return best_;
   }
+  double bestSimulated() const { return bestSimulated_; }
 
  private:
   struct Stage {
@@ -59,6 +64,7 @@ class Exhaustive {
     double sum = 0, maxForward = 0, maxBackward = 0, maxStage = 0, maxAllreduce = 0;
     int rank = request_.devices - devicesUsed;
     const std::string& forced = request_.options.recompute;
+    timings_.clear();
     for (int s = 0; s < count; ++s) {
       const Stage& st = stages_[s];
       if ((forced == "always" && !st.recompute) || (forced == "never" && st.recompute)) return;
@@ -71,12 +77,18 @@ class Exhaustive {
       maxForward = std::max(maxForward, e.forwardSeconds + e.sendForwardSeconds);
       maxBackward = std::max(maxBackward, e.backwardSeconds + e.sendBackwardSeconds);
       maxAllreduce = std::max(maxAllreduce, e.allreduceSeconds);
+      timings_.push_back({e.forwardSeconds, e.sendForwardSeconds, e.backwardSeconds, e.sendBackwardSeconds,
+                          e.allreduceSeconds});
       rank += st.replicas;
     }
     // Steady state: 1f1b alternates, so the slowest stage sets the pace; gpipe runs all forwards
     // and then all backwards, each paced by its own slowest stage.
     double period = schedule_ == Schedule::OneFOneB ? maxStage : maxForward + maxBackward;
     best_ = std::min(best_, sum + (microBatches_ - 1) * period + maxAllreduce);
+    if (simulate_) {
+      const double simulated = simulateTimeline(timings_, microBatches_, schedule_).iterationSeconds;
+      bestSimulated_ = std::min(bestSimulated_, simulated);
+    }
   }
 
   const PlanRequest& request_;
@@ -85,13 +97,16 @@ class Exhaustive {
   Schedule schedule_ = Schedule::GPipe;
   std::vector<Stage> stages_;
   double best_ = kInf;
+  const bool simulate_;
+  std::vector<StageTiming> timings_;
+  double bestSimulated_ = kInf;
 };
 
 bool near(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); }
 
 }  // namespace
 
-TEST_CASE("DP objective equals exhaustive search on 240 random small instances", "[decomposer]") {
+TEST_CASE("DP search objective equals exhaustive search on 240 random small instances", "[decomposer]") {
   std::mt19937 rng(12345);
   int feasible = 0, infeasible = 0, multiStage = 0;
   for (int instance = 0; instance < 240; ++instance) {
@@ -110,14 +125,24 @@ TEST_CASE("DP objective equals exhaustive search on 240 random small instances",
       ++infeasible;
       continue;
     }
+    // The DP is exact over the closed form it searches (Note [Search objective and reported
+    // estimate] in decomposer/cost_model.h) ...
+    const DpSearchResult search = searchDynamicProgramming(request);
+    REQUIRE(near(search.best.searchSeconds, reference));
+    // ... and returns the finalist that simulates fastest (Note [Finalists]).
     Plan plan = planDynamicProgramming(request);
-    REQUIRE(near(plan.predictedSeconds, reference));
+    REQUIRE(plan.searchSeconds >= reference * (1 - 1e-9));
+    const double simulated = simulatePlan(request, plan).iterationSeconds;
+    REQUIRE(simulated <= simulatePlan(request, search.best).iterationSeconds * (1 + 1e-12));
+    for (const Plan& finalist : search.finalists)
+      REQUIRE(simulated <= simulatePlan(request, finalist).iterationSeconds * (1 + 1e-12));
     for (const auto& stage : plan.stages) {
       if (request.options.recompute == "always") REQUIRE(stage.recompute);
       if (request.options.recompute == "never") REQUIRE_FALSE(stage.recompute);
     }
     PlanEvaluation evaluation = evaluatePlan(request, plan);
     REQUIRE(evaluation.feasible);
+    REQUIRE(near(evaluation.searchSeconds, plan.searchSeconds));
     REQUIRE(near(evaluation.iterationSeconds, plan.predictedSeconds));
     ++feasible;
     multiStage += plan.stages.size() > 1;
@@ -126,6 +151,54 @@ TEST_CASE("DP objective equals exhaustive search on 240 random small instances",
   REQUIRE(feasible >= 100);
   REQUIRE(infeasible >= 10);
   REQUIRE(multiStage >= 30);
+}
+
+// What searching the closed form instead of the schedule costs (Note [Search objective and
+// reported estimate] in decomposer/cost_model.h, Note [Finalists] in dp_stage_search.h): the
+// DP's plan, simulated, against the best simulated time of every plan in the DP's search space
+// (cuts x replicas x micro-batch counts x schedules x recompute flags that fit in memory,
+// enumerated here). This is not the estimate's accuracy (estimate_check.h holds that to 5%) but
+// the plan quality lost because the search ranks plans by the closed form: measured worst 1.171
+// (1.188 for the closed-form optimum alone, before the choice among the finalists), mean 1.005.
+// The choice among the finalists is also compared with the closed-form optimum: it is never
+// slower (the optimum is a finalist) and faster on some instances.
+TEST_CASE("DP plans simulate within a measured factor of the exhaustive best simulated plan",
+          "[decomposer]") {
+  std::mt19937 rng(4242);
+  int compared = 0, suboptimal = 0, better = 0, worse = 0;
+  double worst = 1, worstClosedForm = 1, total = 0, largestGain = 0, largestLoss = 0;
+  for (int instance = 0; instance < 300; ++instance) {
+    const int blocks = 2 + static_cast<int>(rng() % 7), devices = 1 + static_cast<int>(rng() % 6);
+    PlanRequest request = testing::randomRequest(rng, blocks, devices);
+    if (instance % 5 == 1) request.options.schedule = "1f1b";
+    Exhaustive exhaustive(request, true);
+    if (exhaustive.best() == kInf) continue;
+    const double best = exhaustive.bestSimulated();
+    const Plan closedFormPlan = searchDynamicProgramming(request).best;
+    const Plan plan = planDynamicProgramming(request);
+    const double ratio = simulatePlan(request, plan).iterationSeconds / best;
+    const double closedForm = simulatePlan(request, closedFormPlan).iterationSeconds / best;
+    INFO("instance " << instance << "\n" << request.toText() << plan.toString());
+    REQUIRE(ratio >= 1 - 1e-9);  // the enumeration covers the DP's plan
+    REQUIRE(closedForm >= 1 - 1e-9);
+    worst = std::max(worst, ratio);
+    worstClosedForm = std::max(worstClosedForm, closedForm);
+    total += ratio;
+    suboptimal += ratio > 1 + 1e-9;
+    better += ratio < closedForm * (1 - 1e-9);
+    worse += ratio > closedForm * (1 + 1e-9);
+    largestGain = std::max(largestGain, closedForm / ratio - 1);
+    largestLoss = std::max(largestLoss, ratio / closedForm - 1);
+    ++compared;
+  }
+  std::printf("DP plan simulated / exhaustive best simulated on %d small instances: worst %.4f, mean %.4f, "
+              "%d not optimal; closed-form optimum alone worst %.4f; choice among finalists better on %d "
+              "(up to %.4f), worse on %d (up to %.4f)\n", compared, worst, total / compared, suboptimal,
+              worstClosedForm, better, largestGain, worse, largestLoss);
+  REQUIRE(compared >= 150);
+  REQUIRE(worst <= 1.18);
+  REQUIRE(worse == 0);
+  REQUIRE(better >= 10);
 }
 
 TEST_CASE("replica candidates and device units", "[decomposer]") {

@@ -30,6 +30,9 @@ bool tryPlan(Planner planner, const PlanRequest& request, Plan* plan) {
   }
 }
 
+// The DP's plan with the smallest searched objective (before the choice among its finalists).
+Plan searchedBest(const PlanRequest& request) { return searchDynamicProgramming(request).best; }
+
 // A random plan: random cuts, replica counts and recompute flags, ignoring memory.
 Plan randomPlan(std::mt19937& rng, const PlanRequest& request, int microBatches) {
   const int blocks = static_cast<int>(request.blocks.size());
@@ -59,6 +62,7 @@ Plan randomPlan(std::mt19937& rng, const PlanRequest& request, int microBatches)
 
 TEST_CASE("estimates against the simulator on every plan the planners produce", "[decomposer]") {
   std::mt19937 rng(2024);
+  testing::gapRecord() = {};
   const std::vector<Planner> planners{planDynamicProgramming, planUniform, planParamBalanced, planDataParallel};
   int multiStage = 0;
   for (int instance = 0; instance < 120; ++instance) {
@@ -76,11 +80,13 @@ TEST_CASE("estimates against the simulator on every plan the planners produce", 
     }
   }
   const testing::GapRecord& record = testing::gapRecord();
-  std::printf("estimate vs simulator on %d gpipe / %d 1f1b planner outputs: planner gpipe %.4f 1f1b %.4f, "
-              "tight gpipe %.4f 1f1b %.4f\n", record.plans[0], record.plans[1], record.planner[0],
-              record.planner[1], record.tight[0], record.tight[1]);
-  // The known gap of the planner's 1f1b closed form (the tight estimate is held to 5% above).
-  REQUIRE(record.planner[1] <= 0.25);
+  std::printf("estimate vs simulator on %d gpipe / %d 1f1b planner outputs: reported estimate gpipe %.4f "
+              "1f1b %.4f; search objective (closed form) gpipe %.4f 1f1b %.4f\n", record.plans[0],
+              record.plans[1], record.planner[0], record.planner[1], record.search[0], record.search[1]);
+  // The reported estimate is held to 5% per plan above; the closed form the planners search is
+  // not (measured up to ~18% on these plans), which is why it is not what they report.
+  REQUIRE(record.planner[1] <= 0.05);
+  REQUIRE(record.planner[1] < record.search[1]);
   REQUIRE(record.plans[0] >= 50);
   REQUIRE(record.plans[1] >= 100);
   REQUIRE(multiStage >= 100);
@@ -124,7 +130,9 @@ TEST_CASE("worked example of the 1f1b pipeline estimate Note", "[decomposer]") {
   plan.microBatchCount = 2;
   plan.schedule = Schedule::OneFOneB;
   plan.stages = {{0, 0, 1, 0, false}, {1, 1, 1, 1, false}};
-  REQUIRE(evaluatePlan(request, plan).iterationSeconds == Approx(14e-3));
+  // The planner searches the closed form and reports the tight estimate.
+  REQUIRE(evaluatePlan(request, plan).searchSeconds == Approx(14e-3));
+  REQUIRE(evaluatePlan(request, plan).iterationSeconds == Approx(12e-3));
   REQUIRE(simulatePlan(request, plan).iterationSeconds == Approx(12e-3));
   // gpipe: forwards 3 + 1 + 3, then backwards 1 + 3 + 3.
   REQUIRE(testing::referencePipelineSeconds(stages, 2, Schedule::GPipe) == Approx(14e-3));
@@ -139,14 +147,14 @@ TEST_CASE("schedule=auto returns the better of gpipe and 1f1b", "[decomposer]") 
   for (int instance = 0; instance < 60; ++instance) {
     PlanRequest request = testing::randomRequest(rng, 2 + static_cast<int>(rng() % 8), 1 + static_cast<int>(rng() % 8));
     Plan automatic, gpipe, oneFOneB;
-    if (!tryPlan(planDynamicProgramming, request, &automatic)) continue;
+    if (!tryPlan(searchedBest, request, &automatic)) continue;
     request.options.schedule = "gpipe";
-    const bool gpipeFits = tryPlan(planDynamicProgramming, request, &gpipe);
+    const bool gpipeFits = tryPlan(searchedBest, request, &gpipe);
     request.options.schedule = "1f1b";
-    REQUIRE(tryPlan(planDynamicProgramming, request, &oneFOneB));  // holds no more than gpipe
-    double best = oneFOneB.predictedSeconds;
-    if (gpipeFits) best = std::min(best, gpipe.predictedSeconds);
-    REQUIRE(automatic.predictedSeconds == Approx(best).epsilon(1e-12));
+    REQUIRE(tryPlan(searchedBest, request, &oneFOneB));  // holds no more than gpipe
+    double best = oneFOneB.searchSeconds;  // the searched objective
+    if (gpipeFits) best = std::min(best, gpipe.searchSeconds);
+    REQUIRE(automatic.searchSeconds == Approx(best).epsilon(1e-12));
     ++compared;
   }
   REQUIRE(compared >= 30);

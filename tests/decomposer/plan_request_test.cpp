@@ -24,6 +24,7 @@ TEST_CASE("plan request text form replays to the same plan", "[decomposer]") {
   Plan a = planStages(r), b = planStages(back);
   REQUIRE(a.stages == b.stages);
   REQUIRE(a.predictedSeconds == b.predictedSeconds);
+  REQUIRE(a.searchSeconds == b.searchSeconds);
   REQUIRE_THROWS_AS(PlanRequest::parse("autostage-plan-request 1\nblock x 1 2\n"), FormatError);
 }
 

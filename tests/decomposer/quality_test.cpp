@@ -80,8 +80,9 @@ TEST_CASE("DP is never worse than data parallelism when that fits", "[decomposer
       PlanResult dataParallel = plan(m, c, batch, "data_parallel");
       PlanResult dp = plan(m, c, batch, "dp");
       INFO("memory " << gib << " GiB, batch " << batch);
-      REQUIRE(dp.evaluation.iterationSeconds <= dataParallel.evaluation.iterationSeconds);
-      REQUIRE(dp.simulation.iterationSeconds <= dataParallel.simulation.iterationSeconds * 1.0001);
+      // Data parallelism is among the DP's finalists (a baseline seed), and the DP returns the
+      // finalist that simulates fastest (Note [Finalists]).
+      REQUIRE(dp.simulation.iterationSeconds <= dataParallel.simulation.iterationSeconds * (1 + 1e-12));
       REQUIRE(dp.simulation.iterationSeconds == Approx(dp.evaluation.iterationSeconds).epsilon(0.05));
       testing::requireEstimateMatchesSimulation(dp.blocking.request, dp.plan);
     }
