@@ -297,11 +297,10 @@ double median(std::vector<double> values) {
 
 namespace {
 
-// Timed runs; the first `untimed` of them are warm-ups (not recorded). Leaves the last run's
-// outputs, detached, in *outputs when given.
+// Timed runs; the first `untimed` of them are warm-ups (not recorded).
 TimedRuns runTimed(const core::Graph& graph, const torchscript::ExportedFunction& function,
                    const std::vector<c10::IValue>& args, MeasurementBackend& backend,
-                   int untimed, int timed, std::vector<c10::IValue>* outputs) {
+                   int untimed, int timed) {
   TimedRuns runs;
   for (int run = 0; run < untimed + timed; ++run) {
     PreparedArgs prepared = prepare(graph, function, args);
@@ -311,10 +310,6 @@ TimedRuns runTimed(const core::Graph& graph, const torchscript::ExportedFunction
     std::vector<at::Tensor> grads = onesLike(diff);
     double b = diff.empty() ? 0.0 : backend.time([&] { backward(diff, grads); });
     resetGrads(prepared.params);
-    if (outputs && run + 1 == untimed + timed) {
-      outputs->clear();
-      for (const auto& r : results) outputs->push_back(detached(r));
-    }
     if (run < untimed) continue;
     runs.forward.push_back(f);
     runs.backward.push_back(b);
@@ -325,8 +320,6 @@ TimedRuns runTimed(const core::Graph& graph, const torchscript::ExportedFunction
 }  // namespace
 
 void RunMeasurement::addPass(const TimedRuns& pass) {
-  runs.forward.insert(runs.forward.end(), pass.forward.begin(), pass.forward.end());
-  runs.backward.insert(runs.backward.end(), pass.backward.begin(), pass.backward.end());
   passMedians.forward.push_back(median(pass.forward));
   passMedians.backward.push_back(median(pass.backward));
   forwardSeconds = *std::min_element(passMedians.forward.begin(), passMedians.forward.end());
@@ -339,13 +332,12 @@ namespace {
 // settings.normalizeLoad; accounts the time in settings.phases.
 TimedRuns timedPhase(const core::Graph& graph, const torchscript::ExportedFunction& function,
                      const std::vector<c10::IValue>& args, MeasurementBackend& backend,
-                     const RunSettings& settings, PhaseTimes& phases, int warmups,
-                     std::vector<c10::IValue>* outputs) {
+                     const RunSettings& settings, PhaseTimes& phases, int warmups) {
   double start = wallNow();
   double scaleBefore = settings.normalizeLoad ? loadScale(backend) : 1;
   double afterProbe = wallNow();
   phases.loadProbes += afterProbe - start;
-  TimedRuns runs = runTimed(graph, function, args, backend, warmups, settings.repeats, outputs);
+  TimedRuns runs = runTimed(graph, function, args, backend, warmups, settings.repeats);
   double afterRuns = wallNow();
   phases.timedRuns += afterRuns - afterProbe;
   double scale = settings.normalizeLoad ? (scaleBefore + loadScale(backend)) / 2 : 1;
@@ -359,10 +351,10 @@ TimedRuns timedPhase(const core::Graph& graph, const torchscript::ExportedFuncti
 
 TimedRuns timeRuns(const core::Graph& graph, const torchscript::ExportedFunction& function,
                    const std::vector<c10::IValue>& args, MeasurementBackend& backend,
-                   const RunSettings& settings, std::vector<c10::IValue>* outputs) {
+                   const RunSettings& settings) {
   PhaseTimes ignored;
   return timedPhase(graph, function, args, backend, settings,
-                    settings.phases ? *settings.phases : ignored, 0, outputs);
+                    settings.phases ? *settings.phases : ignored, 0);
 }
 
 RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedFunction& function,
@@ -376,8 +368,7 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
   std::vector<c10::IValue> values = measureMemory(graph, function, args, backend, &result);
   if (outputs) *outputs = std::move(values);
   phases.memoryRuns += wallNow() - start;
-  result.addPass(
-      timedPhase(graph, function, args, backend, settings, phases, settings.warmupRuns - 1, nullptr));
+  result.addPass(timedPhase(graph, function, args, backend, settings, phases, settings.warmupRuns - 1));
   return result;
 }
 

@@ -46,20 +46,19 @@ std::vector<c10::IValue> gatherArgs(const core::Graph& graph,
 std::string describeInputs(const core::Graph& graph, const std::vector<c10::IValue>& args,
                            const std::vector<core::ValueId>& ids);
 
-// Measured costs of one training step (forward with autograd recording, then backward with
-// all-ones output gradients) of an exported subset. Memory figures are relative to the usage
-// before the run (model parameters and the value environment excluded) and leave out the
-// input copies (inputBytes), which a pipeline stage holds anyway.
 // Times of individual timed runs (seconds), in the order they ran.
 struct TimedRuns {
   std::vector<double> forward, backward;
 };
 
+// Measured costs of one training step (forward with autograd recording, then backward with
+// all-ones output gradients) of an exported subset. Memory figures are relative to the usage
+// before the run (model parameters and the value environment excluded) and leave out the
+// input copies (inputBytes), which a pipeline stage holds anyway.
 struct RunMeasurement {
   // The smallest median of a pass's timed runs (Note [Measurement passes]).
   double forwardSeconds = 0;
   double backwardSeconds = 0;  // 0 when no output needs a gradient
-  TimedRuns runs;              // every timed run, in order
   TimedRuns passMedians;       // per pass: the median of its timed runs
   int64_t inputBytes = 0;      // floating non-BATCH inputs (fed as grad-requiring copies)
   int64_t outputBytes = 0;     // distinct storages of the outputs
@@ -120,10 +119,10 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
 //
 // settings.repeats more timed runs (forward with autograd, then backward) of an exported subset,
 // without warm-up or memory figures: a later pass of measureRun's measurement, for
-// RunMeasurement::addPass. When `outputs` is given it receives the last run's outputs, detached.
+// RunMeasurement::addPass.
 TimedRuns timeRuns(const core::Graph& graph, const torchscript::ExportedFunction& function,
                    const std::vector<c10::IValue>& args, MeasurementBackend& backend,
-                   const RunSettings& settings, std::vector<c10::IValue>* outputs = nullptr);
+                   const RunSettings& settings);
 
 // Median of a non-empty sample.
 double median(std::vector<double> values);
