@@ -163,6 +163,20 @@ def main_cases(one_rank_deployment, results_dir):
     run_case("batch_too_small", lambda: m(x[:1], s[:1]))
     run_case("non_tensor_after_deploy_rank3", only(3, (x, [1, 2])))
 
+    def eval_on_rank1():
+        if rank == 1:
+            m.eval()
+        try:
+            m(x, s)
+        finally:
+            m.train()
+    run_case("eval_on_rank1", eval_on_rank1)
+
+    def no_grad_on_rank2():
+        with torch.set_grad_enabled(rank != 2):
+            m(x, s)
+    run_case("no_grad_on_rank2", no_grad_on_rank2)
+
     def train_step():
         optimizer.zero_grad()
         out = m(x, s)

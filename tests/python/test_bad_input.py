@@ -49,6 +49,12 @@ EXPECTED = {
                                   "replicas but the smallest micro-batch has only 1 samples"]),
     "non_tensor_after_deploy_rank3": ("UnsupportedError", [
         "failed on rank 3: input 1 (of type list) is not a tensor"]),
+    "eval_on_rank1": ("Error", [
+        "ranks called the module differently (ranks 0,2,3: forward, train mode; rank 1: "
+        "forward, eval mode); call model.train() or model.eval(), and torch.no_grad(), alike on "
+        "every rank, and the same method"]),
+    "no_grad_on_rank2": ("Error", [
+        "(ranks 0,1,3: forward, train mode; rank 2: forward, train mode, no_grad)"]),
     "usable_after_errors": ("OK", []),
     "checkpoint_other_shapes": ("FormatError", [
         "loading the checkpoint failed on ranks 0,1,2,3: the checkpoint does not fit SeqNet: "

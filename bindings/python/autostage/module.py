@@ -125,7 +125,10 @@ class Module(torch.nn.Module):
             inputs = inputs[0]
         # Note [Bad input on one rank] (staging/module.h): a problem found here on any rank is
         # raised on every rank, so none is left waiting in the collective call below.
-        _autostage._agree("checking the call", *self._call_problem(inputs, kwargs))
+        # Note [Calls in different modes] (bind_staging.cpp): every rank must call alike.
+        how = (f"{method}, {_MODE_NAMES[self.model.training]} mode"
+               + ("" if torch.is_grad_enabled() else ", no_grad"))
+        _autostage._agree_call("checking the call", *self._call_problem(inputs, kwargs), how)
         mode, previous = self.model.training, self._impl
         switching = (previous is not None and previous.ready
                      and self._impls.get(mode) is not previous)
