@@ -16,7 +16,9 @@
 #include "core/log.h"
 #include "core/proto/deployment_file.h"
 #include "core/torchscript/autocast.h"
+#include "staging/call_inputs.h"
 #include "staging/checkpoint.h"
+#include "staging/plan_cache.h"
 #include "staging/route_check.h"
 #include "staging/sample_range.h"
 
@@ -79,134 +81,6 @@ struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
     return {at::Tensor(), at::Tensor()};
   }
 };
-
-std::vector<at::Tensor> tensorsOf(const std::vector<c10::IValue>& inputs) {
-  std::vector<at::Tensor> tensors;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    AUTOSTAGE_CHECK_AS(UnsupportedError, inputs[i].isTensor(), "input ", i, " is a ",
-                       inputs[i].tagKind(), "; autostage::Module takes tensors with the batch in "
-                       "dim 0 as forward arguments");
-    tensors.push_back(inputs[i].toTensor());
-  }
-  return tensors;
-}
-
-// Every input must be a tensor with the batch in dim 0, all with the same number of rows.
-void checkBatchDims(const std::vector<at::Tensor>& inputs) {
-  AUTOSTAGE_CHECK_AS(UnsupportedError, !inputs.empty(),
-                     "the model was called without inputs; autostage splits the inputs along dim "
-                     "0 (the batch), so forward needs at least one tensor argument");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    AUTOSTAGE_CHECK(inputs[i].dim() >= 1, "input ", i, " is a 0-dim tensor; every input is split "
-                    "along dim 0 (the batch): give it a batch dimension, or make a value shared "
-                    "by all samples a buffer or constant of the model");
-    AUTOSTAGE_CHECK(inputs[i].size(0) == inputs[0].size(0), "input ", i, " has ",
-                    inputs[i].size(0), " rows in dim 0 but input 0 has ", inputs[0].size(0),
-                    "; dim 0 of every input must be the batch (same size for all inputs): move "
-                    "the batch to dim 0, or make a value shared by all samples part of the model");
-  }
-  AUTOSTAGE_CHECK(inputs[0].size(0) >= 1, "the inputs have an empty batch (0 rows in dim 0); "
-                  "every rank must pass at least one sample");
-}
-
-// "(Float[8, 16], Long[8])"; with `batchAsB`, dim 0 is written as B.
-std::string signatureOf(const std::vector<at::Tensor>& inputs, bool batchAsB) {
-  std::ostringstream out;
-  out << "(";
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    out << (i ? ", " : "") << c10::toString(inputs[i].scalar_type()) << "[";
-    for (int64_t d = 0; d < inputs[i].dim(); ++d) {
-      out << (d ? ", " : "");
-      if (d == 0 && batchAsB) out << "B"; else out << inputs[i].size(d);
-    }
-    out << "]";
-  }
-  out << ")";
-  return out.str();
-}
-
-// What prepareStep exchanges: "<rows>\n<signature with B>\n<full signature>".
-std::string inputSummary(const std::vector<at::Tensor>& inputs) {
-  if (inputs.empty()) return "";
-  return std::to_string(inputs[0].size(0)) + "\n" + signatureOf(inputs, true) + "\n" +
-         signatureOf(inputs, false);
-}
-
-// Every rank must pass the same shapes and dtypes; the message lists each rank's.
-void checkSameAcrossRanks(const std::vector<std::string>& summaries) {
-  bool same = std::all_of(summaries.begin(), summaries.end(),
-                          [&](const std::string& s) { return s == summaries[0]; });
-  if (same) return;
-  std::vector<std::vector<std::string>> parts;  // per rank: rows, signature with B, full
-  for (const std::string& s : summaries) {
-    std::vector<std::string> fields;
-    std::istringstream in(s);
-    for (std::string field; std::getline(in, field);) fields.push_back(field);
-    fields.resize(3);
-    parts.push_back(fields);
-  }
-  bool onlyRows = std::all_of(parts.begin(), parts.end(),
-                              [&](const auto& p) { return p[1] == parts[0][1]; });
-  std::ostringstream list;
-  for (size_t r = 0; r < parts.size(); ++r)
-    list << (r ? ", " : "") << "rank " << r << ": " << parts[r][onlyRows ? 0 : 2];
-  if (onlyRows) {
-    comm::throwAgreed("Error", "ranks passed different local batch sizes (" + list.str() +
-                                   "); every rank must pass the same number of samples");
-  }
-  comm::throwAgreed("Error", "ranks passed inputs of different shapes or dtypes (" + list.str() +
-                                 "); every rank must pass tensors of the same dtypes and shapes, "
-                                 "including the local batch size in dim 0");
-}
-
-// Note [Plan cache]
-// With plan_cache_dir set, rank 0 keeps every deployment it plans in that directory under a key
-// of what the plan depends on: the graph hash (model and traced shapes), world size, ranks per
-// node, global batch and every planner, profiler and comm option. A later launch with the same
-// key loads the file instead of profiling and planning. A cache file that cannot be read (damaged,
-// older format) is reported and replaced by a fresh plan.
-const char* const kPlanKeyOptions[] = {
-    "decomposer", "max_blocks", "partition_num", "pipeline_num", "min_pipeline", "max_pipeline",
-    "schedule", "recompute", "mem_limit_gb", "mem_margin", "opt_param_factor", "comm_bandwidth",
-    "allreduce_bandwidth", "comm_latency", "profile_batch_sizes", "precision"};
-
-std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch) {
-  const core::Config& config = core::globalConfig();
-  const std::string dir = config.getString("plan_cache_dir");
-  if (dir.empty()) return "";
-  std::ostringstream key;
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  key << graphHash << '\n' << worldSize << '\n' << (local ? local : "1") << '\n' << globalBatch;
-  for (const char* option : kPlanKeyOptions) key << '\n' << option << '=' << config.text(option);
-  return dir + "/plan-" + graphHash + "-np" + std::to_string(worldSize) + "-b" +
-         std::to_string(globalBatch) + "-" + core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";
-}
-
-bool readCachedPlan(const std::string& path, std::string* bytes) {
-  if (!std::filesystem::exists(path)) return false;
-  try {
-    *bytes = core::encodeDeployment(core::loadDeployment(path));
-  } catch (const Error& e) {
-    core::logger("DPStaging")->warn("Ignoring the cached plan {}: {}; planning again", path,
-                                    e.what());
-    return false;
-  }
-  core::logger("DPStaging")->info("Loaded the plan from the plan cache: {} (plan_cache_dir); "
-                                  "skipping profiling and planning", path);
-  return true;
-}
-
-void writeCachedPlan(const core::Deployment& deployment, const std::string& path) {
-  std::error_code error;
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
-  try {
-    core::saveDeployment(deployment, path);
-    core::logger("DPStaging")->info("Saved the plan to the plan cache: {}", path);
-  } catch (const Error& e) {  // a cache that cannot be written must not fail the job
-    core::logger("DPStaging")->warn("Could not save the plan to the plan cache ({}): {}", path,
-                                    e.what());
-  }
-}
 
 void logDeployment(const core::Deployment& d) {
   auto log = core::logger("DPStaging");

@@ -1,7 +1,4 @@
 // autostage.Module's C++ side (autostage::Module), process-group functions and options.
-#include <algorithm>
-#include <sstream>
-
 #include <pybind11/stl.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -14,39 +11,13 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/proto/deployment_file.h"
+#include "staging/call_inputs.h"
 #include "staging/checkpoint.h"
 
 namespace autostage::bindings {
 namespace {
 
 namespace py = pybind11;
-
-// Note [Calls in different modes]
-// Every rank must call the module the same way: the same method, in the same train/eval mode
-// and the same grad mode. A rank that called model.eval() alone would otherwise switch
-// deployments (a collective hand-over) while the others run the step's collectives, and each
-// side would fail with a confusing message from mismatched data. The call agreement gathers each
-// rank's `how` ("forward, eval mode, no_grad") and every rank raises this error from the same
-// gathered list, ranks with the same answer grouped: "ranks 0,2,3: ...; rank 1: ...".
-void checkCalledAlike(const std::vector<std::string>& hows) {
-  if (std::all_of(hows.begin(), hows.end(), [&](const std::string& h) { return h == hows[0]; }))
-    return;
-  std::vector<std::pair<std::string, std::vector<size_t>>> groups;  // in order of first rank
-  for (size_t r = 0; r < hows.size(); ++r) {
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == hows[r]; });
-    if (it == groups.end()) it = groups.insert(groups.end(), {hows[r], {}});
-    it->second.push_back(r);
-  }
-  std::ostringstream list;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    list << (g ? "; " : "") << (groups[g].second.size() > 1 ? "ranks " : "rank ");
-    for (size_t i = 0; i < groups[g].second.size(); ++i) list << (i ? "," : "") << groups[g].second[i];
-    list << ": " << groups[g].first;
-  }
-  comm::throwAgreed("Error", "ranks called the module differently (" + list.str() +
-                                 "); call model.train() or model.eval(), and torch.no_grad(), "
-                                 "alike on every rank, and the same method");
-}
 
 // Calls the Python tracer (autostage.module's _trace of the user's model) with the GIL held; a
 // Python exception becomes the autostage error of the same class name (Error otherwise), so
@@ -214,7 +185,7 @@ void bindStaging(py::module_& m) {
       [](const std::string& step, const std::string& errorClass, const std::string& message,
          const std::string& how) {
         py::gil_scoped_release release;
-        checkCalledAlike(comm::agreeAndGather(world(), step, {errorClass, message}, how));
+        staging::checkCalledAlike(comm::agreeAndGather(world(), step, {errorClass, message}, how));
       },
       py::arg("step"), py::arg("error_class"), py::arg("message"), py::arg("how"),
       "Collective: _agree, and in the same exchange the ranks compare `how` they call the "

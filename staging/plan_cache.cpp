@@ -1,0 +1,68 @@
+// The plan cache; see plan_cache.h.
+#include "staging/plan_cache.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/ir/graph.h"
+#include "core/log.h"
+#include "core/proto/deployment_file.h"
+
+namespace autostage::staging {
+namespace {
+
+// Note [Plan cache]
+// With plan_cache_dir set, rank 0 keeps every deployment it plans in that directory under a key
+// of what the plan depends on: the graph hash (model and traced shapes), world size, ranks per
+// node, global batch and every planner, profiler and comm option. A later launch with the same
+// key loads the file instead of profiling and planning. A cache file that cannot be read (damaged,
+// older format) is reported and replaced by a fresh plan.
+const char* const kPlanKeyOptions[] = {
+    "decomposer", "max_blocks", "partition_num", "pipeline_num", "min_pipeline", "max_pipeline",
+    "schedule", "recompute", "mem_limit_gb", "mem_margin", "opt_param_factor", "comm_bandwidth",
+    "allreduce_bandwidth", "comm_latency", "profile_batch_sizes", "precision"};
+
+}  // namespace
+
+std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch) {
+  const core::Config& config = core::globalConfig();
+  const std::string dir = config.getString("plan_cache_dir");
+  if (dir.empty()) return "";
+  std::ostringstream key;
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  key << graphHash << '\n' << worldSize << '\n' << (local ? local : "1") << '\n' << globalBatch;
+  for (const char* option : kPlanKeyOptions) key << '\n' << option << '=' << config.text(option);
+  return dir + "/plan-" + graphHash + "-np" + std::to_string(worldSize) + "-b" +
+         std::to_string(globalBatch) + "-" + core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";
+}
+
+bool readCachedPlan(const std::string& path, std::string* bytes) {
+  if (!std::filesystem::exists(path)) return false;
+  try {
+    *bytes = core::encodeDeployment(core::loadDeployment(path));
+  } catch (const Error& e) {
+    core::logger("DPStaging")->warn("Ignoring the cached plan {}: {}; planning again", path,
+                                    e.what());
+    return false;
+  }
+  core::logger("DPStaging")->info("Loaded the plan from the plan cache: {} (plan_cache_dir); "
+                                  "skipping profiling and planning", path);
+  return true;
+}
+
+void writeCachedPlan(const core::Deployment& deployment, const std::string& path) {
+  std::error_code error;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
+  try {
+    core::saveDeployment(deployment, path);
+    core::logger("DPStaging")->info("Saved the plan to the plan cache: {}", path);
+  } catch (const Error& e) {  // a cache that cannot be written must not fail the job
+    core::logger("DPStaging")->warn("Could not save the plan to the plan cache ({}): {}", path,
+                                    e.what());
+  }
+}
+
+}  // namespace autostage::staging

@@ -1,0 +1,22 @@
+#pragma once
+// The plan cache (Note [Plan cache]): deployments rank 0 planned, kept under a key of what the
+// plan depends on, so a later launch of the same job skips profiling and planning.
+
+#include <cstdint>
+#include <string>
+
+#include "core/deployment.h"
+
+namespace autostage::staging {
+
+// The cache file for this job ("" when plan_cache_dir is not set).
+std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch);
+
+// Reads the cached plan at `path` into *bytes (encoded); false (with a warning when the file
+// exists but cannot be read) when there is none to use.
+bool readCachedPlan(const std::string& path, std::string* bytes);
+
+// Saves `deployment` at `path`; a failure is logged, never thrown (a cache must not fail a job).
+void writeCachedPlan(const core::Deployment& deployment, const std::string& path);
+
+}  // namespace autostage::staging
