@@ -101,8 +101,9 @@ TEST_CASE("on arbitrary uneven plans the estimate is a lower bound of the simula
     request.batchSize = 64;
     Plan plan = randomPlan(rng, request, 2 << (rng() % 3));
     INFO(request.toText());
-    // Not planner outputs: the uneven stages a planner avoids widen the gap (see the Note).
-    const double gap = testing::requireEstimateMatchesSimulation(request, plan, 0.25);
+    // Not planner outputs: the uneven stages a planner avoids widen the gap; on these plans
+    // (at most 12 stages) it stays within 5% too, on arbitrary longer ones it need not (Note).
+    const double gap = testing::requireEstimateMatchesSimulation(request, plan, 0.05);
     double& slot = worst[plan.schedule == Schedule::OneFOneB];
     slot = std::max(slot, gap);
   }
