@@ -207,7 +207,7 @@ void ForwardPass::saveArgs(size_t index, const std::vector<c10::IValue>& args) {
     if (t.has_storage() && savedStorages_.insert(t.storage().unsafeGetStorageImpl()).second)
       savedBytes_ += static_cast<double>(t.storage().nbytes());
   }
-  if (savedBytes_ > kSavedArgsBudget) {
+  if (savedBytes_ > keptArgsBudget_) {
     savingArgs_ = false;
     saved_.clear();
     return;

@@ -48,19 +48,18 @@ void markIdenticalGroups(const core::Graph& graph, std::vector<Unit>& units);
 // can); a unit that cannot be exported keeps the reason in exportFailure.
 void exportUnits(const core::Graph& graph, std::vector<Unit>& units);
 
-// Arguments of measured node groups kept for later passes (Note [Measurement passes]); beyond
-// this a batch size is measured in one pass.
-constexpr double kSavedArgsBudget = 2.0 * (1 << 30);
-
 class ForwardPass {
  public:
+  // `keptArgsBudget`: the most bytes of measured groups' arguments kept for later passes
+  // (ProfilerOptions::keptArgsBytes).
   ForwardPass(const torchscript::ImportedModel& model, std::vector<Unit>& units,
-              MeasurementBackend& backend, const RunSettings& settings)
-      : model_(model), units_(units), backend_(backend), settings_(settings) {}
+              MeasurementBackend& backend, const RunSettings& settings, double keptArgsBudget)
+      : model_(model), units_(units), backend_(backend), settings_(settings),
+        keptArgsBudget_(keptArgsBudget) {}
 
   // Runs every unit at `batch`, measuring group units into `samples` (the first pass of Note
   // [Measurement passes] in node_runner.h). Keeps the arguments of the groups it measured for
-  // later passes (retime) while they fit in kSavedArgsBudget.
+  // later passes (retime) while they fit in the budget.
   void run(const std::vector<c10::IValue>& inputs, int64_t batch,
            std::vector<GroupSamples>& samples, ProgressReporter& progress);
 
@@ -85,7 +84,7 @@ class ForwardPass {
   static const GroupSamples* reusable(const Unit& unit, int64_t batch,
                                       const std::vector<GroupSamples>& samples);
   // Keeps `args` of the measured unit at `index` for retime, unless the kept arguments would
-  // exceed kSavedArgsBudget (then no later pass runs at this batch size).
+  // exceed the budget (then no later pass runs at this batch size).
   void saveArgs(size_t index, const std::vector<c10::IValue>& args);
   // Runs `unit`; measures it into `samples` (copying `reuse`'s measurement at `batch` instead
   // when given). Returns "" on success, else what went wrong.
@@ -100,6 +99,7 @@ class ForwardPass {
   std::vector<Unit>& units_;
   MeasurementBackend& backend_;
   RunSettings settings_;
+  double keptArgsBudget_;
   ValueMap values_;
   std::vector<int> remaining_;
   double contextSeconds_ = 0;

@@ -137,7 +137,8 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
                             options.progressBar);
   PhaseTimes phases;
   ForwardPass pass(model, units, backend,
-                   {options.warmupRuns, options.repeats, options.normalizeLoad, &phases});
+                   {options.warmupRuns, options.repeats, options.normalizeLoad, &phases},
+                   options.keptArgsBytes);
   int passCount = 0;
   for (int64_t batch : batches) {
     pass.keepValues(lastValues && batch == batches.back() &&
@@ -153,8 +154,8 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
       ++done;
     }
     if (!pass.canRetime() && options.passes > 1)
-      core::logger("Profiler")->info("batch size {}: the measured nodes' inputs exceed {:.0f} GiB; "
-                                     "timed in one pass", batch, kSavedArgsBudget / (1 << 30));
+      core::logger("Profiler")->info("batch size {}: the measured nodes' inputs exceed {:.2f} GiB; "
+                                     "timed in one pass", batch, options.keptArgsBytes / (1 << 30));
     passCount += done;
   }
   if (lastValues) *lastValues = pass.takeKept();

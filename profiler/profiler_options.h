@@ -28,6 +28,9 @@ struct ProfilerOptions {
   // More passes (at most kMaxPasses) are added until the passes at one batch size span this
   // many seconds: a short profile would otherwise fall into one slow stretch.
   double passSeconds = 1.5;
+  // Later passes re-time the measured node groups from their inputs, kept from the first pass;
+  // when these exceed this many bytes, a batch size is timed in one pass.
+  double keptArgsBytes = 2.0 * (1 << 30);
   // Real multi-node blocks measured to fit the calibration factor (0: no calibration).
   int calibrationBlocks = 4;
   int calibrationRepeats = 3;  // timed runs of each calibration block per pass (>= 3)

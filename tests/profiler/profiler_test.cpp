@@ -82,6 +82,32 @@ TEST_CASE("MLP node profiles: exact bytes, positive times, all groups measured",
   }
 }
 
+TEST_CASE("later timing passes re-time the measured groups, unless their inputs exceed the budget",
+          "[profiler]") {
+  torch::manual_seed(4);
+  testing::TestModel m = testing::makeMlp(32, 3, 8);
+  torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  auto backend = createCpuMeasurementBackend();
+  ProfilerOptions options = quickOptions();  // 3 passes of 3 timed runs
+  int64_t before = executionCount();
+  core::GraphProfile spread = profileNodes(model, m.inputs, *backend, options);
+  int64_t inPasses = executionCount() - before;
+  options.keptArgsBytes = 0;  // nothing may be kept: one pass per batch size
+  before = executionCount();
+  core::GraphProfile single = profileNodes(model, m.inputs, *backend, options);
+  int64_t inOnePass = executionCount() - before;
+  // Measured groups: all but the 3 that reuse an identical group's figures (see below); each
+  // runs repeats more times in each later pass, and nothing else runs again.
+  const int64_t measured = static_cast<int64_t>(nodeGroups(model.graph).size()) - 3;
+  const int batchSizes = 2;
+  CHECK(inPasses - inOnePass == measured * batchSizes * (options.passes - 1) * options.repeats);
+  for (const core::GraphProfile* p : {&spread, &single})
+    for (const NodeGroup& g : nodeGroups(model.graph)) {
+      CHECK(p->nodes[g.key].forwardSeconds.at(4) > 0);
+      CHECK(p->nodes[g.key].failure.empty());
+    }
+}
+
 TEST_CASE("identical node groups are measured once and their figures reused", "[profiler]") {
   torch::manual_seed(4);
   testing::TestModel m = testing::makeMlp(32, 3, 8);
