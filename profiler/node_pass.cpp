@@ -162,7 +162,7 @@ void ForwardPass::run(const std::vector<c10::IValue>& inputs, int64_t batch,
   savingArgs_ = true;
   for (Unit& unit : units_) {
     const GroupSamples* reuse = reusable(unit, batch, samples);
-    if (reuse) ++reused_, copied_.emplace_back(unit.group, unit.sameAs);
+    if (reuse) ++reused_;
     std::string failure =
         runUnit(unit, batch, unit.group >= 0 ? &samples[unit.group] : nullptr, reuse);
     if (unit.group >= 0) {
@@ -233,9 +233,10 @@ std::string ForwardPass::runUnit(Unit& unit, int64_t batch, GroupSamples* sample
       torch::NoGradGuard noGrad;
       outputs = executeFunction(*unit.function, args);
       contextSeconds_ += wallSeconds() - start;
-      if (reuse) {
+      if (reuse) {  // only once it ran: retime updates the copy
         samples->batches.push_back(batch);
         samples->runs.push_back(reuse->runs.back());
+        copied_.emplace_back(unit.group, unit.sameAs);
       }
     }
     for (size_t i = 0; i < outputs.size(); ++i) values_[unit.function->outputs()[i]] = outputs[i];
