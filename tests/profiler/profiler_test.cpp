@@ -205,6 +205,26 @@ TEST_CASE("a node that fails is reported with its input shapes and the run goes 
   CHECK_FALSE(predictBlock(model.graph, profile, all, 16, 0).feasible);
 }
 
+TEST_CASE("a group reusing figures that fails at a batch keeps its figures of the others",
+          "[profiler]") {
+  torch::manual_seed(5);
+  testing::TestModel m = testing::makeFailureBeforeIdenticalModel();
+  torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  auto backend = createCpuMeasurementBackend();
+  ProfilerOptions options = quickOptions();  // 3 timing passes
+  options.batchSizes = {8, 16};
+  core::GraphProfile profile = profileNodes(model, m.inputs, *backend, options);
+  std::vector<core::NodeId> linear = groupsOfKind(model.graph, "aten::addmm");
+  REQUIRE(linear.size() == 3);
+  const core::NodeProfile &fc2 = profile.nodes[linear[1]], &fc3 = profile.nodes[linear[2]];
+  CHECK(fc2.failure.empty());
+  CHECK(fc3.maxBatch == 8);
+  // fc3 copied fc2's figures at 8, updated by the later passes; the passes at 16, where fc3 did
+  // not run, must not have replaced them with fc2's figures at 16.
+  CHECK(fc3.forwardSeconds.at(8) == fc2.forwardSeconds.at(8));
+  CHECK(fc3.backwardSeconds.at(8) == fc2.backwardSeconds.at(8));
+}
+
 TEST_CASE("profiler options validate and come from the config table", "[profiler]") {
   ProfilerOptions options;
   CHECK_NOTHROW(options.validate());

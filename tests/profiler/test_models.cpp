@@ -46,6 +46,20 @@ def forward(self, x):
   return {m, {torch::randn({8, 16})}};
 }
 
+TestModel makeFailureBeforeIdenticalModel() {
+  torch::jit::Module m("FailureBeforeIdentical");
+  m.register_module("fc1", makeLinear(16, 16));
+  m.register_module("fc2", makeLinear(16, 16));
+  m.register_module("fc3", makeLinear(16, 16));
+  m.define(R"(
+def forward(self, x):
+    h = self.fc2.forward(self.fc1.forward(x))
+    h = h.reshape(8, 16)
+    return self.fc3.forward(h)
+)");
+  return {m, {torch::randn({8, 16})}};
+}
+
 std::string tracedModelDir() {
   return (std::filesystem::temp_directory_path() / "autostage_profiler_models").string();
 }

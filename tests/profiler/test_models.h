@@ -18,6 +18,9 @@ struct TestModel {
 TestModel makeMlp(int64_t width, int depth, int64_t batch);
 // fc -> reshape(8, 16) -> fc: the reshape fails for any batch other than 8 (input width 16).
 TestModel makeBatchEightOnlyModel();
+// fc1 -> fc2 -> reshape(8, 16) -> fc3: fc3 is identical to fc2 (it reuses fc2's figures) and
+// gets no input where the reshape fails (batch sizes other than 8).
+TestModel makeFailureBeforeIdenticalModel();
 // A traced model from make_models.py: "transformer", "resnet18", "bert24", "resnet50".
 // Runs /usr/bin/python3 once to create the files (in $TMPDIR/autostage_profiler_models).
 TestModel loadTracedModel(const std::string& name);
