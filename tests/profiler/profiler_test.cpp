@@ -9,7 +9,9 @@
 #include "core/error.h"
 #include "core/torchscript/autocast.h"
 #include "profiler/cost_model.h"
+#include "profiler/node_pass.h"
 #include "profiler/node_runner.h"
+#include "profiler/progress.h"
 #include "test_models.h"
 
 using namespace autostage;
@@ -210,19 +212,36 @@ TEST_CASE("a group reusing figures that fails at a batch keeps its figures of th
   torch::manual_seed(5);
   testing::TestModel m = testing::makeFailureBeforeIdenticalModel();
   torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  const core::Graph& graph = model.graph;
+  std::vector<NodeGroup> groups = nodeGroups(graph);
+  std::vector<Unit> units = buildUnits(graph, groups);
+  markIdenticalGroups(graph, units);
+  exportUnits(graph, units);
+  auto groupOf = [&](const std::string& scope) {
+    for (const Unit& u : units)
+      if (u.group >= 0 && graph.node(u.last).scope == scope) return u.group;
+    FAIL("no node group of " << scope);
+    return -1;
+  };
+  const int fc2 = groupOf("fc2"), fc3 = groupOf("fc3");
   auto backend = createCpuMeasurementBackend();
-  ProfilerOptions options = quickOptions();  // 3 timing passes
-  options.batchSizes = {8, 16};
-  core::GraphProfile profile = profileNodes(model, m.inputs, *backend, options);
-  std::vector<core::NodeId> linear = groupsOfKind(model.graph, "aten::addmm");
-  REQUIRE(linear.size() == 3);
-  const core::NodeProfile &fc2 = profile.nodes[linear[1]], &fc3 = profile.nodes[linear[2]];
-  CHECK(fc2.failure.empty());
-  CHECK(fc3.maxBatch == 8);
-  // fc3 copied fc2's figures at 8, updated by the later passes; the passes at 16, where fc3 did
-  // not run, must not have replaced them with fc2's figures at 16.
-  CHECK(fc3.forwardSeconds.at(8) == fc2.forwardSeconds.at(8));
-  CHECK(fc3.backwardSeconds.at(8) == fc2.backwardSeconds.at(8));
+  std::vector<GroupSamples> samples(groups.size());
+  ProgressReporter progress(static_cast<int64_t>(2 * groups.size()), "nodes", false);
+  ForwardPass pass(model, units, *backend, {1, 3, false, nullptr}, 1e12);
+  for (int64_t batch : {8, 16}) {  // the reshape before fc3 fails at 16
+    pass.run(m.inputs, batch, samples, progress);
+    REQUIRE(pass.canRetime());
+    pass.retime(samples);
+    pass.retime(samples);
+  }
+  REQUIRE(samples[fc2].batches == std::vector<int64_t>{8, 16});
+  REQUIRE(samples[fc3].batches == std::vector<int64_t>{8});  // reused at 8, failed at 16
+  // fc3's figures at 8 are fc2's at 8 after all three passes there, not fc2's at 16.
+  CHECK(samples[fc2].runs[0].passMedians.forward.size() == 3);
+  CHECK(samples[fc3].runs[0].passMedians.forward == samples[fc2].runs[0].passMedians.forward);
+  CHECK(samples[fc3].runs[0].forwardSeconds == samples[fc2].runs[0].forwardSeconds);
+  CHECK(samples[fc3].runs[0].backwardSeconds == samples[fc2].runs[0].backwardSeconds);
+  CHECK_FALSE(samples[fc3].failure.empty());
 }
 
 TEST_CASE("profiler options validate and come from the config table", "[profiler]") {
