@@ -6,9 +6,11 @@
 #include <set>
 
 #include "decomposer/synthetic.h"
+#include "uniform_profile.h"
 
 using namespace autostage;
 using namespace autostage::decomposer;
+using autostage::decomposer::testing::uniformProfile;
 using core::NodeId;
 using core::ValueId;
 
@@ -26,15 +28,6 @@ SyntheticModel smallBert(int layers) {
   s.sequence = 128;
   s.vocabulary = 1000;
   return syntheticTransformer(s, DeviceModel{});
-}
-
-// Every node costs the same (1 ms + 0.1 ms per sample forward), so only cuts decide blocks.
-core::GraphProfile uniformProfile(const core::Graph& g) {
-  core::GraphProfile profile;
-  profile.graphHash = g.hash();
-  profile.nodes.resize(g.nodeCount());
-  for (auto& p : profile.nodes) p.forwardSeconds = {1e-3, 1e-4};
-  return profile;
 }
 
 // Layer index of a scope `layers.K...`, -1 outside the layers.

@@ -7,9 +7,11 @@
 #include "core/error.h"
 #include "decomposer/coarsen.h"
 #include "decomposer/simulator.h"
+#include "uniform_profile.h"
 
 using namespace autostage;
 using namespace autostage::decomposer;
+using autostage::decomposer::testing::uniformProfile;
 
 namespace {
 
@@ -59,14 +61,6 @@ core::Graph mlpGraph(core::DType hidden) {
   g.addOutput(g.node(s).outputs[0]);
   g.classifyValues();
   return g;
-}
-
-core::GraphProfile uniformProfile(const core::Graph& g) {
-  core::GraphProfile profile;
-  profile.graphHash = g.hash();
-  profile.nodes.resize(g.nodeCount());
-  for (auto& p : profile.nodes) p.forwardSeconds = {1e-3, 1e-4};
-  return profile;
 }
 
 }  // namespace
