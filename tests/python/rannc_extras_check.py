@@ -1,11 +1,10 @@
 """Run under mpirun (see test_rannc.py): pyrannc's gather_inputs=False (the batch rank 0 passes)
 and enable_dropout (switching dropout off and on after deployment), against plain PyTorch."""
 
-import sys
-
 import torch
 
 from autostage import rannc as pyrannc
+from mpi_launch import finish
 
 
 def make(dropout, seed=3):
@@ -89,11 +88,8 @@ def main():
     failures = []
     check_rank0_inputs(rank, world, failures)
     check_enable_dropout(rank, world, failures)
-    for failure in failures:
-        print(f"rank {rank}: FAIL {failure}", flush=True)
     print(f"rank {rank}: rannc extras checked; {len(failures)} failures", flush=True)
-    pyrannc.barrier()
-    sys.exit(1 if failures else 0)
+    finish(rank, failures)
 
 
 if __name__ == "__main__":
