@@ -1,7 +1,6 @@
 #include "profiler/calibration.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <optional>
 #include <random>
@@ -148,11 +147,6 @@ PreparedBlock prepareBlock(const torchscript::ImportedModel& model, const ValueM
   if (!block) block.emplace(torchscript::exportSubgraph(model.graph, nodes));
   std::vector<c10::IValue> args = gatherArgs(model.graph, *block, values);
   return {std::move(block), std::move(args)};
-}
-
-double wallSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
 }
 
 // Measures the blocks in at least `passes` passes over all of them, spanning at least

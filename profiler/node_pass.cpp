@@ -4,7 +4,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <sstream>
 #include <type_traits>
 #include <unordered_map>
@@ -15,10 +14,6 @@
 
 namespace autostage::profiler {
 namespace {
-
-double wallSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // Note [Identical node groups]
 // Transformer layers and ResNet blocks repeat the same node groups: same operators, attributes

@@ -147,22 +147,18 @@ c10::IValue detached(const c10::IValue& value) {
 // by that ratio, so node and block measurements taken at different moments stay comparable.
 constexpr double kRefreshSeconds = 0.25;
 
-double wallNow() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 double loadScale(MeasurementBackend& backend) {
   static std::mutex mutex;
   static double lastRefresh = -1e30, current = 1, best = 1e30;
   std::lock_guard<std::mutex> lock(mutex);
-  if (wallNow() - lastRefresh > kRefreshSeconds) {
+  if (wallSeconds() - lastRefresh > kRefreshSeconds) {
     static const at::Tensor a = torch::randn({128, 128}), b = torch::randn({128, 128});
     std::vector<double> times;
     for (int i = 0; i < 3; ++i) times.push_back(backend.time([&] { (void)torch::mm(a, b); }));
     current = median(times);
     best = std::min(best, current);
-    lastRefresh = wallNow();
+    lastRefresh = wallSeconds();
   }
   return std::min(1.0, best / current);
 }
@@ -286,6 +282,11 @@ std::string describeInputs(const core::Graph& graph, const std::vector<c10::IVal
   return out.str();
 }
 
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 double median(std::vector<double> values) {
   AUTOSTAGE_INTERNAL_ASSERT(!values.empty());
   size_t mid = values.size() / 2;
@@ -333,15 +334,15 @@ namespace {
 TimedRuns timedPhase(const core::Graph& graph, const torchscript::ExportedFunction& function,
                      const std::vector<c10::IValue>& args, MeasurementBackend& backend,
                      const RunSettings& settings, PhaseTimes& phases, int warmups) {
-  double start = wallNow();
+  double start = wallSeconds();
   double scaleBefore = settings.normalizeLoad ? loadScale(backend) : 1;
-  double afterProbe = wallNow();
+  double afterProbe = wallSeconds();
   phases.loadProbes += afterProbe - start;
   TimedRuns runs = runTimed(graph, function, args, backend, warmups, settings.repeats);
-  double afterRuns = wallNow();
+  double afterRuns = wallSeconds();
   phases.timedRuns += afterRuns - afterProbe;
   double scale = settings.normalizeLoad ? (scaleBefore + loadScale(backend)) / 2 : 1;
-  phases.loadProbes += wallNow() - afterRuns;
+  phases.loadProbes += wallSeconds() - afterRuns;
   for (double& t : runs.forward) t *= scale;
   for (double& t : runs.backward) t *= scale;
   return runs;
@@ -364,10 +365,10 @@ RunMeasurement measureRun(const core::Graph& graph, const torchscript::ExportedF
   PhaseTimes& phases = settings.phases ? *settings.phases : ignored;
   ++phases.measurements;
   RunMeasurement result;
-  double start = wallNow();
+  double start = wallSeconds();
   std::vector<c10::IValue> values = measureMemory(graph, function, args, backend, &result);
   if (outputs) *outputs = std::move(values);
-  phases.memoryRuns += wallNow() - start;
+  phases.memoryRuns += wallSeconds() - start;
   result.addPass(timedPhase(graph, function, args, backend, settings, phases, settings.warmupRuns - 1));
   return result;
 }

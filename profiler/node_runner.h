@@ -124,6 +124,9 @@ TimedRuns timeRuns(const core::Graph& graph, const torchscript::ExportedFunction
                    const std::vector<c10::IValue>& args, MeasurementBackend& backend,
                    const RunSettings& settings);
 
+// Seconds on the steady clock (for wall-time breakdowns, not for measurements).
+double wallSeconds();
+
 // Median of a non-empty sample.
 double median(std::vector<double> values);
 

@@ -1,7 +1,6 @@
 #include "profiler/profiler.h"
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <sstream>
@@ -21,11 +20,6 @@
 
 namespace autostage::profiler {
 namespace {
-
-double wallSeconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Values of the last profiling pass are kept for calibration (which then runs no forward pass
 // of its own) when they fit in this many bytes.
