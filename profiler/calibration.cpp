@@ -160,8 +160,7 @@ std::vector<BlockMeasurement> measurePrepared(const torchscript::ImportedModel& 
   std::vector<RunMeasurement> runs;
   for (const PreparedBlock& b : blocks)
     runs.push_back(measureRun(model.graph, *b.function, b.args, backend, settings));
-  for (int pass = 1; pass < kMaxPasses && (pass < passes || wallSeconds() - start < minSeconds);
-       ++pass)
+  for (int pass = 1; wantsAnotherPass(pass, passes, start, minSeconds); ++pass)
     for (size_t i = 0; i < blocks.size(); ++i)
       runs[i].addPass(timeRuns(model.graph, *blocks[i].function, blocks[i].args, backend, settings));
   std::vector<BlockMeasurement> result;

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "profiler/profiler_options.h"
 
 namespace autostage::profiler {
 namespace {
@@ -285,6 +286,10 @@ std::string describeInputs(const core::Graph& graph, const std::vector<c10::IVal
 double wallSeconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+bool wantsAnotherPass(int done, int passes, double started, double minSeconds) {
+  return done < kMaxPasses && (done < passes || wallSeconds() - started < minSeconds);
 }
 
 double median(std::vector<double> values) {

@@ -124,6 +124,10 @@ TimedRuns timeRuns(const core::Graph& graph, const torchscript::ExportedFunction
                    const std::vector<c10::IValue>& args, MeasurementBackend& backend,
                    const RunSettings& settings);
 
+// Whether a measurement that began at `started` (wallSeconds) after `done` passes takes another
+// (Note [Measurement passes]): until `passes` passes spanning `minSeconds`, at most kMaxPasses.
+bool wantsAnotherPass(int done, int passes, double started, double minSeconds);
+
 // Seconds on the steady clock (for wall-time breakdowns, not for measurements).
 double wallSeconds();
 

@@ -140,10 +140,8 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
     double passesStart = wallSeconds();
     pass.run(exampleInputs, batch, samples, progress);
     int done = 1;
-    // Note [Measurement passes] in node_runner.h: at least options.passes, spanning at least
-    // options.passSeconds (at most kMaxPasses).
-    while (pass.canRetime() && done < kMaxPasses &&
-           (done < options.passes || wallSeconds() - passesStart < options.passSeconds)) {
+    while (pass.canRetime() &&
+           wantsAnotherPass(done, options.passes, passesStart, options.passSeconds)) {
       pass.retime(samples);
       ++done;
     }
