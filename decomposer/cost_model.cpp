@@ -153,7 +153,23 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
   e.commBufferBytes = 2 * (e.inputBytes + e.outputBytes);
   e.baseMemoryBytes = e.staticMemoryBytes() + (choice.recompute ? act : 0);
   e.totalMemoryBytes = e.baseMemoryBytes + e.heldMicroBatches * e.bytesPerHeldMicroBatch;
+  if (request_.options.usage == PlanUsage::Inference) forwardOnly(e, microBatches);
   return e;
+}
+
+// Note [Pipeline cost model], inference (Note [Plan usage]): no backward, no gradients, no
+// optimizer state, no allreduce; a stage keeps no activations for a backward, only its output
+// of every micro-batch until the step ends (the sends complete and the caller's rows are
+// gathered then), and the working set of the node running.
+void CostModel::forwardOnly(StageEstimate& e, int microBatches) {
+  e.backwardSeconds = e.sendBackwardSeconds = e.allreduceSeconds = 0;
+  e.stageSeconds = e.forwardSeconds + e.sendForwardSeconds;
+  e.gradientBytes = e.optimizerBytes = 0;
+  e.heldMicroBatches = microBatches;
+  e.bytesPerHeldMicroBatch = e.outputBytes;
+  e.activationBytes = e.heldMicroBatches * e.bytesPerHeldMicroBatch;
+  e.baseMemoryBytes = e.staticMemoryBytes();
+  e.totalMemoryBytes = e.baseMemoryBytes + e.activationBytes;
 }
 
 }  // namespace autostage::decomposer

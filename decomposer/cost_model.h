@@ -25,6 +25,8 @@
 //   + activations held: all M micro-batches (gpipe) or min(M, stages after + 1) (1f1b), each
 //     act(mb); a recomputing stage holds only its input per micro-batch plus one act(mb)
 //   + working(mb) + communication buffers 2 * (input + output bytes at mb).
+// For an inference plan (Note [Plan usage]) backward, gradients, optimizer state and allreduce are
+// 0 and a stage holds its output of each of the M micro-batches instead of activations.
 // Mixed precision (precision=bf16|fp16, Note [Autocast execution] in core/torchscript/autocast.h):
 // params, grads and optimizer state stay fp32. Autocast keeps a 2-byte copy of each fp32 weight
 // a matmul/conv casts, for the length of a stage's forward run: the cast cache term (an upper
@@ -109,9 +111,11 @@ class CostModel {
   StageEstimate stage(const RangeTotals& range, const StageChoice& choice, int microBatches,
                       Schedule schedule) const;
   bool sameNode(int rankA, int rankB) const;
-  // Micro-batches whose activations a stage holds at its peak.
-  static int heldMicroBatches(Schedule schedule, int microBatches, int stagesAfter) {
-    return schedule == Schedule::GPipe ? microBatches : std::min(microBatches, stagesAfter + 1);
+  // Micro-batches whose activations (inference: outputs) a stage holds at its peak.
+  int heldMicroBatches(Schedule schedule, int microBatches, int stagesAfter) const {
+    if (schedule == Schedule::GPipe || request_.options.usage == PlanUsage::Inference)
+      return microBatches;
+    return std::min(microBatches, stagesAfter + 1);
   }
   // The two per-stage times whose maxima add up to the steady-state period (see the Note).
   static std::pair<double, double> periodParts(const StageEstimate& e, Schedule schedule) {
@@ -121,6 +125,10 @@ class CostModel {
   static double iterationSeconds(double sumStage, double period, double maxAllreduce, int microBatches) {
     return sumStage + (microBatches - 1) * period + maxAllreduce;
   }
+
+ private:
+  // Turns a training estimate into the inference one (Note [Plan usage]).
+  static void forwardOnly(StageEstimate& e, int microBatches);
 
  private:
   const PlanRequest& request_;

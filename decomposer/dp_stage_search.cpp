@@ -147,7 +147,7 @@ class SuffixSearch {
       if (prefixSum == kInf) continue;
       for (size_t i = 0; i < labels.size(); ++i) {
         const Label& from = labels[i];
-        const int held = CostModel::heldMicroBatches(schedule_, microBatches_, from.stages);
+        const int held = model_.heldMicroBatches(schedule_, microBatches_, from.stages);
         if (e.baseMemoryBytes + held * e.bytesPerHeldMicroBatch > limit) continue;
         Label next{from.sum + e.stageSeconds, std::max(from.maxFirst, parts.first),
                    std::max(from.maxSecond, parts.second), std::max(from.maxAllreduce, e.allreduceSeconds),
@@ -212,9 +212,10 @@ class SuffixSearch {
 // In the cost model gpipe never takes less time than 1f1b (max F' + max B' >= max (F' + B')) and
 // never holds fewer activations, so
 // with schedule=auto a 1f1b plan is always at least as good: only 1f1b is searched. A forced
-// schedule is searched as given.
+// schedule is searched as given, and so is a usage that can run gpipe only (Note [Plan usage]).
 std::vector<Schedule> searchedSchedules(const PlanOptions& options) {
-  if (options.schedule == "auto") return {Schedule::OneFOneB};
+  if (options.schedule == "auto" && options.usage == PlanUsage::TrainStep)
+    return {Schedule::OneFOneB};
   return options.scheduleCandidates();
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/plan_usage.h"
 #include "core/profile.h"
 
 namespace autostage::decomposer {
@@ -18,6 +19,11 @@ enum class Schedule { GPipe, OneFOneB };
 std::string scheduleName(Schedule schedule);  // "gpipe", "1f1b"
 // Parses "gpipe" or "1f1b"; throws ConfigError naming the bad text.
 Schedule parseSchedule(const std::string& text);
+
+// Note [Plan usage] (core/plan_usage.h): which API will run the plan decides its schedules.
+using core::PlanUsage;
+using core::parseUsage;
+using core::usageName;
 
 // Planner options; the keys of the same names in core/config.cpp.
 struct PlanOptions {
@@ -33,6 +39,8 @@ struct PlanOptions {
   double memMargin = 0.1;
   double optParamFactor = 2;
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (Note [Pipeline cost model]: cast cache)
+  // Note [Plan usage]: set by the caller (the API the plan is for), not by a config key.
+  PlanUsage usage = PlanUsage::TrainStep;
 
   // Throws ConfigError naming the first bad field, the value and the valid range.
   void validate() const;
@@ -41,8 +49,10 @@ struct PlanOptions {
   // Micro-batch counts the search tries: powers of two in [minPipeline, maxPipeline], or
   // exactly pipelineNum when forced.
   std::vector<int> microBatchCandidates() const;
+  // The schedules `schedule` allows for `usage` (Note [Plan usage]).
   std::vector<Schedule> scheduleCandidates() const;
-  // Recompute settings the search tries per stage: {false, true} for auto, else the forced one.
+  // Recompute settings the search tries per stage: {false, true} for auto, else the forced one;
+  // {false} for inference (nothing is kept for a backward, so nothing to recompute).
   std::vector<bool> recomputeCandidates() const;
 };
 

@@ -34,6 +34,11 @@ void PlanOptions::validate() const {
                      " must satisfy 1 <= min_pipeline <= max_pipeline");
   AUTOSTAGE_CHECK_AS(ConfigError, schedule == "auto" || schedule == "gpipe" || schedule == "1f1b",
                      "option schedule='", schedule, "' is unknown; use gpipe, 1f1b or auto");
+  AUTOSTAGE_CHECK_AS(ConfigError, !(usage == PlanUsage::ForwardBackward && schedule == "1f1b"),
+                     "option schedule=1f1b cannot run through forward() and backward(), which run "
+                     "every micro-batch's forward before any backward (gpipe); call "
+                     "model.train_step(...) with a model that returns its loss, or set "
+                     "schedule=gpipe or auto");
   AUTOSTAGE_CHECK_AS(ConfigError, recompute == "auto" || recompute == "always" || recompute == "never",
                      "option recompute='", recompute, "' is unknown; use auto, always or never");
   AUTOSTAGE_CHECK_AS(ConfigError, memLimitGb >= 0, "option mem_limit_gb=", memLimitGb,
@@ -52,7 +57,7 @@ std::string PlanOptions::toString() const {
       << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
       << " schedule=" << schedule << " recompute=" << recompute << " mem_limit_gb=" << memLimitGb
       << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor
-      << " precision=" << precision;
+      << " precision=" << precision << " usage=" << usageName(usage);
   return out.str();
 }
 
@@ -83,12 +88,14 @@ std::vector<int> PlanOptions::microBatchCandidates() const {
 }
 
 std::vector<bool> PlanOptions::recomputeCandidates() const {
+  if (usage == PlanUsage::Inference) return {false};
   if (recompute == "always") return {true};
   if (recompute == "never") return {false};
   return {false, true};
 }
 
 std::vector<Schedule> PlanOptions::scheduleCandidates() const {
+  if (usage != PlanUsage::TrainStep) return {Schedule::GPipe};
   if (schedule == "auto") return {Schedule::GPipe, Schedule::OneFOneB};
   return {parseSchedule(schedule)};
 }

@@ -85,6 +85,7 @@ void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
     else if (key == "mem_margin") o.memMargin = real();
     else if (key == "opt_param_factor") o.optParamFactor = real();
     else if (key == "precision") o.precision = v;
+    else if (key == "usage") o.usage = parseUsage(v);
     else throw FormatError("plan request text, line " + std::to_string(line) + ": unknown option '" + key + "'");
   }
 }

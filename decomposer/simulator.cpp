@@ -151,7 +151,8 @@ SimulationResult simulatePlan(const PlanRequest& request, const Plan& plan, bool
                  e.allreduceSeconds};
     const double mb = static_cast<double>(e.microBatchPerReplica);
     const double activation = model.ranges().range(p.firstBlock, p.lastBlock).activationBytes.at(mb);
-    st.kept = p.recompute ? e.inputBytes : activation;
+    st.kept = e.bytesPerHeldMicroBatch;  // activations, the input when recomputing, or the
+                                         // output for inference (Note [Plan usage])
     st.recomputeBytes = p.recompute ? activation : 0;
     st.staticBytes = e.staticMemoryBytes();
   }

@@ -237,3 +237,78 @@ TEST_CASE("partition_num above the block or device count says which and what to 
   REQUIRE_THROWS_WITH(planDynamicProgramming(request),
                       Catch::Contains("more stages than there are devices (2)"));
 }
+
+// Note [Plan usage]: a plan for forward()/backward() or for inference runs gpipe (forward only for
+// inference); the DP stays exact over each usage's cost model.
+TEST_CASE("plans for forward_backward and inference are gpipe and exact against exhaustive search",
+          "[decomposer]") {
+  std::mt19937 rng(777);
+  int feasible[2] = {0, 0};
+  for (int instance = 0; instance < 160; ++instance) {
+    const int blocks = 1 + static_cast<int>(rng() % 6);
+    const int devices = 1 + static_cast<int>(rng() % 4);
+    PlanRequest request = testing::randomRequest(rng, blocks, devices);
+    const bool inference = instance % 2 == 1;
+    request.options.usage = inference ? PlanUsage::Inference : PlanUsage::ForwardBackward;
+    INFO("instance " << instance << "\n" << request.toText());
+    const double reference = Exhaustive(request).best();
+    if (reference == kInf) {
+      REQUIRE_THROWS_AS(planDynamicProgramming(request), PlanError);
+      continue;
+    }
+    Plan plan = planDynamicProgramming(request);
+    REQUIRE(plan.schedule == Schedule::GPipe);
+    REQUIRE(near(searchDynamicProgramming(request).best.searchSeconds, reference));
+    PlanEvaluation evaluation = evaluatePlan(request, plan);
+    REQUIRE(evaluation.feasible);
+    SimulationResult simulated = simulatePlan(request, plan);
+    for (size_t s = 0; s < plan.stages.size(); ++s) {
+      const StageEstimate& e = evaluation.stages[s];
+      // The simulator's peak and the cost model's figure agree (gpipe holds all M micro-batches).
+      REQUIRE(simulated.peakMemoryBytes[s] == Approx(e.totalMemoryBytes).epsilon(1e-9));
+      if (!inference) continue;
+      REQUIRE_FALSE(plan.stages[s].recompute);
+      REQUIRE(e.backwardSeconds == 0);
+      REQUIRE(e.allreduceSeconds == 0);
+      REQUIRE(e.gradientBytes == 0);
+      REQUIRE(e.optimizerBytes == 0);
+      REQUIRE(e.activationBytes == Approx(plan.microBatchCount * e.outputBytes));
+    }
+    ++feasible[inference];
+  }
+  REQUIRE(feasible[0] >= 30);
+  REQUIRE(feasible[1] >= 30);
+}
+
+TEST_CASE("an inference plan fits where no training plan does", "[decomposer]") {
+  std::mt19937 rng(4242);
+  int found = 0;
+  for (int instance = 0; instance < 400 && found < 10; ++instance) {
+    PlanRequest request = testing::randomRequest(rng, 1 + static_cast<int>(rng() % 5), 2);
+    request.options.optParamFactor = 2;
+    request.options.usage = PlanUsage::ForwardBackward;
+    if (Exhaustive(request).best() != kInf) continue;
+    request.options.usage = PlanUsage::Inference;
+    if (Exhaustive(request).best() == kInf) continue;
+    INFO(request.toText());
+    REQUIRE(planDynamicProgramming(request).schedule == Schedule::GPipe);
+    ++found;
+  }
+  REQUIRE(found >= 3);
+}
+
+TEST_CASE("schedule=1f1b cannot be planned for forward()/backward()", "[decomposer]") {
+  PlanOptions options;
+  options.schedule = "1f1b";
+  options.usage = PlanUsage::ForwardBackward;
+  REQUIRE_THROWS_WITH(options.validate(), Catch::Contains("train_step") &&
+                                              Catch::Contains("schedule=gpipe or auto"));
+  options.usage = PlanUsage::TrainStep;
+  REQUIRE_NOTHROW(options.validate());
+  REQUIRE(options.scheduleCandidates() == std::vector<Schedule>{Schedule::OneFOneB});
+  options.schedule = "auto";
+  options.usage = PlanUsage::ForwardBackward;
+  REQUIRE(options.scheduleCandidates() == std::vector<Schedule>{Schedule::GPipe});
+  options.usage = PlanUsage::Inference;
+  REQUIRE(options.recomputeCandidates() == std::vector<bool>{false});
+}

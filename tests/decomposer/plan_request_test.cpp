@@ -67,3 +67,16 @@ TEST_CASE("baseline cuts: uniform by block count and param_balanced by parameter
   // Targets 5.3 and 10.7: cuts after block 0 (8) and block 3 (11).
   REQUIRE(paramBalancedCuts(r, 3) == std::vector<std::pair<int, int>>{{0, 0}, {1, 3}, {4, 5}});
 }
+
+TEST_CASE("the plan usage is part of the request's text form", "[decomposer]") {
+  PlanRequest r;
+  r.blocks.resize(1);
+  r.deviceMemory = 1e9;
+  for (PlanUsage usage : {PlanUsage::ForwardBackward, PlanUsage::TrainStep, PlanUsage::Inference}) {
+    r.options.usage = usage;
+    REQUIRE(PlanRequest::parse(r.toText()).options.usage == usage);
+  }
+  std::string text = r.toText();
+  text.replace(text.find("usage=inference"), 15, "usage=sideways");
+  REQUIRE_THROWS_WITH(PlanRequest::parse(text), Catch::Contains("forward_backward, train_step or inference"));
+}
