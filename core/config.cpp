@@ -68,6 +68,9 @@ const std::vector<OptionSpec>& optionTable() {
        "fp32, or mixed precision with fp32 master weights: bf16 (CPU and CUDA autocast) or fp16 "
        "(CUDA only; CPU autocast in LibTorch 1.13 supports only bf16)"},
       {"allow_replan", T::Bool, "false", "when a later batch changes the traced shape (dims other than 0) or dtype: retrace and replan (true) or raise an error (false)"},
+      {"measure_memory", T::Bool, "true",
+       "measure every rank's peak memory each step and log it beside the plan's prediction (debug "
+       "every step, info once after step 3, a warning above the usable memory)"},
       {"trace_events", T::Bool, "false", "record each rank's forward/backward/send/recv/allreduce times and write a Chrome-trace JSON per rank (see trace_events_dir)"},
       {"trace_events_dir", T::String, "autostage_trace", "directory of the trace_events files (trace_rank0.json, trace_rank1.json, ...), rewritten at the end of every step"},
       {"trace_events_steps", T::Int, "10", "steps kept in each trace_events file (the latest ones)"},

@@ -1,5 +1,7 @@
 #include "core/deployment.h"
 
+#include <cstdlib>
+
 namespace autostage::core {
 
 bool StageDeployment::operator==(const StageDeployment& o) const {
@@ -26,6 +28,18 @@ bool Deployment::operator==(const Deployment& o) const {
          schedule == o.schedule && decomposer == o.decomposer && stages == o.stages &&
          routes == o.routes && options == o.options &&
          predictedIterationSeconds == o.predictedIterationSeconds;
+}
+
+double memoryMargin(const Deployment& d) {
+  auto it = d.options.find("mem_margin");
+  if (it == d.options.end()) return 0.1;
+  char* end = nullptr;
+  const double margin = std::strtod(it->second.c_str(), &end);
+  return end && *end == 0 && margin >= 0 && margin < 1 ? margin : 0.1;
+}
+
+double usableMemory(const Deployment& d) {
+  return static_cast<double>(d.deviceMemory) * (1 - memoryMargin(d));
 }
 
 }  // namespace autostage::core

@@ -75,4 +75,9 @@ struct Deployment {
   bool operator==(const Deployment& o) const;
 };
 
+// The planner's memory margin recorded in the deployment options (0.1 when absent or bad) and the
+// bytes usable per device it planned for: deviceMemory * (1 - margin).
+double memoryMargin(const Deployment& deployment);
+double usableMemory(const Deployment& deployment);
+
 }  // namespace autostage::core

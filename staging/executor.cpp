@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/plan_usage.h"
 #include "core/torchscript/type_convert.h"
 
 namespace autostage::staging {
@@ -43,7 +44,8 @@ Executor::Executor(const torchscript::ImportedModel& model, core::Deployment dep
       options_(options),
       rank_(backend_->rank()),
       gradientSync_(gradientGroups(model.graph, deployment_), options.gradientBucketBytes),
-      transport_(*backend_) {
+      transport_(*backend_),
+      memory_(options.memoryMeter, deployment_, -1) {
   options_.validate();
   if (!options_.traceDirectory.empty())
     trace_ = std::make_unique<EventTrace>(rank_, options_.traceDirectory, options_.traceSteps);
@@ -75,6 +77,7 @@ Executor::Executor(const torchscript::ImportedModel& model, core::Deployment dep
     }
     runner_ = std::make_unique<StageRunner>(model_.graph, stage, params_, gradientInputs,
                                             options_.precision);
+    memory_ = MemoryWatch(options_.memoryMeter, deployment_, stageId_);
   }
   if (options_.synchronizeParams) ParamStorage::synchronize(model_, *backend_);
 }
@@ -128,6 +131,7 @@ void Executor::beginStep(const std::vector<at::Tensor>& inputs) {
   }
   transport_.reset();
   if (trace_) trace_->beginStep();
+  memory_.begin(params_);
   if (runner_) runner_->clear();
   stageOutputs_.assign(layout_->microBatchCount(), {});
   lossSums_.assign(deployment_.routes.size(), 0.0);
@@ -135,12 +139,26 @@ void Executor::beginStep(const std::vector<at::Tensor>& inputs) {
 }
 
 std::vector<at::Tensor> Executor::forward(const std::vector<at::Tensor>& inputs) {
+  // Note [Plan usage] (core/plan_usage.h): forward() runs gpipe, and a plan made for inference
+  // budgets no activations for a backward.
+  AUTOSTAGE_CHECK_AS(PlanError, deployment_.schedule == "gpipe", "forward() runs every "
+                     "micro-batch's forward before any backward (gpipe), but this deployment runs "
+                     "schedule ", deployment_.schedule, "; use trainStep(), or plan for "
+                     "forward/backward (schedule gpipe)");
+  AUTOSTAGE_CHECK_AS(PlanError, !(inferenceOnly() && at::GradMode::is_enabled()),
+                     "this deployment was planned for inference (a forward under no_grad): it "
+                     "budgets no activations for a backward; call it under torch.no_grad(), or "
+                     "plan for forward/backward");
   beginStep(inputs);
   sendFeederRows(inputs);
   if (runner_)
     for (int m = 0; m < layout_->microBatchCount(); ++m) forwardMicro(m);
   std::vector<at::Tensor> outputs = receiveCallerOutputs();
   transport_.waitAll();
+  if (!at::GradMode::is_enabled()) {  // nothing to keep for a backward: the step ends here
+    stageOutputs_.clear();
+    endStepMemory();
+  }
   return outputs;
 }
 
@@ -161,11 +179,13 @@ std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& input
                        "trainStep needs a model whose forward returns its loss(es), but output ",
                        i, " is a batch tensor; use forward() and backward() for such models");
   }
+  AUTOSTAGE_CHECK_AS(PlanError, !inferenceOnly(), "trainStep() needs a deployment planned for "
+                     "training, but this one was planned for inference (usage=inference)");
   beginStep(inputs);
   for (int r : outputRoutes_) lossGradients_[r] += 1.0;
   sendFeederRows(inputs);
   if (runner_) {
-    for (const auto& [op, micro] : oneFOneBOrder()) {
+    for (const auto& [op, micro] : stepOrder()) {
       if (op == 'F') {
         forwardMicro(micro);
       } else {
@@ -178,10 +198,22 @@ std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& input
   return losses;
 }
 
-std::vector<std::pair<char, int>> Executor::oneFOneBOrder() const {
+bool Executor::inferenceOnly() const {
+  auto usage = deployment_.options.find(core::kUsageOption);
+  return usage != deployment_.options.end() &&
+         usage->second == core::usageName(core::PlanUsage::Inference);
+}
+
+// The deployment's schedule, as this stage runs it: gpipe runs every forward, then every backward
+// in reverse; 1f1b warms up with as many forwards as there are later stages, then alternates.
+std::vector<std::pair<char, int>> Executor::stepOrder() const {
   const int micros = layout_->microBatchCount();
   const int stages = static_cast<int>(deployment_.stages.size());
-  const int warmup = std::min(stages - 1 - stageId_, micros);
+  AUTOSTAGE_CHECK_AS(PlanError, deployment_.schedule == "gpipe" || deployment_.schedule == "1f1b",
+                     "the deployment's schedule '", deployment_.schedule,
+                     "' is unknown to this runtime (gpipe, 1f1b); plan again");
+  const int warmup = deployment_.schedule == "gpipe" ? micros
+                                                     : std::min(stages - 1 - stageId_, micros);
   std::vector<std::pair<char, int>> order;
   for (int m = 0; m < warmup; ++m) order.emplace_back('F', m);
   for (int m = warmup; m < micros; ++m) {
@@ -198,7 +230,14 @@ void Executor::finishBackward() {
     transport_.waitAll();
   }
   if (!delayGradAllreduce()) allreduceGrads();
+  stageOutputs_.clear();  // the backward consumed them
+  endStepMemory();
   if (trace_) trace_->endStep();
+}
+
+void Executor::endStepMemory() {
+  std::optional<StepMemory> memory = memory_.end(params_, *backend_);
+  if (memory && trace_) trace_->addMemory(*memory);
 }
 
 namespace {

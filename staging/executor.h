@@ -24,6 +24,7 @@
 #include "core/torchscript/importer.h"
 #include "staging/event_trace.h"
 #include "staging/gradient_sync.h"
+#include "staging/memory_watch.h"
 #include "staging/param_storage.h"
 #include "staging/route_check.h"
 #include "staging/row_transport.h"
@@ -38,6 +39,7 @@ struct ExecutorOptions {
   std::string traceDirectory;              // non-empty: record events (Note [Trace files])
   int traceSteps = 10;
   core::Precision precision = core::Precision::Fp32;  // stages run under autocast unless fp32
+  std::shared_ptr<MemoryMeter> memoryMeter;  // Note [Measured memory]; null: not measured
   void validate() const;
   std::string toString() const;
 };
@@ -55,7 +57,7 @@ class Executor {
            std::shared_ptr<comm::Backend> backend, ExecutorOptions options = {});
   ~Executor();  // writes an open trace step
 
-  // gpipe forward of all micro-batches. `inputs`: one tensor per model input, this rank's local
+  // gpipe forward of all micro-batches (the deployment's schedule must be gpipe). `inputs`: one tensor per model input, this rank's local
   // batch (dim 0). Returns one tensor per graph output: rows of this rank's local batch, or the
   // global loss for scalar outputs (Note [Loss outputs]). Autograd state is kept for backward().
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
@@ -63,8 +65,9 @@ class Executor {
   // seen by this rank's caller. Back-propagates all micro-batches in reverse order, then sums
   // parameter gradients over their holders (Note [Gradient scaling]).
   void backward(const std::vector<at::Tensor>& outputGrads);
-  // 1F1B forward+backward of a model whose every output is a loss (gradient 1 on each rank,
-  // as if every rank called loss.backward()); returns the losses. Gradients as backward().
+  // Forward+backward in the deployment's schedule (1f1b or gpipe) of a model whose every output
+  // is a loss (gradient 1 on each rank, as if every rank called loss.backward()); returns the
+  // losses. Gradients as backward().
   std::vector<at::Tensor> trainStep(const std::vector<at::Tensor>& inputs);
 
   // Sums gradients over their holders now (what backward does unless delayGradAllreduce()).
@@ -80,6 +83,11 @@ class Executor {
   int localStage() const { return stageId_; }
   // Batch geometry of the last step (throws before the first).
   const BatchLayout& layout() const;
+  // This rank's memory in the last step against the plan (Note [Measured memory]); nullopt
+  // without a memory meter or before the first step ended.
+  const std::optional<StepMemory>& lastStepMemory() const { return memory_.last(); }
+  // Bytes of the optimizer state of this rank's parameters (Note [Measured memory]).
+  void setOptimizerStateBytes(int64_t bytes) { memory_.setOptimizerBytes(bytes); }
   // The event trace file of this rank, "" when trace_events is off.
   std::string tracePath() const { return trace_ ? trace_->path() : ""; }
 
@@ -99,9 +107,11 @@ class Executor {
   std::vector<at::Tensor> reduceLosses();
   void averageLossGradients(const std::vector<at::Tensor>& outputGrads);
   void finishBackward();
+  void endStepMemory();  // closes the step's memory window (Note [Measured memory])
   SampleRange myRows(int micro) const;
   at::Tensor allocateRows(core::ValueId value, int64_t rows) const;
-  std::vector<std::pair<char, int>> oneFOneBOrder() const;
+  std::vector<std::pair<char, int>> stepOrder() const;
+  bool inferenceOnly() const;  // planned for a forward under no_grad (Note [Plan usage])
 
   const torchscript::ImportedModel& model_;
   core::Deployment deployment_;
@@ -122,6 +132,7 @@ class Executor {
   std::vector<double> lossSums_;       // per route: this rank's weighted loss pieces
   std::vector<double> lossGradients_;  // per route: averaged caller gradient of a loss
   std::unique_ptr<EventTrace> trace_;  // null unless tracing
+  MemoryWatch memory_;
 };
 
 }  // namespace autostage::staging

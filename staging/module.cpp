@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include "comm/agreement.h"
 #include "comm/registry.h"
@@ -82,10 +83,34 @@ struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
   }
 };
 
+// Note [Plan usage]: a deployment (a loaded one may have been planned for another API) must run
+// the schedule the call runs and budget what it holds.
+void checkRunsAs(const core::Deployment& d, core::PlanUsage usage) {
+  auto recorded = d.options.find(core::kUsageOption);
+  const std::string planned = recorded == d.options.end() ? "" : recorded->second;
+  const std::string wanted = core::usageName(usage);
+  const char* api = usage == core::PlanUsage::TrainStep ? "train_step" : "forward()";
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     usage == core::PlanUsage::TrainStep || d.schedule == "gpipe",
+                     "the deployment runs schedule ", d.schedule, ", which ", api,
+                     " cannot run (it runs every micro-batch's forward before any backward: "
+                     "gpipe); use a deployment planned for ", wanted, ", or plan again (drop "
+                     "load_deployment)");
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     usage == core::PlanUsage::Inference ||
+                         planned != core::usageName(core::PlanUsage::Inference),
+                     "the deployment was planned for inference (no gradients, no optimizer "
+                     "state, no activations kept) but this call (", api, " with gradients) trains;"
+                     " use a deployment planned for ", wanted, ", or plan again (drop "
+                     "load_deployment)");
+}
+
 void logDeployment(const core::Deployment& d) {
   auto log = core::logger("DPStaging");
-  log->info("Deployment: {} stage(s), {} micro-batch(es), schedule {}, world size {}",
-            d.stages.size(), d.microBatchCount, d.schedule, d.worldSize);
+  auto usage = d.options.find(core::kUsageOption);
+  log->info("Deployment: {} stage(s), {} micro-batch(es), schedule {}, world size {}, for {}",
+            d.stages.size(), d.microBatchCount, d.schedule, d.worldSize,
+            usage == d.options.end() ? std::string("(usage not recorded)") : usage->second);
   for (const core::StageDeployment& s : d.stages) {
     std::ostringstream ranks;
     for (size_t i = 0; i < s.ranks.size(); ++i) ranks << (i ? "," : "") << s.ranks[i];
@@ -166,7 +191,9 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
 Module::~Module() = default;
 
 std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs) {
-  std::vector<at::Tensor> tensors = prepareStep(inputs);
+  const core::PlanUsage usage = at::GradMode::is_enabled() ? core::PlanUsage::ForwardBackward
+                                                           : core::PlanUsage::Inference;
+  std::vector<at::Tensor> tensors = prepareStep(inputs, usage);
   auto step = c10::make_intrusive<PipelineStep>();
   step->executor = executor_;
   step->rank = backend_->rank();
@@ -181,7 +208,7 @@ std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs) 
 }
 
 std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs) {
-  std::vector<at::Tensor> tensors = prepareStep(inputs);
+  std::vector<at::Tensor> tensors = prepareStep(inputs, core::PlanUsage::TrainStep);
   try {
     return executor_->trainStep(tensors);
   } catch (...) {
@@ -191,7 +218,8 @@ std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs
 
 void Module::rethrowWithContext() const { rethrowAt(whereOf(*executor_, backend_->rank())); }
 
-std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inputs) {
+std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inputs,
+                                            core::PlanUsage usage) {
   std::vector<at::Tensor> tensors;
   comm::StepStatus local;
   std::string summary;
@@ -203,8 +231,8 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
     local = comm::StepStatus::fromCurrentException();
   }
   checkSameAcrossRanks(comm::agreeAndGather(*backend_, "checking the inputs", local, summary));
-  if (!executor_) {
-    deploy(tensors);
+  if (!model_) {
+    importFor(tensors);
   } else if (signatureOf(tensors, true) != tracedSignature_) {
     std::string given = signatureOf(tensors, true);
     if (!options_.allowReplan) {
@@ -217,40 +245,84 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
                                  "(allow_replan=true)", tracedSignature_, given);
     // The new deployment starts from rank 0's tensors (ParamStorage::synchronize), which are
     // current only where rank 0 held them: share the holders' values first.
-    shareState();
-    deploy(tensors);
+    if (executor_) shareState();
+    importFor(tensors);
   }
+  switchTo(usage, tensors);
   checkBatchFits(tensors[0].size(0));
   return tensors;
 }
 
-void Module::deploy(const std::vector<at::Tensor>& inputs) {
+void Module::importFor(const std::vector<at::Tensor>& inputs) {
   executor_.reset();
+  trainingExecutor_.reset();  // trainingParams_ keeps its parameters for followTraining
+  executors_.clear();
   auto log = core::logger("Module");
   log->info("Tracing model ...");
   std::vector<c10::IValue> examples(inputs.begin(), inputs.end());
   comm::runAgreed(*backend_, "tracing and importing the model", [&] { importModel(examples); });
   log->info("Model graph: {} nodes, {} parameter tensors", model_->graph.nodeCount(),
             model_->paramTensors.size());
+  tracedSignature_ = signatureOf(inputs, true);
+}
+
+// Note [One deployment per usage].
+void Module::switchTo(core::PlanUsage usage, const std::vector<at::Tensor>& inputs) {
+  auto found = executors_.find(usage);
+  if (executor_ && (found == executors_.end() || found->second != executor_)) {
+    core::logger("Module")->info("Switching from {} to {}: {}", core::usageName(this->usage()),
+                                 core::usageName(usage), found == executors_.end()
+                                     ? "planning it (once)" : "using its deployment");
+    shareState();
+  }
+  if (found == executors_.end()) {
+    deploy(inputs, usage);
+  } else {
+    executor_ = found->second;
+  }
+  if (usage != core::PlanUsage::Inference) followTraining(executor_);
+}
+
+void Module::followTraining(const std::shared_ptr<Executor>& executor) {
+  if (executor == trainingExecutor_) return;
+  if (trainingSelection_ > 0) {
+    // Gradients live on the holders: those of parameters the previous training deployment did
+    // not give this rank are stale (a zero_grad() over its parameters did not reach them).
+    for (const at::Tensor& p : model_->paramTensors) {
+      bool mine = std::any_of(trainingParams_.begin(), trainingParams_.end(),
+                              [&](const at::Tensor& h) { return h.is_same(p); });
+      if (!mine && p.requires_grad() && p.grad().defined()) p.mutable_grad() = at::Tensor();
+    }
+  }
+  trainingExecutor_ = executor;
+  trainingParams_ = executor->params().parameters();
+  ++trainingSelection_;
+}
+
+void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage) {
+  executor_.reset();
+  std::vector<c10::IValue> examples(inputs.begin(), inputs.end());
   int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
-  core::Deployment deployment = obtainDeployment(examples, globalBatch);
+  core::Deployment deployment = obtainDeployment(examples, globalBatch, usage);
   if (backend_->rank() == 0) logDeployment(deployment);
   comm::runAgreed(*backend_, "validating the deployment",
-                  [&] { validateDeployment(deployment, globalBatch); });
+                  [&] { validateDeployment(deployment, globalBatch, usage); });
   core::logger("DPStaging")->info("Routes verification passed.");
   ExecutorOptions executorOptions;
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;
   executorOptions.traceDirectory = options_.traceDirectory;
   executorOptions.traceSteps = options_.traceSteps;
   executorOptions.precision = options_.precision;
+  executorOptions.memoryMeter = options_.memoryMeter;
   executor_ = std::make_shared<Executor>(*model_, std::move(deployment), backend_,
                                          executorOptions);
-  tracedSignature_ = signatureOf(inputs, true);
+  executors_[usage] = executor_;
+  executor_->setOptimizerStateBytes(usage == core::PlanUsage::Inference ? 0 : optimizerStateBytes_);
   ++deploymentCount_;
   core::logger("Runtime")->info("Deployed stage {} on rank {} ({} local parameter tensors)",
                                 executor_->localStage(), backend_->rank(),
                                 executor_->params().ids().size());
-  log->info("Module is ready. (rank{})", backend_->rank());
+  core::logger("Module")->info("Module is ready. (rank{})", backend_->rank());
 }
 
 void Module::importModel(const std::vector<c10::IValue>& examples) {
@@ -264,9 +336,10 @@ void Module::importModel(const std::vector<c10::IValue>& examples) {
 }
 
 core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& examples,
-                                          int64_t globalBatch) {
+                                          int64_t globalBatch, core::PlanUsage usage) {
   core::Deployment deployment;
-  if (!options_.deploymentPath.empty()) {
+  // A saved deployment is for the first usage this module runs (Note [One deployment per usage]).
+  if (!options_.deploymentPath.empty() && deploymentCount_ == 0) {
     core::logger("Module")->info("Loading deployment from {}", options_.deploymentPath);
     comm::runAgreed(*backend_, "loading the saved deployment",
                     [&] { deployment = core::loadDeployment(options_.deploymentPath); });
@@ -274,7 +347,7 @@ core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& exampl
   }
   if (options_.dryRunWorldSize > 0) {
     comm::runAgreed(*backend_, "planning (dry run)", [&] {
-      if (backend_->rank() == 0) planDryRun(examples, globalBatch);
+      if (backend_->rank() == 0) planDryRun(examples, globalBatch, usage);
     });
     const std::string message =
         "The dry run for partitioning finished: the deployment for " +
@@ -288,12 +361,13 @@ core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& exampl
   comm::runAgreed(*backend_, "planning", [&] {
     if (backend_->rank() != 0) return;
     const std::string cached = planCachePath(model_->graph.hash(), backend_->worldSize(),
-                                             globalBatch);
+                                             globalBatch, usage);
     if (!cached.empty() && readCachedPlan(cached, &bytes)) return;
-    core::logger("DPStaging")->info("Planning on rank 0 (world size {}, batch size {}) ...",
-                                    backend_->worldSize(), globalBatch);
-    core::Deployment planned =
-        options_.planner({*model_, examples, backend_->worldSize(), globalBatch});
+    core::logger("DPStaging")->info("Planning on rank 0 for {} (world size {}, batch size {}) ...",
+                                    core::usageName(usage), backend_->worldSize(), globalBatch);
+    PlanningInput input{*model_, examples, backend_->worldSize(), globalBatch};
+    input.usage = usage;
+    core::Deployment planned = options_.planner(input);
     bytes = core::encodeDeployment(planned);
     if (!cached.empty()) writeCachedPlan(planned, cached);
     if (!options_.saveDeploymentPath.empty()) {
@@ -308,13 +382,15 @@ core::Deployment Module::obtainDeployment(const std::vector<c10::IValue>& exampl
 
 // Note [Saved deployments]. The global batch of a dry run is what the later job on
 // dryRunWorldSize ranks will feed: this rank's local batch times that many ranks.
-void Module::planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch) {
+void Module::planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch,
+                        core::PlanUsage usage) {
   const int ranks = options_.dryRunWorldSize;
   const int64_t batch = globalBatch / backend_->worldSize() * ranks;
   core::logger("DPStaging")->info("Starting dry run of partitioning for {} ranks on {} rank(s) "
                                   "(batch size {}) ...", ranks, backend_->worldSize(), batch);
   PlanningInput input{*model_, examples, ranks, batch};
   input.devicesPerNode = ranks;
+  input.usage = usage;
   core::Deployment planned = options_.planner(input);
   verifyRoutes(model_->graph, planned);
   logDeployment(planned);
@@ -325,7 +401,8 @@ void Module::planDryRun(const std::vector<c10::IValue>& examples, int64_t global
 // Note [Bad input on one rank]: checks that would otherwise fail inside the executor's
 // collective construction, each naming the deployment field that does not fit this job
 // (Note [Saved deployments]).
-void Module::validateDeployment(const core::Deployment& deployment, int64_t globalBatch) const {
+void Module::validateDeployment(const core::Deployment& deployment, int64_t globalBatch,
+                                core::PlanUsage usage) const {
   AUTOSTAGE_CHECK_AS(ConfigError, deployment.worldSize == backend_->worldSize(),
                      "deployment field world_size is ", deployment.worldSize, " but this job has ",
                      backend_->worldSize(), " ranks; launch with ", deployment.worldSize,
@@ -351,6 +428,7 @@ void Module::validateDeployment(const core::Deployment& deployment, int64_t glob
                      " but the traced model's graph hash is ", model_->graph.hash(),
                      "; the deployment was planned for a different model or input shape: load "
                      "the deployment saved for this model, or plan again (drop load_deployment)");
+  checkRunsAs(deployment, usage);
   verifyRoutes(model_->graph, deployment);
 }
 
@@ -368,13 +446,13 @@ void Module::checkBatchFits(int64_t localBatch) const {
 }
 
 std::vector<at::Tensor> Module::parameters() const {
-  return executor_ ? executor_->params().parameters() : std::vector<at::Tensor>();
+  return trainingExecutor_ ? trainingExecutor_->params().parameters() : std::vector<at::Tensor>();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> Module::namedParameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  if (!executor_) return out;
-  for (auto& [name, t] : executor_->params().namedTensors())
+  if (!trainingExecutor_) return out;
+  for (auto& [name, t] : trainingExecutor_->params().namedTensors())
     if (t.requires_grad()) out.emplace_back(name, t);
   return out;
 }
@@ -398,6 +476,27 @@ const core::Deployment& Module::deployment() const {
 Executor& Module::executor() {
   AUTOSTAGE_CHECK(executor_ != nullptr, "the module is deployed on its first forward call");
   return *executor_;
+}
+
+void Module::setOptimizerStateBytes(int64_t bytes) {
+  optimizerStateBytes_ = bytes;
+  for (auto& [usage, executor] : executors_)
+    executor->setOptimizerStateBytes(usage == core::PlanUsage::Inference ? 0 : bytes);
+}
+
+Executor& Module::trainingExecutor() {
+  AUTOSTAGE_CHECK(trainingExecutor_ != nullptr, "the module has no training deployment yet: it is "
+                  "made on the first forward with gradients enabled (or train_step); forwards "
+                  "under no_grad run an inference deployment, which has no gradients");
+  return *trainingExecutor_;
+}
+
+core::PlanUsage Module::usage() const {
+  AUTOSTAGE_CHECK(executor_ != nullptr, "the module is deployed on its first forward call");
+  for (const auto& [usage, executor] : executors_)
+    if (executor == executor_) return usage;
+  AUTOSTAGE_INTERNAL_ASSERT(false, "the current deployment is not among the module's usages");
+  return core::PlanUsage::TrainStep;
 }
 
 }  // namespace autostage::staging

@@ -25,6 +25,17 @@
 // partitioning_dry_run_np=N plans for N ranks and a global batch of N local batches, saves the
 // plan and ends the job, so that a later launch on N ranks loads it.
 //
+// Note [One deployment per usage]
+// forward() with gradients enabled, forward() under no_grad and trainStep() run different
+// schedules and hold different memory (Note [Plan usage] in core/plan_usage.h), so each gets a
+// plan made for it: the module keeps one deployment per usage over one imported model, made on
+// the first call of that usage (the planner reuses the model's profile, so only planning runs
+// again) and reused after. On a switch the ranks first share the current parameters and buffers
+// from the holders of the deployment that ran last (shareState), and the switch is logged.
+// The optimizer follows the training deployment (trainingParameters): an inference deployment
+// never changes which parameters a rank updates. When the training deployment changes,
+// gradients of parameters the previous one did not give this rank are dropped (stale).
+//
 // Note [Bad input on one rank]
 // Every check that may fail on some ranks only (argument types, batch dims, tracing, loading a
 // deployment, planning on rank 0, validating the plan) is followed by a status exchange
@@ -38,6 +49,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -50,6 +62,7 @@
 #include "core/deployment.h"
 #include "core/error.h"
 #include "core/ir/graph.h"
+#include "core/plan_usage.h"
 #include "core/precision.h"
 #include "core/torchscript/importer.h"
 #include "staging/executor.h"
@@ -66,6 +79,8 @@ struct PlanningInput {
   // Ranks per node to plan for; 0: this job's layout. A dry run (partitioning_dry_run_np)
   // plans as if all worldSize ranks shared this node.
   int devicesPerNode = 0;
+  // The API the plan is for (Note [Plan usage] in core/plan_usage.h).
+  core::PlanUsage usage = core::PlanUsage::TrainStep;
 };
 
 // Plans a deployment. Called on rank 0 only; an exception it throws is re-thrown as PlanError on
@@ -96,6 +111,8 @@ struct ModuleOptions {
   // Mixed precision (config key precision): the import probe and the stages run under autocast
   // (Note [Autocast execution] in core/torchscript/autocast.h); parameters stay fp32.
   core::Precision precision = core::Precision::Fp32;
+  // Measures each rank's memory every step (Note [Measured memory]); null: not measured.
+  std::shared_ptr<MemoryMeter> memoryMeter;
   // Defaults, from the config options allow_replan, trace_events, trace_events_dir,
   // trace_events_steps, save_deployment, load_deployment, deployment_file,
   // partitioning_dry_run_np and precision.
@@ -115,19 +132,31 @@ class Module {
   Module(torch::jit::Module module, ModuleOptions options);
   ~Module();
 
-  // gpipe forward; deploys on the first call. Inputs: tensors, batch in dim 0 (local rows).
+  // gpipe forward (usage forward_backward, or inference under no_grad; Note [One deployment
+  // per usage]); deploys on the first call of its usage. Inputs: tensors, batch in dim 0.
   std::vector<at::Tensor> forward(const std::vector<c10::IValue>& inputs);
-  // 1F1B forward+backward+gradient synchronisation for a model returning its loss(es); returns
-  // the global-batch losses (Note [Loss outputs]). Deploys on the first call.
+  // Forward+backward+gradient synchronisation in the schedule planned for train_step (1f1b or
+  // gpipe) for a model returning its loss(es); returns the global-batch losses (Note [Loss
+  // outputs]). Deploys on the first call of its usage.
   std::vector<at::Tensor> trainStep(const std::vector<c10::IValue>& inputs);
 
   bool ready() const { return executor_ != nullptr; }
-  // How many times the module was deployed (1 after the first call; +1 per replan).
+  // How many deployments the module made (1 after the first call; +1 per new usage or replan).
   int deploymentCount() const { return deploymentCount_; }
-  // This rank's parameters (requires_grad tensors of its stage); empty before deployment.
+  // Changes whenever the training deployment (the one whose parameters the optimizer holds)
+  // changes; 0 until a training call (forward with gradients, or trainStep) ran.
+  int trainingSelection() const { return trainingSelection_; }
+  // Bytes of the optimizer state of parameters() as the caller's optimizer holds it now, for the
+  // measured memory (Note [Measured memory]); call before each step (autostage.Module does).
+  // Inference deployments hold no optimizer state and count none.
+  void setOptimizerStateBytes(int64_t bytes);
+  // The usage of the deployment that ran last; throws Error before deployment.
+  core::PlanUsage usage() const;
+  // This rank's parameters of the training deployment (requires_grad tensors of its stage):
+  // what the optimizer updates. Empty before a training call.
   std::vector<at::Tensor> parameters() const;
   std::vector<std::pair<std::string, at::Tensor>> namedParameters() const;
-  // Throws Error before deployment.
+  // The deployment that ran last. Throws Error before deployment.
   const core::Deployment& deployment() const;
   // The whole model's parameters and buffers, current, keyed like the original module's
   // state_dict, on every rank (Note [Gathering the state]). Collective; throws before deployment.
@@ -136,20 +165,34 @@ class Module {
   // every rank's own tensors, before another deployment of the same tensors takes over (the
   // model's other train/eval mode). Collective; throws before deployment.
   void shareState();
+  // The executor that ran last; throws Error before deployment.
   Executor& executor();
+  // The training deployment's executor (gradients, clipping, allreduce); throws Error before a
+  // training call.
+  Executor& trainingExecutor();
   int rank() const { return backend_->rank(); }
   int worldSize() const { return backend_->worldSize(); }
 
  private:
   // Agrees on the inputs across ranks, deploys on the first call or when the traced shapes
   // changed (Note [Bad input on one rank]); returns the tensors.
-  std::vector<at::Tensor> prepareStep(const std::vector<c10::IValue>& inputs);
-  void deploy(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> prepareStep(const std::vector<c10::IValue>& inputs,
+                                      core::PlanUsage usage);
+  // Traces and imports the model for these inputs; drops the deployments of the previous import.
+  void importFor(const std::vector<at::Tensor>& inputs);
+  // Makes `usage` the current deployment: reuses its executor or plans and deploys it.
+  void switchTo(core::PlanUsage usage, const std::vector<at::Tensor>& inputs);
+  void deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage);
+  // Note [One deployment per usage]: the optimizer's parameters follow `executor`.
+  void followTraining(const std::shared_ptr<Executor>& executor);
   void importModel(const std::vector<c10::IValue>& examples);
-  core::Deployment obtainDeployment(const std::vector<c10::IValue>& examples, int64_t globalBatch);
-  void validateDeployment(const core::Deployment& deployment, int64_t globalBatch) const;
+  core::Deployment obtainDeployment(const std::vector<c10::IValue>& examples, int64_t globalBatch,
+                                    core::PlanUsage usage);
+  void validateDeployment(const core::Deployment& deployment, int64_t globalBatch,
+                          core::PlanUsage usage) const;
   // Rank 0 of a dry run: plans for dryRunWorldSize ranks and saves the plan.
-  void planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch);
+  void planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch,
+                  core::PlanUsage usage);
   void checkBatchFits(int64_t localBatch) const;
   // Rethrows the exception being handled with this rank and its stage in front of the message.
   [[noreturn]] void rethrowWithContext() const;
@@ -158,9 +201,14 @@ class Module {
   ModuleOptions options_;
   std::shared_ptr<comm::Backend> backend_;
   std::unique_ptr<torchscript::ImportedModel> model_;
-  std::shared_ptr<Executor> executor_;
+  std::shared_ptr<Executor> executor_;          // the deployment that ran last
+  std::shared_ptr<Executor> trainingExecutor_;  // Note [One deployment per usage]
+  std::map<core::PlanUsage, std::shared_ptr<Executor>> executors_;  // of the current import
   std::string tracedSignature_;  // inputs of the deployed trace, dim 0 written as B
   int deploymentCount_ = 0;
+  std::vector<at::Tensor> trainingParams_;     // this rank's parameters of the training one
+  int trainingSelection_ = 0;
+  int64_t optimizerStateBytes_ = -1;  // Note [Measured memory]; < 0: not reported
   at::Tensor anchor_;  // requires grad, so the outputs' autograd node is always executable
 };
 

@@ -17,7 +17,8 @@ namespace {
 // Note [Plan cache]
 // With plan_cache_dir set, rank 0 keeps every deployment it plans in that directory under a key
 // of what the plan depends on: the graph hash (model and traced shapes), world size, ranks per
-// node, global batch and every planner, profiler and comm option. A later launch with the same
+// node, global batch, the plan's usage (Note [Plan usage]) and every planner, profiler and comm
+// option. A later launch with the same
 // key loads the file instead of profiling and planning. A cache file that cannot be read (damaged,
 // older format) is reported and replaced by a fresh plan.
 const char* const kPlanKeyOptions[] = {
@@ -27,16 +28,18 @@ const char* const kPlanKeyOptions[] = {
 
 }  // namespace
 
-std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch) {
+std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch,
+                          core::PlanUsage usage) {
   const core::Config& config = core::globalConfig();
   const std::string dir = config.getString("plan_cache_dir");
   if (dir.empty()) return "";
   std::ostringstream key;
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  key << graphHash << '\n' << worldSize << '\n' << (local ? local : "1") << '\n' << globalBatch;
+  key << graphHash << '\n' << worldSize << '\n' << (local ? local : "1") << '\n' << globalBatch
+      << '\n' << core::usageName(usage);
   for (const char* option : kPlanKeyOptions) key << '\n' << option << '=' << config.text(option);
   return dir + "/plan-" + graphHash + "-np" + std::to_string(worldSize) + "-b" +
-         std::to_string(globalBatch) + "-" + core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";
+         std::to_string(globalBatch) + "-" + core::usageName(usage) + "-" + core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";
 }
 
 bool readCachedPlan(const std::string& path, std::string* bytes) {

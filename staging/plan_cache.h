@@ -6,11 +6,13 @@
 #include <string>
 
 #include "core/deployment.h"
+#include "core/plan_usage.h"
 
 namespace autostage::staging {
 
-// The cache file for this job ("" when plan_cache_dir is not set).
-std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch);
+// The cache file for this job's plan for `usage` ("" when plan_cache_dir is not set).
+std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch,
+                          core::PlanUsage usage);
 
 // Reads the cached plan at `path` into *bytes (encoded); false (with a warning when the file
 // exists but cannot be read) when there is none to use.

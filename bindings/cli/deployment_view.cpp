@@ -25,18 +25,6 @@ MemoryParts memoryParts(const core::StageDeployment& s) {
   return m;
 }
 
-double memoryMargin(const core::Deployment& d) {
-  auto it = d.options.find("mem_margin");
-  if (it == d.options.end()) return 0.1;
-  char* end = nullptr;
-  const double margin = std::strtod(it->second.c_str(), &end);
-  return end && *end == 0 && margin >= 0 && margin < 1 ? margin : 0.1;
-}
-
-double usableMemory(const core::Deployment& d) {
-  return static_cast<double>(d.deviceMemory) * (1 - memoryMargin(d));
-}
-
 int devicesPerNode(const core::Deployment& d) {
   return d.devicesPerNode > 0 ? d.devicesPerNode : d.worldSize;
 }

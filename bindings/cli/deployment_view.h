@@ -19,10 +19,9 @@ struct MemoryParts {
 };
 MemoryParts memoryParts(const core::StageDeployment& stage);
 
-// The planner's memory margin recorded in the deployment options (0.1 when absent) and the
-// bytes usable per device: deviceMemory * (1 - margin).
-double memoryMargin(const core::Deployment& deployment);
-double usableMemory(const core::Deployment& deployment);
+// memoryMargin and usableMemory: core/deployment.h.
+using core::memoryMargin;
+using core::usableMemory;
 // devicesPerNode as recorded, or worldSize (one node) for files that did not record it.
 int devicesPerNode(const core::Deployment& deployment);
 

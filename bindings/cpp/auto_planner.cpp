@@ -54,6 +54,18 @@ class ModelStateGuard {
   std::vector<at::Tensor> tensors_, values_, grads_;
 };
 
+// "2x3:Float 2:Long" for a profile's key: the graph hash covers the shapes but the batch (dim 0).
+std::string exampleShapes(const std::vector<c10::IValue>& inputs) {
+  std::string out;
+  for (const c10::IValue& v : inputs) {
+    if (!v.isTensor()) continue;
+    const at::Tensor& t = v.toTensor();
+    for (int64_t d = 0; d < t.dim(); ++d) out += (d ? "x" : "") + std::to_string(t.size(d));
+    out += std::string(":") + c10::toString(t.scalar_type()) + " ";
+  }
+  return out;
+}
+
 core::CommProfile measuredCommProfile(const std::shared_ptr<comm::Backend>& backend) {
   static std::mutex mutex;
   static std::map<const comm::Backend*, core::CommProfile> measured;
@@ -116,25 +128,36 @@ staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
   core::CommProfile comm = core::globalConfig().getBool("measure_comm")
                                ? measuredCommProfile(backend)
                                : profiler::configuredCommProfile();
-  return [comm](const staging::PlanningInput& in) {
+  // Note [One deployment per usage]: a module plans once per usage for the same imported model;
+  // the profile of the last (graph, example shapes) is kept so that only planning runs again.
+  auto lastProfile = std::make_shared<std::pair<std::string, core::GraphProfile>>();
+  return [comm, lastProfile](const staging::PlanningInput& in) {
     const core::Config& config = core::globalConfig();
     int64_t forcedStages = config.getInt("partition_num");
     AUTOSTAGE_CHECK_AS(ConfigError, forcedStages <= in.worldSize, "partition_num=", forcedStages,
                        " asks for more pipeline stages than this job's ", in.worldSize,
                        " rank(s), and every stage needs a rank of its own; set partition_num to "
                        "at most ", in.worldSize, " (0 lets the planner choose) or launch more ranks");
-    core::logger("Module")->info("Running profiler ...");
-    auto measurement = profiler::createCpuMeasurementBackend();
-    core::GraphProfile profile;
-    {
+    // Options first: a plan that cannot be made for this usage fails before profiling.
+    decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
+    options.usage = in.usage;
+    options.validate();  // e.g. schedule=1f1b cannot be planned for forward_backward
+    const std::string key = in.model.graph.hash() + " " + exampleShapes(in.exampleInputs);
+    if (lastProfile->first != key) {
+      core::logger("Module")->info("Running profiler ...");
+      auto measurement = profiler::createCpuMeasurementBackend();
       ModelStateGuard keep(in.model.paramTensors);
-      profile = profiler::profileGraph(in.model, in.exampleInputs, *measurement,
-                                       profiler::ProfilerOptions::fromConfig());
+      lastProfile->second = profiler::profileGraph(in.model, in.exampleInputs, *measurement,
+                                                   profiler::ProfilerOptions::fromConfig());
+      lastProfile->first = key;
+    } else {
+      core::logger("Module")->info("Reusing this model's profile (planning for {})",
+                                   core::usageName(in.usage));
     }
+    core::GraphProfile profile = lastProfile->second;
     profile.comm = comm;
     const int perNode = in.devicesPerNode > 0 ? in.devicesPerNode : localRankCount(in.worldSize);
     core::ClusterSpec cluster = localCluster(in.worldSize, perNode, config);
-    decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
     core::Deployment deployment =
         decomposer::planGraph(in.model.graph, profile, cluster, in.globalBatch, options)
             .deployment;

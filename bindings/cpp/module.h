@@ -10,6 +10,7 @@
 // planner or a saved deployment. Launch with mpirun; one process per rank.
 
 #include "bindings/cpp/auto_planner.h"
+#include "bindings/cpp/memory_meters.h"
 #include "staging/module.h"
 
 namespace autostage {
@@ -25,6 +26,8 @@ class Module : public staging::Module {
   static ModuleOptions withDefaultPlanner(ModuleOptions options) {
     if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner(options.backend);
     if (options.deviceMemory == 0) options.deviceMemory = jobDeviceMemory(core::globalConfig());
+    if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))
+      options.memoryMeter = cpuMemoryMeter();
     return options;
   }
 };

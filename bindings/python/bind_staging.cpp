@@ -69,6 +69,10 @@ py::dict deploymentInfo(const core::Deployment& d) {
     entry["forward_seconds"] = stage.forwardSeconds;
     entry["backward_seconds"] = stage.backwardSeconds;
     entry["memory_bytes"] = stage.totalMemoryBytes;
+    entry["parameter_bytes"] = stage.paramBytes;
+    entry["gradient_bytes"] = stage.gradientBytes;
+    entry["optimizer_bytes"] = stage.optimizerBytes;
+    entry["activation_bytes"] = stage.activationBytes;
     stages.append(entry);
   }
   py::dict info;
@@ -100,6 +104,9 @@ void bindStaging(py::module_& m) {
       })
       .def_property_readonly("ready", &Module::ready)
       .def_property_readonly("deployment_count", &Module::deploymentCount)
+      .def_property_readonly("training_selection", &Module::trainingSelection)
+      .def_property_readonly("usage",
+                             [](const Module& mod) { return core::usageName(mod.usage()); })
       .def("parameters", &Module::parameters)
       .def("named_parameters", &Module::namedParameters)
       .def("local_tensors",
@@ -109,6 +116,25 @@ void bindStaging(py::module_& m) {
              return out;
            },
            "Every parameter and buffer this rank holds (after deployment).")
+      .def("set_optimizer_state_bytes", &Module::setOptimizerStateBytes, py::arg("bytes"),
+           "Bytes of the optimizer state of this rank's parameters (for the measured memory).")
+      .def("last_step_memory",
+           [](Module& mod) -> py::object {
+             const auto& m = mod.executor().lastStepMemory();
+             if (!m) return py::none();
+             py::dict out;
+             out["step"] = m->step;
+             out["stage"] = m->stage;
+             out["measured"] = m->measuredPeak;
+             out["predicted"] = m->predicted;
+             out["usable"] = m->usable;
+             out["parameters"] = m->parameters;
+             out["gradients"] = m->gradients;
+             out["optimizer"] = m->optimizer;
+             out["transient"] = m->transient;
+             return out;
+           },
+           "This rank's measured memory in the last step against the plan (bytes), or None.")
       .def("deployment_info", [](const Module& mod) { return deploymentInfo(mod.deployment()); },
            "Micro-batches, schedule and per-stage ranks/recompute of the deployment.")
       .def("save_deployment",
@@ -130,13 +156,13 @@ void bindStaging(py::module_& m) {
       .def("allreduce_grads",
            [](Module& mod) {
              py::gil_scoped_release release;
-             mod.executor().allreduceGrads();
+             mod.trainingExecutor().allreduceGrads();
            },
            "Sums the gradients over their holders now (after delay_grad_allreduce).")
       .def("clip_grad_norm",
            [](Module& mod, double maxNorm) {
              py::gil_scoped_release release;
-             return mod.executor().clipGradNorm(maxNorm);
+             return mod.trainingExecutor().clipGradNorm(maxNorm);
            },
            py::arg("max_norm"), "Global gradient norm clipping; returns the norm before clipping.")
       .def_property_readonly("rank", &Module::rank)

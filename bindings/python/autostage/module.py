@@ -35,15 +35,19 @@ class Module(torch.nn.Module):
 
     Note [Train and eval deployments]
     Dropout and BatchNorm trace differently in train and eval mode, so each mode gets its own
-    trace, plan and deployment, made on the first call in that mode and kept: ``_impls`` maps
-    ``model.training`` to its staging module, ``_impl`` is the one that ran last. Both
-    deployments feed the model's own parameter and buffer tensors, but each rank holds (and
-    updates) only those of its stage, and the two plans may give a rank different stages. So on a
-    switch the ranks first share the current values from the last mode's holders
-    (``share_state``), the optimizer's global state is gathered under the old selection of local
-    parameters and loaded under the new one, and the gradients of parameters this rank did not
-    hold are set to None (so gradients accumulated across a switch without zero_grad() survive
-    only where a parameter keeps its holders). Every rank must switch at the same call.
+    trace and its own deployments, made on the first call in that mode and kept: ``_impls`` maps
+    ``model.training`` to its staging module, ``_impl`` is the one that ran last. Within a mode
+    the staging module keeps one deployment per usage (forward with gradients, forward under
+    no_grad, train_step; Note [One deployment per usage] in staging/module.h). All deployments
+    feed the model's own parameter and buffer tensors, but each rank holds (and updates) only
+    those of its stage, and the plans may give a rank different stages. So on a switch the ranks
+    first share the current values from the last holders (``share_state``), and the gradients of
+    parameters outside the optimizer's selection are set to None (so gradients accumulated across
+    a switch without zero_grad() survive only where a parameter keeps its holders). The optimizer
+    follows the training deployment: when the one that ran is a training deployment other than the
+    one it holds the parameters of (``training_selection``), its global state is gathered under
+    the old selection and loaded under the new one. An inference deployment never changes it.
+    Every rank must switch at the same call.
     """
 
     def __init__(self, model, optimizer=None, load_deployment=None, **options):
@@ -58,7 +62,8 @@ class Module(torch.nn.Module):
         self._load_deployment = load_deployment or ""
         self._impl = None     # the deployment that ran last (Note [Train and eval deployments])
         self._impls = {}      # model.training -> its staging module
-        self._deployments = {}  # model.training -> its deployment_count when last seen
+        self._selection = None  # (staging module, training_selection) the optimizer follows
+        self._selected = None   # data_ptrs of the parameters the optimizer holds
         if optimizer is not None:
             owner = weakref.ref(self)
             patch_optimizer(optimizer, self._all_params,
@@ -132,7 +137,8 @@ class Module(torch.nn.Module):
         mode, previous = self.model.training, self._impl
         switching = (previous is not None and previous.ready
                      and self._impls.get(mode) is not previous)
-        optimizer_state = self._leave_mode(mode) if switching else None
+        if switching:
+            self._leave_mode(mode)
         if mode not in self._impls:
             # The C++ side keeps the tracer: a weak reference avoids a cycle through it. A saved
             # deployment is for the mode of the first call.
@@ -140,6 +146,7 @@ class Module(torch.nn.Module):
             self._impls[mode] = _autostage._Module(lambda xs: owner()._trace(xs),
                                                    "" if self._impls else self._load_deployment)
         self._impl = self._impls[mode]
+        self._impl.set_optimizer_state_bytes(self._optimizer_state_bytes())
         try:
             outputs = getattr(self._impl, method)(list(inputs))
         except _autostage.DryRunFinished:
@@ -150,35 +157,52 @@ class Module(torch.nn.Module):
             if switching or not self._impl.ready:  # the next call starts the switch again
                 self._impl = previous
             raise
-        if switching or self._impl.deployment_count != self._deployments.get(mode, 0):
-            if not switching and self._deployments.get(mode) and self._optimizer is not None:
-                # Replanned (allow_replan): the optimizer still holds the old selection.
-                optimizer_state = self._optimizer.state_dict(from_global=True)
-            self._deployments[mode] = self._impl.deployment_count
-            self._keep_local_parameters()
-            if optimizer_state is not None:
-                self._optimizer.load_state_dict(optimizer_state, from_global=True)
+        self._follow_training()
         return outputs
 
+    def _follow_training(self):
+        """Note [Train and eval deployments]: after a call, moves the optimizer onto the
+        parameters of the training deployment that ran, when it changed. Collective."""
+        selection = (self._impl, self._impl.training_selection)
+        if selection[1] == 0 or (self._selection is not None and
+                                 self._selection[0] is selection[0] and
+                                 self._selection[1] == selection[1]):
+            return  # inference only so far, or the same training deployment
+        state = None
+        if self._selection is not None and self._optimizer is not None:
+            state = self._optimizer.state_dict(from_global=True)  # under the old selection
+        self._selection = selection
+        self._keep_local_parameters()
+        if state is not None:
+            self._optimizer.load_state_dict(state, from_global=True)
+
+    def _optimizer_state_bytes(self):
+        """Bytes of the optimizer's state tensors, over the parameters it holds (this rank's once
+        deployed), for the measured memory (Note [Measured memory]); -1 without an optimizer."""
+        if self._optimizer is None:
+            return -1
+        total = 0
+        for group in self._optimizer.param_groups:
+            for p in group["params"]:
+                for value in self._optimizer.state.get(p, {}).values():
+                    if isinstance(value, torch.Tensor):
+                        total += value.numel() * value.element_size()
+        return total
+
     def _leave_mode(self, mode):
-        """Note [Train and eval deployments]: hands the current parameters, buffers and
-        optimizer state over from the last mode's deployment; returns the optimizer's global
-        state (None without an optimizer). Collective."""
+        """Note [Train and eval deployments]: hands the current parameters and buffers over from
+        the last mode's deployment. Collective."""
         _autostage._log_info("Module", f"Switching from {_MODE_NAMES[not mode]} to "
                              f"{_MODE_NAMES[mode]} mode: " +
                              ("using its deployment" if mode in self._impls and
                               self._impls[mode].ready else "tracing and planning it (once)"))
-        state = (self._optimizer.state_dict(from_global=True)
-                 if self._optimizer is not None else None)
         self._impl.share_state()
-        # Gradients live on the holders: drop the stale ones of parameters this rank did not
-        # hold, which the new deployment may give it (a zero_grad() before this call did not
-        # reach them).
-        held = {p.data_ptr() for p in self._impl.parameters()}
-        for p in self.model.parameters():
-            if p.data_ptr() not in held:
-                p.grad = None
-        return state
+        # Gradients live on the holders: drop the stale ones of parameters the optimizer does not
+        # hold, which a new deployment may give this rank (a zero_grad() did not reach them).
+        if self._selected is not None:
+            for p in self.model.parameters():
+                if p.data_ptr() not in self._selected:
+                    p.grad = None
 
     def _undeploy(self):
         """Drops the deployments of both modes; the next call traces and plans again. The
@@ -189,7 +213,7 @@ class Module(torch.nn.Module):
             state = (self._optimizer.state_dict(from_global=True)
                      if self._optimizer is not None else None)
             self._impl.share_state()
-        self._impl, self._impls, self._deployments = None, {}, {}
+        self._impl, self._impls, self._selection, self._selected = None, {}, None, None
         if self._optimizer is not None:
             for group, params in zip(self._optimizer.param_groups, self._all_params):
                 group["params"] = list(params)
@@ -212,7 +236,7 @@ class Module(torch.nn.Module):
                         f"input {i} (of type {type(value).__name__}) is not a tensor: autostage "
                         "splits every input along dim 0 (the batch); pass tensors, and make other "
                         "values attributes of the model")
-        if not self._deployments and self._optimizer is not None:
+        if self._selection is None and self._optimizer is not None:
             return self._optimizer_problem()
         return ("", "")
 
@@ -229,9 +253,10 @@ class Module(torch.nn.Module):
         return ("", "")
 
     def _keep_local_parameters(self):
+        local = {p.data_ptr() for p in self._impl.parameters()}
+        self._selected = local
         if self._optimizer is None:
             return
-        local = {p.data_ptr() for p in self._impl.parameters()}
         for group, params in zip(self._optimizer.param_groups, self._all_params):
             group["params"] = [p for p in params if p.data_ptr() in local]
         # State loaded for the whole model before deployment: keep this rank's share.

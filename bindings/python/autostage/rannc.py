@@ -283,7 +283,7 @@ class RaNNCModule(Module):
         self._undeploy()
 
     def _release(self):
-        self._impl, self._impls, self._deployments = None, {}, {}
+        self._impl, self._impls, self._selection, self._selected = None, {}, None, None
         self._released = True
 
     def __getattr__(self, attr):

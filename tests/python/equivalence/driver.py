@@ -20,7 +20,7 @@ import traceback
 import torch
 
 import autostage
-from models import MODELS
+from models import MODELS, with_loss
 from reference import ReferenceRun
 
 RTOL, ATOL, STEPS, LOCAL_BATCH, LR = 1e-5, 1e-6, 3, 8, 1e-3
@@ -34,39 +34,41 @@ def say(line):
 # Covering design (checked by test_equivalence.py::test_matrix_is_a_covering_design): every
 # model on every rank count; per model every partition_num (1 on 1 rank, 2 on 2, 4 on 4), both
 # pipeline_num values, both schedules and both recompute values; over the table every pair of
-# values of two different options. `call` is how a step runs: forward+backward or train_step.
+# values of two different options. `call` is how a step runs: forward+backward or train_step
+# (the model with its loss inside, models.with_loss). forward+backward can run gpipe only (Note
+# [Plan usage] in core/plan_usage.h), so every 1f1b row calls train_step.
 #  model       ranks partition pipeline schedule recompute call
 CONFIGS = [
     ("mlp",       1, 1, 4, "gpipe", "never",  "forward"),
-    ("mlp",       2, 2, 1, "1f1b",  "always", "forward"),
-    ("mlp",       4, 4, 4, "1f1b",  "never",  "forward"),
+    ("mlp",       2, 2, 1, "1f1b",  "always", "train_step"),
+    ("mlp",       4, 4, 4, "1f1b",  "never",  "train_step"),
     ("mlp",       4, 2, 1, "gpipe", "always", "forward"),
-    ("cnn_bn",    1, 1, 1, "1f1b",  "always", "forward"),
+    ("cnn_bn",    1, 1, 1, "1f1b",  "always", "train_step"),
     ("cnn_bn",    2, 2, 4, "gpipe", "never",  "forward"),
     ("cnn_bn",    4, 4, 4, "gpipe", "always", "forward"),
-    ("cnn_bn",    4, 1, 4, "1f1b",  "never",  "forward"),  # 4 replicas: buffers averaged
-    ("encoder",   1, 1, 4, "1f1b",  "never",  "forward"),
+    ("cnn_bn",    4, 1, 4, "1f1b",  "never",  "train_step"),  # 4 replicas: buffers averaged
+    ("encoder",   1, 1, 4, "1f1b",  "never",  "train_step"),
     ("encoder",   2, 2, 1, "gpipe", "always", "forward"),
-    ("encoder",   4, 4, 4, "1f1b",  "always", "forward"),
+    ("encoder",   4, 4, 4, "1f1b",  "always", "train_step"),
     ("resnet18",  1, 1, 1, "gpipe", "always", "forward"),
-    ("resnet18",  2, 2, 4, "1f1b",  "never",  "forward"),
-    ("resnet18",  4, 4, 1, "1f1b",  "always", "forward"),
+    ("resnet18",  2, 2, 4, "1f1b",  "never",  "train_step"),
+    ("resnet18",  4, 4, 1, "1f1b",  "always", "train_step"),
     ("tied",      1, 1, 1, "gpipe", "never",  "forward"),
-    ("tied",      2, 2, 4, "1f1b",  "always", "forward"),
+    ("tied",      2, 2, 4, "1f1b",  "always", "train_step"),
     ("tied",      4, 4, 1, "gpipe", "always", "forward"),
-    ("tied",      4, 2, 4, "1f1b",  "never",  "forward"),
+    ("tied",      4, 2, 4, "1f1b",  "never",  "train_step"),
     ("forkjoin",  1, 1, 4, "gpipe", "always", "forward"),
-    ("forkjoin",  2, 2, 1, "1f1b",  "never",  "forward"),
+    ("forkjoin",  2, 2, 1, "1f1b",  "never",  "train_step"),
     ("forkjoin",  4, 4, 4, "gpipe", "never",  "forward"),
     ("withloss",  1, 1, 4, "1f1b",  "always", "train_step"),
     ("withloss",  2, 2, 4, "gpipe", "never",  "forward"),
-    ("withloss",  2, 1, 1, "1f1b",  "never",  "forward"),
+    ("withloss",  2, 1, 1, "1f1b",  "never",  "train_step"),
     ("withloss",  4, 4, 4, "1f1b",  "always", "train_step"),
     ("withloss",  4, 2, 1, "gpipe", "always", "train_step"),
-    ("scripted",  1, 1, 1, "1f1b",  "never",  "forward"),
+    ("scripted",  1, 1, 1, "1f1b",  "never",  "train_step"),
     ("scripted",  2, 2, 4, "gpipe", "always", "forward"),
     ("scripted",  4, 4, 1, "gpipe", "never",  "forward"),
-    ("scripted",  4, 1, 4, "1f1b",  "always", "forward"),
+    ("scripted",  4, 1, 4, "1f1b",  "always", "train_step"),
 ]
 
 
@@ -125,7 +127,7 @@ def run_step(wrapped, spec, call, inputs, target):
 
 def run_config(config, cache_dir, rank, world):
     name, _, partition, pipeline, schedule, recompute, call = config
-    spec = MODELS[name]
+    spec = MODELS[name] if call == "forward" else with_loss(MODELS[name])
     model = spec.build()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     reference = ReferenceRun(spec, LR)

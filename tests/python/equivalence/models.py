@@ -217,3 +217,32 @@ MODELS = {
     "withloss": ModelSpec(_seeded(WithLoss), _withloss_batch, None, False, True),
     "scripted": ModelSpec(_seeded(ScriptedLoop), _loop_batch, F.mse_loss, False, False),
 }
+
+
+# ---- any model with its loss inside, for train_step ------------------------------------------
+
+class ModelAndLoss(nn.Module):
+    """`model` followed by the training loop's loss: forward(*inputs, target) returns the loss,
+    so that train_step (which needs a model returning its loss) runs any model of the table."""
+
+    def __init__(self, model, loss):
+        super().__init__()
+        self.model = model
+        self.loss = loss
+
+    def forward(self, *inputs_and_target):
+        *inputs, target = inputs_and_target
+        return self.loss(self.model(*inputs), target)
+
+
+def with_loss(spec):
+    """The ModelSpec of `spec`'s model with its loss inside (spec itself when it has one)."""
+    if spec.returns_loss:
+        return spec
+
+    def batch(n, step):
+        inputs, target = spec.batch(n, step)
+        return tuple(inputs) + (target,), None
+
+    return ModelSpec(lambda: ModelAndLoss(spec.build(), spec.loss), batch, None,
+                     spec.has_batchnorm, True)
