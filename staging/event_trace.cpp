@@ -25,13 +25,30 @@ void EventTrace::beginStep() {
   if (open_) endStep();
   ++step_;
   open_ = true;
-  steps_.emplace_back(step_, std::vector<Event>{});
+  steps_.push_back(Step{step_, {}, std::nullopt});
   while (static_cast<int>(steps_.size()) > keepSteps_) steps_.pop_front();
 }
 
 void EventTrace::add(const char* name, int stage, int microBatch, int64_t start, int64_t end) {
   if (steps_.empty()) beginStep();  // events before the first step (e.g. an explicit allreduce)
-  steps_.back().second.push_back({name, stage, microBatch, start, end});
+  steps_.back().events.push_back({name, stage, microBatch, start, end});
+}
+
+void EventTrace::addMemory(const StepMemory& memory) {
+  if (steps_.empty()) beginStep();
+  steps_.back().memory = memory;
+  steps_.back().memoryMicros = nowMicros();
+}
+
+// Note [Trace files]: one instant event per step with the rank's memory, sizes in bytes.
+void EventTrace::writeMemory(std::ostream& out, const Step& step) const {
+  const StepMemory& m = *step.memory;
+  out << ",\n{\"name\":\"peak_memory\",\"ph\":\"i\",\"s\":\"p\",\"ts\":" << step.memoryMicros
+      << ",\"pid\":" << rank_ << ",\"tid\":0,\"args\":{\"step\":" << step.number
+      << ",\"stage\":" << m.stage << ",\"measured\":" << m.measuredPeak << ",\"predicted\":" << m.predicted
+      << ",\"usable\":" << m.usable << ",\"parameters\":" << m.parameters
+      << ",\"gradients\":" << m.gradients << ",\"optimizer\":" << m.optimizer
+      << ",\"transient\":" << m.transient << "}}";
 }
 
 std::string EventTrace::toJson() const {
@@ -39,12 +56,14 @@ std::string EventTrace::toJson() const {
   out << "{\"traceEvents\":[\n"
       << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank_
       << ",\"tid\":0,\"args\":{\"name\":\"rank " << rank_ << "\"}}";
-  for (const auto& [step, events] : steps_)
-    for (const Event& e : events)
+  for (const Step& step : steps_) {
+    for (const Event& e : step.events)
       out << ",\n{\"name\":\"" << e.name << "\",\"ph\":\"X\",\"ts\":" << e.start
           << ",\"dur\":" << (e.end - e.start) << ",\"pid\":" << rank_
           << ",\"tid\":0,\"args\":{\"stage\":" << e.stage << ",\"micro_batch\":" << e.microBatch
-          << ",\"step\":" << step << "}}";
+          << ",\"step\":" << step.number << "}}";
+    if (step.memory) writeMemory(out, step);
+  }
   out << "\n],\"displayTimeUnit\":\"ms\"}\n";
   return out.str();
 }
