@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -138,6 +139,53 @@ double numberField(const Json& object, const std::string& key, double fallback) 
   return v && v->kind == Json::Number ? v->number : fallback;
 }
 
+const char* kindName(const Json* v) {
+  static const char* const names[] = {"null",     "a boolean", "a fractional number",
+                                      "a string", "an array",  "an object"};  // by Json::Kind
+  return v ? names[v->kind] : "nothing";
+}
+
+// A field of a peak_memory event: the runtime writes every one as an integer, so anything else
+// is a damaged or foreign file rather than something to guess around.
+int64_t integerField(const Json* object, const char* key, const std::string& where) {
+  const Json* v = object ? object->get(key) : nullptr;
+  const bool integer = v && v->kind == Json::Number && std::isfinite(v->number) &&
+                       v->number == std::floor(v->number) && std::fabs(v->number) < 9.2e18;
+  AUTOSTAGE_CHECK_AS(FormatError, integer, where, ": expected an integer \"", key, "\", got ",
+                     kindName(v), "; peak_memory events are written by trace_events=true (Note [Trace files])");
+  return static_cast<int64_t>(v->number);
+}
+
+MeasuredMemory memoryRecord(const Json& item, const std::string& where) {
+  const Json* args = item.get("args");
+  MeasuredMemory m;
+  m.rank = static_cast<int>(integerField(&item, "pid", where));
+  m.step = static_cast<long>(integerField(args, "step", where + " args"));
+  m.stage = static_cast<int>(integerField(args, "stage", where + " args"));
+  m.measuredPeak = integerField(args, "measured", where + " args");
+  m.predicted = integerField(args, "predicted", where + " args");
+  m.usable = integerField(args, "usable", where + " args");
+  m.parameters = integerField(args, "parameters", where + " args");
+  m.gradients = integerField(args, "gradients", where + " args");
+  m.optimizer = integerField(args, "optimizer", where + " args");
+  m.transient = integerField(args, "transient", where + " args");
+  return m;
+}
+
+MeasuredEvent completeEvent(const Json& item) {
+  MeasuredEvent e;
+  e.name = item.get("name")->text;
+  e.rank = static_cast<int>(numberField(item, "pid", 0));
+  e.startSeconds = numberField(item, "ts", 0) * 1e-6;
+  e.endSeconds = e.startSeconds + numberField(item, "dur", 0) * 1e-6;
+  if (const Json* args = item.get("args")) {
+    e.stage = static_cast<int>(numberField(*args, "stage", -1));
+    e.microBatch = static_cast<int>(numberField(*args, "micro_batch", -1));
+    e.step = static_cast<long>(numberField(*args, "step", -1));
+  }
+  return e;
+}
+
 std::vector<std::string> traceFiles(const std::string& path) {
   std::vector<std::string> files;
   if (std::filesystem::is_directory(path)) {
@@ -161,32 +209,32 @@ double MeasuredTrace::spanSeconds() const {
   return span;
 }
 
-std::vector<MeasuredEvent> parseChromeTrace(const std::string& json, const std::string& origin) {
+TraceRecords parseTraceRecords(const std::string& json, const std::string& origin) {
   const Json doc = Reader(json, origin).document();
   const Json* list = doc.kind == Json::Array ? &doc : doc.get("traceEvents");
   AUTOSTAGE_CHECK_AS(FormatError, list && list->kind == Json::Array, origin,
                      ": no \"traceEvents\" array; expected a Chrome trace written with trace_events=true");
-  std::vector<MeasuredEvent> events;
-  for (const Json& item : list->items) {
+  TraceRecords records;
+  for (size_t i = 0; i < list->items.size(); ++i) {
+    const Json& item = list->items[i];
     const Json* phase = item.get("ph");
     const Json* name = item.get("name");
-    if (item.kind != Json::Object || !phase || phase->text != "X" || !name) continue;
-    MeasuredEvent e;
-    e.name = name->text;
-    e.rank = static_cast<int>(numberField(item, "pid", 0));
-    e.startSeconds = numberField(item, "ts", 0) * 1e-6;
-    e.endSeconds = e.startSeconds + numberField(item, "dur", 0) * 1e-6;
-    if (const Json* args = item.get("args")) {
-      e.stage = static_cast<int>(numberField(*args, "stage", -1));
-      e.microBatch = static_cast<int>(numberField(*args, "micro_batch", -1));
-      e.step = static_cast<long>(numberField(*args, "step", -1));
+    if (item.kind != Json::Object || !phase || !name) continue;
+    if (phase->text == "X") {
+      records.events.push_back(completeEvent(item));
+    } else if (phase->text == "i" && name->text == "peak_memory") {
+      const std::string where = origin + ": traceEvents[" + std::to_string(i) + "] (peak_memory)";
+      records.memory.push_back(memoryRecord(item, where));
     }
-    events.push_back(std::move(e));
   }
-  return events;
+  return records;
 }
 
-MeasuredTrace selectLastStep(std::vector<MeasuredEvent> events) {
+std::vector<MeasuredEvent> parseChromeTrace(const std::string& json, const std::string& origin) {
+  return parseTraceRecords(json, origin).events;
+}
+
+MeasuredTrace selectLastStep(std::vector<MeasuredEvent> events, std::vector<MeasuredMemory> memory) {
   std::map<int, long> lastStepOfRank;
   for (const MeasuredEvent& e : events)
     lastStepOfRank[e.rank] = std::max(lastStepOfRank.count(e.rank) ? lastStepOfRank[e.rank] : -1, e.step);
@@ -206,20 +254,25 @@ MeasuredTrace selectLastStep(std::vector<MeasuredEvent> events) {
   }
   for (MeasuredEvent& e : trace.events) e.startSeconds -= origin, e.endSeconds -= origin;
   trace.ranks.assign(ranks.begin(), ranks.end());
+  for (MeasuredMemory& m : memory)
+    if (m.step == trace.step) trace.memory.push_back(m);
+  std::stable_sort(trace.memory.begin(), trace.memory.end(),
+                   [](const MeasuredMemory& a, const MeasuredMemory& b) { return a.rank < b.rank; });
   return trace;
 }
 
 MeasuredTrace loadMeasuredTrace(const std::string& path) {
-  std::vector<MeasuredEvent> all;
+  TraceRecords all;
   for (const std::string& file : traceFiles(path)) {
     std::ifstream in(file, std::ios::binary);
     AUTOSTAGE_CHECK_AS(FormatError, in.good(), "cannot read trace file '", file, "'");
     std::stringstream text;
     text << in.rdbuf();
-    std::vector<MeasuredEvent> events = parseChromeTrace(text.str(), "'" + file + "'");
-    all.insert(all.end(), events.begin(), events.end());
+    TraceRecords records = parseTraceRecords(text.str(), "'" + file + "'");
+    all.events.insert(all.events.end(), records.events.begin(), records.events.end());
+    all.memory.insert(all.memory.end(), records.memory.begin(), records.memory.end());
   }
-  return selectLastStep(std::move(all));
+  return selectLastStep(std::move(all.events), std::move(all.memory));
 }
 
 }  // namespace autostage::cli

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <map>
 
 #include "bindings/cli/deployment_view.h"
@@ -14,6 +15,10 @@ namespace {
 constexpr double kWidth = 1100, kLabelWidth = 170, kPlotWidth = 880;
 constexpr double kRow = 30, kBar = 22;
 constexpr double kMemoryPlot = 700;  // the totals are written right of the plot
+constexpr double kMeasuredRow = 20, kMeasuredBar = 14;
+// params, grads, optimizer, activations, working, comm (the legend in report_html.cpp)
+const char* const kMemoryColors[] = {"#4e79a7", "#a0cbe8", "#f28e2b",
+                                     "#59a14f", "#b6992d", "#e15759"};
 const char* kSendColor = "#9e9e9e";
 const char* kAllreduceColor = "#3b3b3b";
 
@@ -58,7 +63,93 @@ std::string safeClass(const std::string& name) {
   return out.empty() ? "event" : out;
 }
 
+// Rows of the memory chart: each stage's predicted bar, followed by the measured bars of the
+// ranks that ran it; measured ranks of no stage in the deployment come last.
+struct MemoryRow {
+  size_t stageIndex = 0;                     // of the predicted bar
+  const MeasuredMemory* measured = nullptr;  // a measured bar instead
+  double y = 0, height = kRow;               // offset below the plot top
+};
+
+std::vector<MemoryRow> memoryRows(const core::Deployment& d,
+                                  const std::vector<MeasuredMemory>& measured) {
+  std::vector<MemoryRow> rows;
+  std::vector<bool> placed(measured.size(), false);
+  auto push = [&rows](MemoryRow row) {
+    row.y = rows.empty() ? 0 : rows.back().y + rows.back().height;
+    rows.push_back(row);
+  };
+  for (size_t i = 0; i < d.stages.size(); ++i) {
+    push({i, nullptr, 0, kRow});
+    for (size_t m = 0; m < measured.size(); ++m)
+      if (measured[m].stage == d.stages[i].id && !placed[m]) {
+        placed[m] = true;
+        push({i, &measured[m], 0, kMeasuredRow});
+      }
+  }
+  for (size_t m = 0; m < measured.size(); ++m)
+    if (!placed[m]) push({0, &measured[m], 0, kMeasuredRow});
+  return rows;
+}
+
+void predictedMemoryBar(Svg& svg, const core::StageDeployment& s, double y, double maximum,
+                        double usable) {
+  const MemoryParts m = memoryParts(s);
+  const double parts[] = {m.params, m.gradients, m.optimizer, m.activations, m.working, m.comm};
+  const char* names[] = {"params", "grads", "optimizer", "activations", "working", "comm"};
+  svg.text(kLabelWidth - 8, y + kBar / 2 + 4, "S" + std::to_string(s.id) + " ranks " + formatRanks(s.ranks),
+           "end", "class=\"row-label\"");
+  double x = kLabelWidth;
+  for (int p = 0; p < 6; ++p) {
+    const double w = kMemoryPlot * parts[p] / maximum;
+    if (parts[p] <= 0) continue;
+    svg.rect(x, y, w, kBar, kMemoryColors[p],
+             std::string("class=\"mem ") + names[p] + "\" " + attr("data-stage", std::to_string(s.id)),
+             s.name + " " + names[p] + ": " + formatBytes(parts[p]));
+    x += w;
+  }
+  const std::string share = usable > 0 ? " (" + std::to_string(static_cast<int>(100 * m.total() / usable + 0.5)) + "% of usable)" : "";
+  svg.text(kLabelWidth + kMemoryPlot + 12, y + kBar / 2 + 4, formatBytes(m.total()) + share, "start",
+           "class=\"bar-total\"");
+}
+
+// A rank's measured peak, thinner than the predicted bar above it, split like StepMemory.
+void measuredMemoryBar(Svg& svg, const MeasuredMemory& m, double rowTop, double maximum) {
+  const double y = rowTop + (kMeasuredRow - kMeasuredBar) / 2;
+  const double parts[] = {static_cast<double>(m.parameters), static_cast<double>(m.gradients),
+                          static_cast<double>(m.optimizer), static_cast<double>(m.transient)};
+  const char* names[] = {"params", "grads", "optimizer", "transient"};
+  const char* colors[] = {kMemoryColors[0], kMemoryColors[1], kMemoryColors[2], kTransientColor};
+  const std::string rank = "rank " + std::to_string(m.rank);
+  svg.text(kLabelWidth - 8, y + kMeasuredBar / 2 + 4, rank + " measured", "end",
+           "class=\"row-label mb\"");
+  double x = kLabelWidth;
+  for (int p = 0; p < 4; ++p) {
+    if (parts[p] <= 0) continue;
+    const double w = kMemoryPlot * parts[p] / maximum;
+    svg.rect(x, y, w, kMeasuredBar, colors[p],
+             std::string("class=\"measured-mem ") + names[p] + "\" " +
+                 attr("data-rank", std::to_string(m.rank)) + " " +
+                 attr("data-stage", std::to_string(m.stage)),
+             rank + " measured " + names[p] + ": " + formatBytes(parts[p]));
+    x += w;
+  }
+  std::string total = formatBytes(static_cast<double>(m.measuredPeak));
+  if (m.predicted > 0) total += " (" + formatPercentChange(m.measuredPeak, m.predicted) + ")";
+  const bool over = m.usable > 0 && m.measuredPeak > m.usable;
+  if (over) total += " over usable";
+  svg.text(kLabelWidth + kMemoryPlot + 12, y + kMeasuredBar / 2 + 4, total, "start",
+           std::string("class=\"bar-total mb\"") + (over ? " style=\"fill:#d62728\"" : ""));
+}
+
 }  // namespace
+
+std::string formatPercentChange(int64_t measured, int64_t predicted) {
+  char text[32];
+  const double change = static_cast<double>(measured) / static_cast<double>(predicted) - 1;
+  std::snprintf(text, sizeof text, "%+.1f%%", 100 * change);
+  return text;
+}
 
 std::string rankAssignmentSvg(const core::Deployment& d) {
   const int perNode = devicesPerNode(d);
@@ -95,15 +186,16 @@ std::string rankAssignmentSvg(const core::Deployment& d) {
   return svg.str();
 }
 
-std::string memorySvg(const core::Deployment& d) {
+std::string memorySvg(const core::Deployment& d, const std::vector<MeasuredMemory>& measured) {
   const double usable = usableMemory(d), device = static_cast<double>(d.deviceMemory);
   double maximum = device;
   for (const core::StageDeployment& s : d.stages) maximum = std::max(maximum, memoryParts(s).total());
+  for (const MeasuredMemory& m : measured)
+    maximum = std::max({maximum, static_cast<double>(m.measuredPeak), static_cast<double>(m.usable)});
   maximum = std::max(maximum * 1.02, 1.0);
-  const double top = 42, bottom = top + kRow * static_cast<double>(d.stages.size());
+  const std::vector<MemoryRow> rows = memoryRows(d, measured);
+  const double top = 42, bottom = top + (rows.empty() ? 0 : rows.back().y + rows.back().height);
   Svg svg(kWidth, bottom + 30, "memory", "memory per device against the limit");
-  const char* names[] = {"params", "grads", "optimizer", "activations", "working", "comm"};
-  const char* colors[] = {"#4e79a7", "#a0cbe8", "#f28e2b", "#59a14f", "#b6992d", "#e15759"};
   double unit = 1;
   while (maximum / unit >= 1024 && unit < 1099511627776.0) unit *= 1024;
   for (double t : niceTicks(maximum / unit, 8)) {
@@ -111,25 +203,13 @@ std::string memorySvg(const core::Deployment& d) {
     svg.line(x, top - 4, x, bottom, "#dddddd", "class=\"grid\"");
     svg.text(x, bottom + 16, formatBytes(t * unit), "middle", "class=\"tick\"");
   }
-  for (size_t i = 0; i < d.stages.size(); ++i) {
-    const core::StageDeployment& s = d.stages[i];
-    const MemoryParts m = memoryParts(s);
-    const double parts[] = {m.params, m.gradients, m.optimizer, m.activations, m.working, m.comm};
-    const double y = top + kRow * static_cast<double>(i) + (kRow - kBar) / 2;
-    svg.text(kLabelWidth - 8, y + kBar / 2 + 4, "S" + std::to_string(s.id) + " ranks " + formatRanks(s.ranks),
-             "end", "class=\"row-label\"");
-    double x = kLabelWidth;
-    for (int p = 0; p < 6; ++p) {
-      const double w = kMemoryPlot * parts[p] / maximum;
-      if (parts[p] <= 0) continue;
-      svg.rect(x, y, w, kBar, colors[p],
-               std::string("class=\"mem ") + names[p] + "\" " + attr("data-stage", std::to_string(s.id)),
-               s.name + " " + names[p] + ": " + formatBytes(parts[p]));
-      x += w;
+  for (const MemoryRow& row : rows) {
+    if (row.measured) {
+      measuredMemoryBar(svg, *row.measured, top + row.y, maximum);
+    } else {
+      const double y = top + row.y + (kRow - kBar) / 2;
+      predictedMemoryBar(svg, d.stages[row.stageIndex], y, maximum, usable);
     }
-    const std::string share = usable > 0 ? " (" + std::to_string(static_cast<int>(100 * m.total() / usable + 0.5)) + "% of usable)" : "";
-    svg.text(kLabelWidth + kMemoryPlot + 12, y + kBar / 2 + 4, formatBytes(m.total()) + share, "start",
-             "class=\"bar-total\"");
   }
   if (device > 0) {
     const double ux = kLabelWidth + kMemoryPlot * usable / maximum;

@@ -112,6 +112,35 @@ void ganttLegend(std::ostream& out, const core::Deployment& d) {
       << swatch("#3b3b3b", "gradient allreduce") << " &#8212; numbers in boxes are micro-batches</div>\n";
 }
 
+void measuredMemoryNote(std::ostream& out, long step) {
+  out << "<p class=\"note\">Thin bars: each rank's measured peak in step " << step
+      << " of the runtime trace, under its stage's predicted bar; the transient part is everything "
+      << "allocated during the step beyond parameters, gradients and optimizer state. In brackets: "
+      << "measured / predicted - 1.</p>\n<div class=\"legend\">"
+      << "measured bars: params, gradients and optimizer as above, and"
+      << swatch(kTransientColor, "transient") << "</div>\n";
+}
+
+// One row per rank: its measured peak against its stage's prediction and the usable memory.
+void measuredMemoryTable(std::ostream& out, const std::vector<MeasuredMemory>& measured) {
+  out << "<table id=\"measured-memory\">\n<tr><th>rank</th><th>stage</th><th>predicted</th>"
+         "<th>measured</th><th>difference</th><th>params</th><th>grads</th><th>optimizer</th>"
+         "<th>transient</th><th>usable</th><th class=\"left\">limit</th></tr>\n";
+  auto bytes = [](int64_t b) { return "<td>" + formatBytes(static_cast<double>(b)) + "</td>"; };
+  for (const MeasuredMemory& m : measured) {
+    const bool over = m.usable > 0 && m.measuredPeak > m.usable;
+    out << "<tr><td>" << m.rank << "</td><td>" << (m.stage >= 0 ? "S" + std::to_string(m.stage) : "-")
+        << "</td>" << bytes(m.predicted) << bytes(m.measuredPeak) << "<td>"
+        << (m.predicted > 0 ? formatPercentChange(m.measuredPeak, m.predicted) : "-") << "</td>"
+        << bytes(m.parameters) << bytes(m.gradients) << bytes(m.optimizer) << bytes(m.transient)
+        << (m.usable > 0 ? bytes(m.usable) : "<td>-</td>")
+        << (over ? "<td class=\"left over\" style=\"color:#d62728;font-weight:bold\">over usable</td>"
+                 : "<td class=\"left\">ok</td>")
+        << "</tr>\n";
+  }
+  out << "</table>\n<p class=\"note\">difference = measured / predicted - 1.</p>\n";
+}
+
 }  // namespace
 
 std::string renderReportHtml(const ReportInput& input) {
@@ -136,7 +165,13 @@ std::string renderReportHtml(const ReportInput& input) {
       << "(device memory minus the planner's margin).</p>\n<div class=\"legend\">"
       << swatch("#4e79a7", "params") << swatch("#a0cbe8", "gradients") << swatch("#f28e2b", "optimizer")
       << swatch("#59a14f", "activations") << swatch("#b6992d", "working") << swatch("#e15759", "comm buffers")
-      << "</div>\n" << memorySvg(d) << "<h2>One iteration</h2>\n";
+      << "</div>\n";
+  const std::vector<MeasuredMemory> noMemory;
+  const std::vector<MeasuredMemory>& measured = input.trace ? input.trace->memory : noMemory;
+  if (!measured.empty()) measuredMemoryNote(out, input.trace->step);
+  out << memorySvg(d, measured);
+  if (!measured.empty()) measuredMemoryTable(out, measured);
+  out << "<h2>One iteration</h2>\n";
   ganttLegend(out, d);
   out << "<p class=\"note\">Predicted by the pipeline simulator from the recorded stage times ("
       << escapeXml(d.schedule) << ", " << d.microBatchCount << " micro-batches).</p>\n"

@@ -8,12 +8,17 @@
 //   rank boxes      <rect class="rank" data-rank="r" data-stage="s">   (data-stage -1: idle)
 //   memory segments <rect class="mem PART" data-stage="s">  PART: params grads optimizer
 //                   activations working comm; limit lines class="limit" / "device"
+//                   measured, when the trace has peak_memory records:
+//                   <rect class="measured-mem PART" data-rank="r" data-stage="s">  PART: params
+//                   grads optimizer transient; and <table id="measured-memory">, one row per rank
 //   Gantt boxes     <rect class="op KIND" data-stage="s" data-micro-batch="m">
 //                   KIND: forward backward send_forward send_backward allreduce (predicted) and
 //                   <rect class="measured NAME" data-rank="r" ...> (measured)
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "bindings/cli/measured_trace.h"
 #include "core/deployment.h"
@@ -32,9 +37,16 @@ std::string renderReportHtml(const ReportInput& input);
 
 // The SVG pictures (report_charts.cpp); `timeScale` is the seconds the Gantt width stands for.
 std::string rankAssignmentSvg(const core::Deployment& d);
-std::string memorySvg(const core::Deployment& d);
+// `measured`: the trace's per-rank peaks, drawn under their stage's predicted bar (none: the
+// predicted bars alone).
+std::string memorySvg(const core::Deployment& d, const std::vector<MeasuredMemory>& measured = {});
 std::string predictedGanttSvg(const core::Deployment& d, const decomposer::SimulationResult& sim,
                               double timeScale);
 std::string measuredGanttSvg(const MeasuredTrace& trace, double timeScale);
+
+// The colour of a measured peak's transient part (the predicted bars split it further).
+constexpr const char* kTransientColor = "#b07aa1";
+// measured / predicted - 1 as a signed percentage with one decimal, e.g. "+12.5%".
+std::string formatPercentChange(int64_t measured, int64_t predicted);
 
 }  // namespace autostage::cli

@@ -1,7 +1,8 @@
 // trace_events: 4 in-process ranks (thread backend) train a loss model under 1f1b (trainStep) and
 // gpipe (forward + backward); every rank's trace file is valid Chrome-trace JSON (read with the
 // reader `autostage report --trace` uses) and covers every stage's forward and backward of every
-// micro-batch, on the ranks running that stage.
+// micro-batch, on the ranks running that stage. Unit tests: the file keeps the last steps, and
+// each step's StepMemory is one peak_memory instant event (Note [Trace files]).
 #include "staging/event_trace.h"
 
 #include <catch2/catch.hpp>
@@ -9,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -130,6 +132,59 @@ TEST_CASE("event trace file: bounded to the last steps, rewritten at every step 
     REQUIRE(events.back().endSeconds - events.back().startSeconds == Approx(10e-6));
   }
   REQUIRE(trace.path() == dir + "/trace_rank3.json");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("event trace file: one peak_memory instant event per step, kept with its step", "[staging]") {
+  const std::string dir = (std::filesystem::temp_directory_path() / "autostage_event_trace_memory").string();
+  std::filesystem::remove_all(dir);
+  EventTrace trace(2, dir, 2);
+  int64_t before = 0, after = 0;
+  for (int step = 0; step < 3; ++step) {
+    trace.beginStep();
+    trace.add("forward", 1, 0, 1000 * step, 1000 * step + 10);
+    StepMemory memory{99, 1, 0, 0, 0, 11, 12, 13, 14};
+    trace.addMemory(memory);  // replaced by the second call of the step
+    memory.measuredPeak = (int64_t{5} << 30) + step;  // past 32 bits
+    memory.predicted = int64_t{4} << 30;
+    memory.usable = int64_t{36} << 30;
+    memory.transient = memory.measuredPeak - 11 - 12 - 13;
+    before = EventTrace::nowMicros();
+    trace.addMemory(memory);
+    after = EventTrace::nowMicros();
+    trace.endStep();
+  }
+  const std::string json = readFile(trace.path());
+  INFO(json);
+  // The exact line of the last step; "step" is the trace's step number, not StepMemory::step.
+  std::smatch line;
+  const std::regex lastPeak(R"(\{"name":"peak_memory","ph":"i","s":"p","ts":([0-9]+),[^\n]*"step":2,[^\n]*\}\})");
+  REQUIRE(std::regex_search(json, line, lastPeak));
+  const int64_t ts = std::stoll(line[1].str());
+  REQUIRE(before <= ts);
+  REQUIRE(ts <= after);
+  REQUIRE(line[0].str() == "{\"name\":\"peak_memory\",\"ph\":\"i\",\"s\":\"p\",\"ts\":" + std::to_string(ts) +
+                               ",\"pid\":2,\"tid\":0,\"args\":{\"step\":2,\"stage\":1,\"measured\":5368709122,"
+                               "\"predicted\":4294967296,\"usable\":38654705664,\"parameters\":11,"
+                               "\"gradients\":12,\"optimizer\":13,\"transient\":5368709086}}");
+  // Read back: one record per kept step (step 0 dropped with its events), all fields.
+  const cli::TraceRecords records = cli::parseTraceRecords(json, trace.path());
+  REQUIRE(records.events.size() == 2);
+  REQUIRE(records.memory.size() == 2);
+  for (int i = 0; i < 2; ++i) {
+    const cli::MeasuredMemory& m = records.memory[i];
+    REQUIRE(m.rank == 2);
+    REQUIRE(m.step == i + 1);
+    REQUIRE(m.stage == 1);
+    REQUIRE(m.measuredPeak == (int64_t{5} << 30) + i + 1);
+    REQUIRE(m.predicted == int64_t{4} << 30);
+    REQUIRE(m.usable == int64_t{36} << 30);
+    REQUIRE(m.parameters == 11);
+    REQUIRE(m.gradients == 12);
+    REQUIRE(m.optimizer == 13);
+    REQUIRE(m.transient == m.measuredPeak - 36);
+  }
+  REQUIRE(cli::loadMeasuredTrace(trace.path()).memory.size() == 1);  // the step shown
   std::filesystem::remove_all(dir);
 }
 

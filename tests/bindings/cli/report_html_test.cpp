@@ -88,8 +88,9 @@ std::string wellFormedProblem(const std::string& html) {
   return open.empty() ? "" : "<" + open.back() + "> never closed";
 }
 
-std::vector<MeasuredEvent> twoRankTrace() {
-  const std::string json = R"({"traceEvents":[
+// Step 2 of ranks 0 and 1; `extra` adds events at the end of the list.
+std::string twoRankJson(const std::string& extra = "") {
+  return R"({"traceEvents":[
     {"name":"forward","ph":"X","ts":1000,"dur":500,"pid":0,"tid":0,"args":{"stage":0,"micro_batch":0,"step":1}},
     {"name":"forward","ph":"X","ts":2000000,"dur":500,"pid":0,"tid":0,"args":{"stage":0,"micro_batch":0,"step":2}},
     {"name":"backward","ph":"X","ts":2003000,"dur":900,"pid":0,"tid":0,"args":{"stage":0,"micro_batch":0,"step":2}},
@@ -97,9 +98,34 @@ std::vector<MeasuredEvent> twoRankTrace() {
     {"name":"recv","ph":"X","ts":2000500,"dur":100,"pid":1,"tid":0,"args":{"stage":1,"micro_batch":0,"step":2}},
     {"name":"backward","ph":"X","ts":2001300,"dur":1500,"pid":1,"tid":0,"args":{"stage":1,"micro_batch":0,"step":2}},
     {"name":"allreduce","ph":"X","ts":2004000,"dur":300,"pid":1,"tid":0,"args":{"step":2}},
-    {"name":"meta","ph":"M","pid":1}
-  ]})";
-  return parseChromeTrace(json, "test");
+    {"name":"meta","ph":"M","pid":1})" + extra + "\n]}";
+}
+
+std::vector<MeasuredEvent> twoRankTrace() { return parseChromeTrace(twoRankJson(), "test"); }
+
+// The two ranks' peak_memory events: rank 0 within its prediction + 25%, rank 1 over usable.
+MeasuredTrace twoRankTraceWithMemory() {
+  const std::string gib = std::to_string(int64_t{1} << 30);
+  auto peak = [&](int rank, long step, int measured, int predicted) {
+    return R"(,{"name":"peak_memory","ph":"i","s":"p","ts":2005000,"pid":)" + std::to_string(rank) +
+           R"(,"tid":0,"args":{"step":)" + std::to_string(step) + R"(,"stage":)" + std::to_string(rank) +
+           R"(,"measured":)" + std::to_string(measured * (int64_t{1} << 30)) + R"(,"predicted":)" +
+           std::to_string(predicted * (int64_t{1} << 30)) + R"(,"usable":)" +
+           std::to_string(int64_t{36} << 30) + R"(,"parameters":)" + gib + R"(,"gradients":)" + gib +
+           R"(,"optimizer":)" + std::to_string(int64_t{2} << 30) + R"(,"transient":)" +
+           std::to_string((measured - 4) * (int64_t{1} << 30)) + "}}";
+  };
+  const TraceRecords records =
+      parseTraceRecords(twoRankJson(peak(0, 1, 99, 8) + peak(0, 2, 10, 8) + peak(1, 2, 40, 8)), "test");
+  return selectLastStep(records.events, records.memory);
+}
+
+// The "Memory per device" section of a report page.
+std::string memorySection(const std::string& html) {
+  const size_t begin = html.find("<h2>Memory per device</h2>"), end = html.find("<h2>One iteration</h2>");
+  REQUIRE(begin != std::string::npos);
+  REQUIRE(end != std::string::npos);
+  return html.substr(begin, end - begin);
 }
 
 }  // namespace
@@ -160,6 +186,47 @@ TEST_CASE("report with a measured trace draws it on the predicted time scale", "
   const double iteration = simulateDeployment(input.deployment).iterationSeconds;
   REQUIRE(iteration > input.trace->spanSeconds());
   REQUIRE(count(html, "class=\"tick\">" + formatSeconds(niceTicks(iteration).back()) + "<") == 2);
+}
+
+TEST_CASE("report with measured memory: each rank's peak beside its stage's prediction", "[cli]") {
+  ReportInput input;
+  input.deployment = sample();
+  input.trace = twoRankTraceWithMemory();
+  REQUIRE(input.trace->memory.size() == 2);  // step 2's; step 1's record is not shown
+  const std::string html = renderReportHtml(input);
+  const std::string memory = memorySection(html);
+  INFO(memory);
+  REQUIRE(wellFormedProblem(html) == "");
+  // Bars: rank 0 under stage 0, rank 1 under stage 1, split like StepMemory.
+  for (const char* part : {"params", "grads", "optimizer", "transient"})
+    for (int rank : {0, 1}) {
+      const std::string r = std::to_string(rank);
+      REQUIRE(count(memory, std::string("class=\"measured-mem ") + part + "\" data-rank=\"" + r +
+                                "\" data-stage=\"" + r + "\"") == 1);
+    }
+  REQUIRE(memory.find(">rank 0 measured<") < memory.find("class=\"mem params\" data-stage=\"1\""));
+  REQUIRE(memory.find(">rank 1 measured<") > memory.find("class=\"mem params\" data-stage=\"1\""));
+  REQUIRE(count(memory, ">10.00 GiB (+25.0%)<") == 1);
+  REQUIRE(count(memory, ">40.00 GiB (+400.0%) over usable<") == 1);
+  // The table: rank, stage, predicted, measured, difference, parts, usable, flag.
+  REQUIRE(count(html, "<table id=\"measured-memory\">") == 1);
+  REQUIRE(count(memory, "<tr><td>0</td><td>S0</td><td>8.00 GiB</td><td>10.00 GiB</td><td>+25.0%</td>"
+                        "<td>1.00 GiB</td><td>1.00 GiB</td><td>2.00 GiB</td><td>6.00 GiB</td>"
+                        "<td>36.00 GiB</td><td class=\"left\">ok</td></tr>") == 1);
+  REQUIRE(count(memory, "<tr><td>1</td><td>S1</td><td>8.00 GiB</td><td>40.00 GiB</td><td>+400.0%</td>") == 1);
+  REQUIRE(count(memory, ">over usable</td>") == 1);
+  REQUIRE(count(memory, "in step 2 of the runtime trace") == 1);
+}
+
+TEST_CASE("report without measured memory: the memory section is unchanged", "[cli]") {
+  ReportInput plain;
+  plain.deployment = sample();
+  ReportInput traced = plain;
+  traced.trace = selectLastStep(twoRankTrace());
+  const std::string memory = memorySection(renderReportHtml(plain));
+  REQUIRE(memorySection(renderReportHtml(traced)) == memory);
+  REQUIRE(memory.find("measured") == std::string::npos);
+  REQUIRE(memorySvg(plain.deployment) == memorySvg(plain.deployment, {}));
 }
 
 TEST_CASE("measured trace: the last step every rank recorded, relative times", "[cli]") {
