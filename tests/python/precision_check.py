@@ -45,6 +45,17 @@ def micro_rows(global_batch, micros):
             for m in range(micros)]
 
 
+class WithLoss(torch.nn.Module):
+    """The model with the loop's loss inside, for train_step (1F1B runs only there)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x, y):
+        return F.mse_loss(self.model(x).float(), y)
+
+
 def reference_step(model, x, y, micros):
     """Plain PyTorch: each micro-batch's forward in its own autocast region, one mean loss."""
     outs = []
@@ -85,8 +96,11 @@ def run(name, micros, schedule, recompute, rank, world, failures):
     model, reference = spec.build(), spec.build()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     ref_opt = torch.optim.Adam(reference.parameters(), lr=LR)
-    wrapped = autostage.Module(model, optimizer, precision="bf16", partition_num=world,
-                               pipeline_num=micros, schedule=schedule, recompute=recompute)
+    # 1F1B runs through train_step (Note [Plan usage]): the loss goes inside the model.
+    train_step = schedule == "1f1b"
+    wrapped = autostage.Module(WithLoss(model) if train_step else model, optimizer,
+                               precision="bf16", partition_num=world, pipeline_num=micros,
+                               schedule=schedule, recompute=recompute)
     rows = slice(rank * LOCAL, (rank + 1) * LOCAL)
     errors, noisy = {}, {}
     tag = f"{name} {schedule} recompute={recompute}"
@@ -94,10 +108,15 @@ def run(name, micros, schedule, recompute, rank, world, failures):
         (x,), y = spec.batch(world * LOCAL, step)
         optimizer.zero_grad()
         ref_opt.zero_grad()
-        out = wrapped(x[rows])
-        F.mse_loss(out.float(), y[rows]).backward()
-        ref_out = reference_step(reference, x, y, micros)
-        close(f"output step {step} ({tag})", out.detach(), ref_out[rows], OUT_RTOL, OUT_ATOL,
+        if train_step:
+            out = wrapped.train_step(x[rows], y[rows])
+            ref_out = reference_step(reference, x, y, micros)
+            expected = F.mse_loss(ref_out.float(), y)  # the global loss train_step returns
+        else:
+            out = wrapped(x[rows])
+            F.mse_loss(out.float(), y[rows]).backward()
+            expected = reference_step(reference, x, y, micros)[rows]
+        close(f"output step {step} ({tag})", out.detach(), expected, OUT_RTOL, OUT_ATOL,
               failures, errors)
         ref_params = dict(reference.named_parameters())
         local = {p.data_ptr() for p in wrapped.local_parameters()}

@@ -78,13 +78,15 @@ class ReferenceRun:
     def _forward(self, inputs):
         if self.layout is None:
             return self.model(*inputs)
-        outputs = []
+        outputs, total = [], inputs[0].shape[0]
         for parts in self.layout:
             for begin, end in parts:  # the same piece shapes the stage replicas run
-                outputs.append(self.model(*(t[begin:end] for t in inputs)))
+                out = self.model(*(t[begin:end] for t in inputs))
+                # A mean loss per piece weighs in by its rows (Note [Loss outputs]).
+                outputs.append(out * ((end - begin) / total) if self.spec.returns_loss else out)
             for bn in self.batchnorms:
                 update_running(bn)
-        return torch.cat(outputs)
+        return torch.stack(outputs).sum(0) if self.spec.returns_loss else torch.cat(outputs)
 
     def step_forward_backward(self, inputs, target):
         self.optimizer.zero_grad()
