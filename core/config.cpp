@@ -35,6 +35,9 @@ const std::vector<OptionSpec>& optionTable() {
       {"mem_limit_gb", T::Float, "0", "device memory to plan for in GiB (0: the device's own memory)"},
       {"mem_margin", T::Float, "0.1", "fraction of device memory kept free as a safety margin"},
       {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)"},
+      {"gradient_bucket_bytes", T::Int, "26214400",
+       "bytes of gradients summed over a stage's replicas in one allreduce; the planner counts one "
+       "such bucket (at most the stage's parameter bytes) in a replicated stage's memory"},
       // Profiling
       {"plan_cache_dir", T::String, "",
        "directory of cached deployments keyed by graph, world size, batch and planner options; a "

@@ -155,6 +155,14 @@ double paramBytes(const core::Graph& graph, core::ValueId v) {
   return bytes > 0 ? static_cast<double>(bytes) : 0.0;
 }
 
+// Note [Gradient accumulation temporaries]
+// The profiler runs a node's backward with its parameters' gradients unset, so autograd stores
+// them as the .grad tensors themselves (counted as gradients, not working memory). In training,
+// .grad already exists (from an earlier micro-batch, or zeroed by optimizer.zero_grad()), so
+// autograd computes each parameter gradient into a temporary and adds it: a node group's backward
+// briefly holds the bytes of its parameters once more. A block's working memory is therefore the
+// largest of its groups' measured working bytes plus that group's parameter bytes (measured by
+// bench/memory_accuracy: without it every stage of the tutorial missed one 1 MiB weight).
 void fillBlocks(const core::Graph& graph, const core::GraphProfile& profile, Blocking& b,
                 const std::vector<BlockCost>& groupCost) {
   std::map<core::ValueId, std::vector<int>> users;  // param input -> blocks using it
@@ -168,13 +176,18 @@ void fillBlocks(const core::Graph& graph, const core::GraphProfile& profile, Blo
       c.forwardSeconds += gc.forwardSeconds;
       c.backwardSeconds += gc.backwardSeconds;
       c.activationBytes += gc.activationBytes;
-      c.workingBytes.fixed = std::max(c.workingBytes.fixed, gc.workingBytes.fixed);
-      c.workingBytes.perSample = std::max(c.workingBytes.perSample, gc.workingBytes.perSample);
+      double gradientTemporaries = 0;  // Note [Gradient accumulation temporaries]
       for (core::ValueId p : b.groups[g].params) {
         auto& list = users[p];
         if (list.empty() || list.back() != blk) list.push_back(blk);
         typedParams = typedParams || paramBytes(graph, p) > 0;
+        gradientTemporaries += paramBytes(graph, p);
       }
+      if (gradientTemporaries == 0)
+        gradientTemporaries = static_cast<double>(profile.nodes[b.groups[g].main].paramBytes);
+      c.workingBytes.fixed =
+          std::max(c.workingBytes.fixed, gc.workingBytes.fixed + gradientTemporaries);
+      c.workingBytes.perSample = std::max(c.workingBytes.perSample, gc.workingBytes.perSample);
     }
     c.cutBytesAfter = groupCost[end - 1].cutBytesAfter;
     for (char& ch : c.name)

@@ -114,6 +114,20 @@ bool CostModel::sameNode(int rankA, int rankB) const {
   return rankA / request_.devicesPerNode == rankB / request_.devicesPerNode;
 }
 
+// What every rank holds as the caller: its local batch's output rows (and as much again for their
+// gradients in training; Note [Pipeline cost model]).
+double CostModel::callerBytes() const {
+  const double localBatch = std::ceil(double(request_.batchSize) / double(request_.devices));
+  return request_.outputBytesPerSample * localBatch;
+}
+
+// The gradient allreduce of a replicated stage flattens its gradients into buckets of at most
+// gradient_bucket_bytes (staging/gradient_sync.h) one at a time.
+double CostModel::allreduceBucketBytes(const RangeTotals& range, int replicaCount) const {
+  if (replicaCount <= 1) return 0;
+  return std::min(request_.options.gradientBucketBytes, range.paramBytes);
+}
+
 StageEstimate CostModel::stage(const StageChoice& choice, int microBatches, Schedule schedule) const {
   return stage(ranges_.range(choice.firstBlock, choice.lastBlock), choice, microBatches, schedule);
 }
@@ -150,7 +164,8 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
   e.bytesPerHeldMicroBatch = choice.recompute ? e.inputBytes : act;
   e.activationBytes = e.heldMicroBatches * e.bytesPerHeldMicroBatch + (choice.recompute ? act : 0);
   e.workingBytes = range.workingBytes.at(mb);
-  e.commBufferBytes = 2 * (e.inputBytes + e.outputBytes);
+  e.commBufferBytes =
+      2 * (e.inputBytes + e.outputBytes) + allreduceBucketBytes(range, r) + 2 * callerBytes();
   e.baseMemoryBytes = e.staticMemoryBytes() + (choice.recompute ? act : 0);
   e.totalMemoryBytes = e.baseMemoryBytes + e.heldMicroBatches * e.bytesPerHeldMicroBatch;
   if (request_.options.usage == PlanUsage::Inference) forwardOnly(e, microBatches);
@@ -161,8 +176,10 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
 // optimizer state, no allreduce; a stage keeps no activations for a backward, only its output
 // of every micro-batch until the step ends (the sends complete and the caller's rows are
 // gathered then), and the working set of the node running.
-void CostModel::forwardOnly(StageEstimate& e, int microBatches) {
+void CostModel::forwardOnly(StageEstimate& e, int microBatches) const {
   e.backwardSeconds = e.sendBackwardSeconds = e.allreduceSeconds = 0;
+  e.commBufferBytes = 2 * (e.inputBytes + e.outputBytes) + callerBytes();  // no allreduce, no
+                                                                          // output gradients
   e.stageSeconds = e.forwardSeconds + e.sendForwardSeconds;
   e.gradientBytes = e.optimizerBytes = 0;
   e.heldMicroBatches = microBatches;

@@ -24,7 +24,11 @@
 //   + cast cache: 0.5 * params for precision bf16/fp16 (0 for fp32)
 //   + activations held: all M micro-batches (gpipe) or min(M, stages after + 1) (1f1b), each
 //     act(mb); a recomputing stage holds only its input per micro-batch plus one act(mb)
-//   + working(mb) + communication buffers 2 * (input + output bytes at mb).
+//   + working(mb) + communication buffers 2 * (input + output bytes at mb)
+//   + for r > 1, one gradient allreduce bucket: min(gradient_bucket_bytes, params)
+//   + caller buffers: every rank receives its local batch's graph outputs (B / devices rows) and
+//     sends their gradients back: 2 * output bytes per sample * B / devices.
+// (The last three are the commBufferBytes of a stage.)
 // For an inference plan (Note [Plan usage]) backward, gradients, optimizer state and allreduce are
 // 0 and a stage holds its output of each of the M micro-batches instead of activations.
 // Mixed precision (precision=bf16|fp16, Note [Autocast execution] in core/torchscript/autocast.h):
@@ -127,8 +131,10 @@ class CostModel {
   }
 
  private:
+  double allreduceBucketBytes(const RangeTotals& range, int replicaCount) const;
+  double callerBytes() const;
   // Turns a training estimate into the inference one (Note [Plan usage]).
-  static void forwardOnly(StageEstimate& e, int microBatches);
+  void forwardOnly(StageEstimate& e, int microBatches) const;
 
  private:
   const PlanRequest& request_;

@@ -38,6 +38,7 @@ struct PlanOptions {
   double memLimitGb = 0;          // 0: the device's own memory
   double memMargin = 0.1;
   double optParamFactor = 2;
+  double gradientBucketBytes = 25 << 20;  // gradient_bucket_bytes (Note [Pipeline cost model])
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (Note [Pipeline cost model]: cast cache)
   // Note [Plan usage]: set by the caller (the API the plan is for), not by a config key.
   PlanUsage usage = PlanUsage::TrainStep;
@@ -84,6 +85,9 @@ struct PlanRequest {
   int devicesPerNode = 1;
   double deviceMemory = 0;  // bytes per device
   int64_t batchSize = 1;    // global batch
+  // Bytes per sample of the graph outputs returned to the callers: every rank receives its local
+  // batch's rows and sends their gradients back (Note [Pipeline cost model], caller buffers).
+  double outputBytesPerSample = 0;
   PlanOptions options;
 
   // Bytes usable per device: (mem_limit_gb or deviceMemory) * (1 - mem_margin).

@@ -46,6 +46,8 @@ void PlanOptions::validate() const {
   AUTOSTAGE_CHECK_AS(ConfigError, memMargin >= 0 && memMargin < 1, "option mem_margin=", memMargin,
                      " must be in [0, 1)");
   core::parsePrecision(precision);  // throws ConfigError naming the valid precisions
+  AUTOSTAGE_CHECK_AS(ConfigError, gradientBucketBytes >= 1, "option gradient_bucket_bytes=",
+                     gradientBucketBytes, " must be at least 1 (default 26214400)");
   AUTOSTAGE_CHECK_AS(ConfigError, optParamFactor >= 0, "option opt_param_factor=", optParamFactor,
                      " must be >= 0 (2 for Adam, 0 for SGD)");
 }
@@ -57,6 +59,7 @@ std::string PlanOptions::toString() const {
       << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
       << " schedule=" << schedule << " recompute=" << recompute << " mem_limit_gb=" << memLimitGb
       << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor
+      << " gradient_bucket_bytes=" << gradientBucketBytes
       << " precision=" << precision << " usage=" << usageName(usage);
   return out.str();
 }
@@ -74,6 +77,7 @@ PlanOptions PlanOptions::fromConfig(const core::Config& config) {
   o.memLimitGb = config.getFloat("mem_limit_gb");
   o.memMargin = config.getFloat("mem_margin");
   o.optParamFactor = config.getFloat("opt_param_factor");
+  o.gradientBucketBytes = static_cast<double>(config.getInt("gradient_bucket_bytes"));
   o.precision = config.getString("precision");
   o.validate();
   return o;

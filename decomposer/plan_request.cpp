@@ -24,6 +24,8 @@ void PlanRequest::validate() const {
   AUTOSTAGE_CHECK_AS(PlanError, memoryLimit() > 0, "plan request: device memory ", deviceMemory,
                      " bytes (mem_limit_gb=", options.memLimitGb,
                      ") leaves no usable memory; give the device memory or mem_limit_gb");
+  AUTOSTAGE_CHECK_AS(PlanError, outputBytesPerSample >= 0, "plan request: output bytes per sample ",
+                     outputBytesPerSample, " must be >= 0");
   for (const SharedParam& p : sharedParams)
     for (int b : p.blocks)
       AUTOSTAGE_CHECK_AS(PlanError, b >= 0 && b < static_cast<int>(blocks.size()),
@@ -84,6 +86,7 @@ void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
     else if (key == "mem_limit_gb") o.memLimitGb = real();
     else if (key == "mem_margin") o.memMargin = real();
     else if (key == "opt_param_factor") o.optParamFactor = real();
+    else if (key == "gradient_bucket_bytes") o.gradientBucketBytes = real();
     else if (key == "precision") o.precision = v;
     else if (key == "usage") o.usage = parseUsage(v);
     else throw FormatError("plan request text, line " + std::to_string(line) + ": unknown option '" + key + "'");
@@ -98,6 +101,7 @@ std::string PlanRequest::toText() const {
   out << "autostage-plan-request 1\n";
   out << "cluster " << devices << ' ' << devicesPerNode << ' ' << deviceMemory << ' ' << batchSize << '\n';
   out << "options " << options.toString() << '\n';
+  out << "outputs " << outputBytesPerSample << '\n';
   out << "comm";
   writeLink(out, comm.p2pIntraNode);
   writeLink(out, comm.p2pInterNode);
@@ -139,6 +143,8 @@ PlanRequest PlanRequest::parse(const std::string& text) {
       readField(in, r.devicesPerNode, line);
       readField(in, r.deviceMemory, line);
       readField(in, r.batchSize, line);
+    } else if (tag == "outputs") {
+      readField(in, r.outputBytesPerSample, line);
     } else if (tag == "options") {
       parseOptions(in, r.options, line);
     } else if (tag == "comm") {

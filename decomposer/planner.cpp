@@ -23,6 +23,8 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
   r.devicesPerNode = cluster.devicesPerNode;
   r.deviceMemory = static_cast<double>(cluster.memoryPerDevice);
   r.batchSize = batchSize;
+  for (core::ValueId out : graph.outputs())  // a scalar loss has no per-sample bytes
+    r.outputBytesPerSample += valueBytes(graph, profile, out).perSample;
   r.options = options;
   r.validate();
   return blocking;

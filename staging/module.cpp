@@ -92,10 +92,10 @@ void checkRunsAs(const core::Deployment& d, core::PlanUsage usage) {
   const char* api = usage == core::PlanUsage::TrainStep ? "train_step" : "forward()";
   AUTOSTAGE_CHECK_AS(ConfigError,
                      usage == core::PlanUsage::TrainStep || d.schedule == "gpipe",
-                     "the deployment runs schedule ", d.schedule, ", which ", api,
-                     " cannot run (it runs every micro-batch's forward before any backward: "
-                     "gpipe); use a deployment planned for ", wanted, ", or plan again (drop "
-                     "load_deployment)");
+                     "the deployment runs schedule ", d.schedule, ", which forward() cannot run "
+                     "(it runs every micro-batch's forward before any backward: gpipe); run it "
+                     "with train_step(...) and a model returning its loss, use a deployment "
+                     "planned for ", wanted, ", or plan again (drop load_deployment)");
   AUTOSTAGE_CHECK_AS(ConfigError,
                      usage == core::PlanUsage::Inference ||
                          planned != core::usageName(core::PlanUsage::Inference),
@@ -145,6 +145,7 @@ ModuleOptions ModuleOptions::fromConfig() {
   if (save || dryRun > 0) options.saveDeploymentPath = file;
   options.dryRunWorldSize = static_cast<int>(dryRun);
   options.precision = core::parsePrecision(config.getString("precision"));
+  options.gradientBucketBytes = config.getInt("gradient_bucket_bytes");
   return options;
 }
 
@@ -327,6 +328,10 @@ void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage
 
 void Module::importModel(const std::vector<c10::IValue>& examples) {
   model_.reset();
+  // One import serves every usage (Note [One deployment per usage]): trace with gradients even
+  // when the first call runs under no_grad, so the graph records which values carry gradients
+  // (routes carry them back) and has the same hash whatever the first call was.
+  at::AutoGradMode withGradients(true);
   if (options_.tracer) module_ = options_.tracer(examples);  // traced without autocast
   // The import probe runs under the stages' autocast, so the IR records the dtypes the stages
   // produce and routes carry (Note [Autocast execution]).

@@ -1,5 +1,7 @@
 #include "staging/row_transport.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace autostage::staging {
@@ -15,7 +17,19 @@ void RowTransport::send(const at::Tensor& holder, int64_t holderBegin, const Tra
     AUTOSTAGE_INTERNAL_ASSERT(fresh, "two local messages with tag ", tag, " for route ", t.route);
     return;
   }
+  releaseCompleted();
   pending_.push_back(backend_.isend(rows, peer, tag));
+}
+
+// A completed send no longer needs its rows: dropping its Work frees them now instead of at
+// waitAll() (the end of the step), so a stage does not hold every micro-batch's sent outputs
+// and input gradients at once (measured by bench/memory_accuracy; Note [Measured memory]).
+void RowTransport::releaseCompleted() {
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [](const std::unique_ptr<comm::Work>& work) {
+                                  return work->isCompleted();
+                                }),
+                 pending_.end());
 }
 
 void RowTransport::receive(const at::Tensor& buffer, int64_t bufferBegin, const Transfer& t,

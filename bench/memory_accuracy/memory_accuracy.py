@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -52,11 +53,15 @@ def run(model, ranks, options):
     for name in ("OMP_NUM_THREADS", "PYTHONPATH", "AUTOSTAGE_MEASURE_COMM",
                  "AUTOSTAGE_PROFILE_PASS_SECONDS", "AUTOSTAGE_LOG_LEVEL"):
         cmd += ["-x", name]
-    cmd += [sys.executable, os.path.join(HERE, "run_plan.py"), model, "--style", style]
-    cmd += options.split()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    records = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
-               if line.startswith("MEMORY_ACCURACY ")]
+    with tempfile.TemporaryDirectory() as out:
+        cmd += [sys.executable, os.path.join(HERE, "run_plan.py"), model, "--style", style,
+                "--out", out]
+        cmd += options.split()
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+        records = []
+        for name in sorted(os.listdir(out)):
+            with open(os.path.join(out, name)) as f:
+                records.append(json.load(f))
     if done.returncode != 0 or len(records) != ranks:
         tail = (done.stdout + done.stderr)[-2000:]
         raise RuntimeError(f"{model} on {ranks} ranks ({options}) failed:\n{tail}")

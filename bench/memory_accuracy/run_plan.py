@@ -1,7 +1,8 @@
 """One configuration of bench/memory_accuracy (run under mpirun by memory_accuracy.py): trains a
 model a few steps under a forced (or free) plan and prints, per rank, one line
 `MEMORY_ACCURACY {json}` with the plan, the measured and predicted peak memory (Note [Measured
-memory] in staging/memory_meter.h) and the measured and predicted step time."""
+memory] in staging/memory_meter.h) and the measured and predicted step time, also written to
+OUT/rank<r>.json with --out OUT (ranks' stdout lines can interleave)."""
 import argparse
 import json
 import os
@@ -59,8 +60,9 @@ def main():
     p.add_argument("--batch", type=int, default=16, help="samples per rank")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--style", choices=["forward", "train_step"], default="forward")
+    p.add_argument("--out", help="directory for rank<r>.json")
     p.add_argument("options", nargs="*", help="autostage options as key=value")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()
     torch.manual_seed(0)
     rank = autostage.get_rank()
     generator = torch.Generator().manual_seed(rank)
@@ -95,6 +97,9 @@ def main():
         "stage": stage,
     }
     print("MEMORY_ACCURACY " + json.dumps(record), flush=True)
+    if args.out:
+        with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+            json.dump(record, f)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ using decomposer::PlanOptions;
 const std::vector<std::string> kValued = {
     "graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
     "decomposer", "out", "max-blocks", "partition-num", "pipeline-num", "min-pipeline",
-    "max-pipeline", "schedule", "mem-limit-gb", "mem-margin", "opt-param-factor",
+    "max-pipeline", "schedule", "usage", "mem-limit-gb", "mem-margin", "opt-param-factor",
     "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops"};
 const std::vector<std::string> kFlags = {"json", "help"};
 
@@ -32,6 +32,7 @@ PlanOptions planOptions(const Arguments& a) {
   o.minPipeline = static_cast<int>(a.getInt("min-pipeline", o.minPipeline));
   o.maxPipeline = static_cast<int>(a.getInt("max-pipeline", o.maxPipeline));
   o.schedule = a.get("schedule", o.schedule);
+  o.usage = decomposer::parseUsage(a.get("usage", decomposer::usageName(o.usage)));
   o.memLimitGb = a.getFloat("mem-limit-gb", o.memLimitGb);
   o.memMargin = a.getFloat("mem-margin", o.memMargin);
   o.optParamFactor = a.getFloat("opt-param-factor", o.optParamFactor);
@@ -62,6 +63,7 @@ void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::Pl
       << "  \"decomposer\": \"" << r.plan.decomposer << "\",\n"
       << "  \"micro_batches\": " << r.plan.microBatchCount << ",\n"
       << "  \"schedule\": \"" << decomposer::scheduleName(r.plan.schedule) << "\",\n"
+      << "  \"usage\": \"" << decomposer::usageName(r.blocking.request.options.usage) << "\",\n"
       << "  \"predicted_iteration_ms\": " << r.evaluation.iterationSeconds * 1e3 << ",\n"
       << "  \"search_objective_ms\": " << r.evaluation.searchSeconds * 1e3 << ",\n"
       << "  \"simulated_iteration_ms\": " << r.simulation.iterationSeconds * 1e3 << ",\n"
@@ -85,6 +87,8 @@ std::string planUsage() {
          "         [--decomposer dp|data_parallel|uniform|param_balanced] [--out deployment.pb] [--json]\n"
          "         [--max-blocks N] [--partition-num N] [--pipeline-num N] [--min-pipeline N]\n"
          "         [--max-pipeline N] [--schedule gpipe|1f1b|auto] [--mem-limit-gb G] [--mem-margin F]\n"
+         "         [--usage train_step|forward_backward|inference]  (the API that runs the plan;\n"
+         "                    forward()/backward() run gpipe only; default train_step)\n"
          "         [--opt-param-factor F] [--intra-node-bandwidth B/s] [--inter-node-bandwidth B/s]\n"
          "         [--latency S] [--peak-flops F]\n"
          "  SPEC: bert:layers=96,hidden=2048,heads=32,seq=512 | gpt:... | resnet:blocks=16 | mlp:layers=8\n";

@@ -21,6 +21,22 @@ def make(hidden=HIDDEN):
                                                      torch.nn.ReLU()) for _ in range(4)])
 
 
+class LossModel(torch.nn.Module):
+    """make() with an MSE loss inside (train_step needs a model returning its loss)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = make()
+
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+
+def no_grad(module, *inputs):
+    with torch.no_grad():
+        return module(*inputs)
+
+
 def data(seed, rows, hidden=HIDDEN):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(rows, hidden, generator=g), torch.randn(rows, hidden, generator=g)
@@ -86,6 +102,24 @@ def mismatch(rank, world, failures, directory):
     x8, _ = data(0, LOCAL, hidden=8)
     expect_error(failures, "graph hash", ["graph_hash is"],
                  lambda: autostage.Module(make(8), load_deployment=np4)(x8))
+    # A deployment must fit the call that runs it (Note [Plan usage]): a 1F1B plan made for
+    # train_step cannot run through forward()/backward(), an inference plan cannot train.
+    y = torch.randn_like(x)
+    for name, options, run in (("1f1b", {"schedule": "1f1b", "pipeline_num": 2},
+                                lambda m: m.train_step(x, y)),
+                               ("inference", {}, lambda m: no_grad(m, x, y))):
+        path = os.path.join(directory, f"{name}.deployment")
+        source = autostage.Module(LossModel(), **options)
+        run(source)
+        if autostage.get_rank() == 0:
+            source.save_deployment(path)
+        autostage.barrier()
+        for key, value in (("schedule", "auto"), ("pipeline_num", "0")):  # options are global
+            autostage._autostage._set_option(key, value)
+        words = (["schedule 1f1b", "forward()", "train_step"] if name == "1f1b"
+                 else ["planned for inference", "trains"])
+        expect_error(failures, f"a {name} deployment through forward()", words,
+                     lambda: autostage.Module(LossModel(), load_deployment=path)(x, y).backward())
     # save_deployment: rank 0 writes the plan it made to deployment_file.
     saved = os.path.join(directory, "saved.deployment")
     wrapped = autostage.Module(make(), save_deployment=True, deployment_file=saved)
