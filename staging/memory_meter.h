@@ -1,5 +1,5 @@
 #pragma once
-// How the runtime reads the memory a rank allocates (Note [Measured memory]). Torch-free interface: the
+// How the runtime reads the memory a rank allocates (Note [Measured memory]). Torch-free: the
 // layer that builds a module injects the implementation for its device (bindings/cpp: the
 // profiler's counting CPU allocator; a CUDA build: the caching allocator's statistics).
 //

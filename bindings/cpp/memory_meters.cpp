@@ -1,15 +1,12 @@
 #include "bindings/cpp/memory_meters.h"
 
-#include "profiler/measurement_backend.h"
-
 namespace autostage {
 namespace {
 
-// A profiler measurement backend's memory counters as a staging::MemoryMeter.
 class MeasurementMemoryMeter final : public staging::MemoryMeter {
  public:
-  MeasurementMemoryMeter(std::unique_ptr<profiler::MeasurementBackend> backend, std::string name)
-      : backend_(std::move(backend)), name_(std::move(name)) {}
+  explicit MeasurementMemoryMeter(std::unique_ptr<profiler::MeasurementBackend> backend)
+      : backend_(std::move(backend)), name_(backend_->deviceKind() + " allocator") {}
   std::string name() const override { return name_; }
   int64_t currentBytes() const override { return backend_->currentMemory(); }
   int64_t peakBytes() const override { return backend_->peakMemory(); }
@@ -22,9 +19,13 @@ class MeasurementMemoryMeter final : public staging::MemoryMeter {
 
 }  // namespace
 
+std::shared_ptr<staging::MemoryMeter> memoryMeterOf(
+    std::unique_ptr<profiler::MeasurementBackend> backend) {
+  return std::make_shared<MeasurementMemoryMeter>(std::move(backend));
+}
+
 std::shared_ptr<staging::MemoryMeter> cpuMemoryMeter() {
-  return std::make_shared<MeasurementMemoryMeter>(profiler::createCpuMeasurementBackend(),
-                                                  "cpu allocator");
+  return memoryMeterOf(profiler::createCpuMeasurementBackend());
 }
 
 }  // namespace autostage

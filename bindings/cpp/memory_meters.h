@@ -4,11 +4,18 @@
 
 #include <memory>
 
+#include "profiler/measurement_backend.h"
 #include "staging/memory_meter.h"
 
 namespace autostage {
 
-// The meter for this process's stages: the counting CPU allocator (installed on first use).
+// A profiler measurement backend's memory counters as a meter named "<device kind> allocator":
+// the counting CPU allocator, or on a CUDA build profiler::createCudaMeasurementBackend(device)
+// (the caching allocator's current and peak bytes).
+std::shared_ptr<staging::MemoryMeter> memoryMeterOf(
+    std::unique_ptr<profiler::MeasurementBackend> backend);
+
+// The meter for CPU stages: the counting CPU allocator (installed on first use).
 std::shared_ptr<staging::MemoryMeter> cpuMemoryMeter();
 
 }  // namespace autostage
