@@ -1,63 +1,69 @@
 // C++ example: train a TorchScript model with autostage across MPI ranks.
 //
-//   mpirun --allow-run-as-root --oversubscribe -np 4 -x OMP_NUM_THREADS=1
-//          build/examples/cpp/autostage_train_example [model.pt|-]
+//   mpirun -np 4 -x OMP_NUM_THREADS=1 autostage_train_example [model.pt|-] [--steps N]
+//          [--save-params PATH]
 //
-// Without model.pt a small MLP (8 -> 64 -> 64 -> 4) is built in place. Every rank feeds its own
-// local batch of 16 random samples; the wrapped module returns the rows of that local batch and
-// the ordinary `loss.backward()` drives the pipeline backward and gradient synchronisation.
-// Rank 0 profiles the model and plans stages with the decomposer (options from the config table,
-// e.g. AUTOSTAGE_PARTITION_NUM=2 to force two stages); the partition log shows what it chose.
+// Without model.pt the MLP of mlp_with_loss.h is built in place; a model.pt must take (x [B, 8],
+// y [B, 4]) and return its mean loss, like that one. Every rank feeds its rows of the global
+// batch (16 per rank); the wrapped module returns the loss of the global batch on every rank
+// (Note [Loss outputs]) and `loss.backward()` drives the pipeline backward and the gradient
+// synchronisation; SGD then updates this rank's parameters (module.parameters()). Rank 0
+// profiles the model and plans stages (options from the config table, e.g.
+// AUTOSTAGE_PARTITION_NUM=2); the partition log shows what it chose. Rank 0 prints
+// `step N loss X`; with --save-params it writes every parameter, gathered from the stages, as
+// `name v0 v1 ...` lines.
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include <torch/script.h>
 #include <torch/torch.h>
 
 #include "bindings/cpp/module.h"
-
-namespace {
-
-torch::jit::Module builtinMlp() {
-  torch::jit::Module m("Mlp");
-  const int64_t sizes[] = {8, 64, 64, 4};
-  for (int i = 0; i < 3; ++i) {
-    std::string n = std::to_string(i);
-    m.register_parameter("w" + n, (torch::randn({sizes[i], sizes[i + 1]}) * 0.2).requires_grad_(), false);
-    m.register_parameter("b" + n, torch::zeros({sizes[i + 1]}).requires_grad_(), false);
-  }
-  m.define(R"(
-def forward(self, x):
-    h = torch.relu(torch.matmul(x, self.w0) + self.b0)
-    h = torch.relu(torch.matmul(h, self.w1) + self.b1)
-    return torch.matmul(h, self.w2) + self.b2
-)");
-  return m;
-}
-
-}  // namespace
+#include "mlp_with_loss.h"
 
 int main(int argc, char** argv) {
-  using namespace autostage;
-  torch::manual_seed(0);
-  torch::jit::Module model = argc > 1 && std::string(argv[1]) != "-" ? torch::jit::load(argv[1])
-                                                                      : builtinMlp();
+  std::string modelPath = "-", paramsPath;
+  int steps = 5;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--steps" && i + 1 < argc) {
+      steps = std::atoi(argv[++i]);
+    } else if (arg == "--save-params" && i + 1 < argc) {
+      paramsPath = argv[++i];
+    } else {
+      modelPath = arg;
+    }
+  }
   try {
+    torch::jit::Module model = modelPath != "-" ? torch::jit::load(modelPath)
+                                                : autostage::examples::buildMlpWithLoss();
     autostage::Module module(model);
     const int64_t localBatch = 16;
-    for (int step = 0; step < 5; ++step) {
-      at::Tensor x = torch::randn({localBatch, 8});
-      at::Tensor y = torch::randn({localBatch, 4});
-      at::Tensor out = module.forward({x})[0];
-      at::Tensor loss = torch::mse_loss(out, y);
+    for (int step = 0; step < steps; ++step) {
+      auto [x, y] = autostage::examples::globalBatch(step, localBatch * module.worldSize());
+      const int64_t first = localBatch * module.rank();
+      at::Tensor loss = module.forward({x.narrow(0, first, localBatch),
+                                        y.narrow(0, first, localBatch)})[0];
       loss.backward();
       torch::NoGradGuard noGrad;
       for (const at::Tensor& p : module.parameters()) {
         p.sub_(0.05 * p.grad());
         p.mutable_grad().zero_();
       }
-      if (module.rank() == 0) std::printf("step %d loss %.5f\n", step, loss.item<double>());
+      if (module.rank() == 0) std::printf("step %d loss %.9g\n", step, loss.item<double>());
+    }
+    auto state = module.stateDict();  // collective: every rank gathers the whole model
+    if (!paramsPath.empty() && module.rank() == 0) {
+      std::ofstream out(paramsPath);
+      out.precision(9);
+      for (const auto& [name, tensor] : state) {
+        out << name;
+        at::Tensor flat = tensor.contiguous().view(-1);
+        for (int64_t i = 0; i < flat.numel(); ++i) out << ' ' << flat[i].item<double>();
+        out << '\n';
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
