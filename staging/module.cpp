@@ -22,6 +22,7 @@
 #include "staging/plan_cache.h"
 #include "staging/route_check.h"
 #include "staging/sample_range.h"
+#include "staging/state_dict_load.h"
 
 namespace autostage::staging {
 namespace {
@@ -466,6 +467,11 @@ std::vector<std::pair<std::string, at::Tensor>> Module::stateDict() {
   AUTOSTAGE_CHECK(executor_ != nullptr, "state_dict of a module that is not deployed yet: the "
                   "module's own state_dict is current until its first forward call");
   return gatherState(*model_, executor_->deployment(), *backend_);
+}
+
+void Module::loadStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                           bool strict) {
+  staging::loadStateDict(module_, state, strict);
 }
 
 void Module::shareState() {

@@ -161,6 +161,14 @@ class Module {
   // The whole model's parameters and buffers, current, keyed like the original module's
   // state_dict, on every rank (Note [Gathering the state]). Collective; throws before deployment.
   std::vector<std::pair<std::string, at::Tensor>> stateDict();
+  // Loads a state dict of the original module (e.g. stateDict() of another job) into the
+  // module's own tensors, which every deployment of it shares; before or after deployment, on
+  // every rank with the same values. Throws FormatError naming each key that does not fit, having
+  // loaded nothing (staging/state_dict_load.h).
+  void loadStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                     bool strict = true);
+  // Waits for every rank. Collective.
+  void barrier() { backend_->barrier(backend_->world()); }
   // Writes every parameter's and buffer's current value (from this deployment's holders) into
   // every rank's own tensors, before another deployment of the same tensors takes over (the
   // model's other train/eval mode). Collective; throws before deployment.

@@ -1,29 +1,61 @@
 #pragma once
 // The C++ API:
 //
-//   autostage::Module module(torch::jit::load("model.pt"));
-//   auto out = module.forward({x});       // every rank passes its local batch
-//   lossFn(out[0], y).backward();         // runs the pipeline backward on every rank
-//   optimizer.step();                     // over module.parameters() (this rank's)
+//   autostage::Module module(torch::jit::load("model.pt"), {{"partition_num", "2"}});
+//   at::Tensor out = module.forward({x})[0];   // every rank passes its local batch
+//   torch::mse_loss(out, y).backward();        // runs the pipeline backward on every rank
+//   for (at::Tensor& p : module.parameters())  // this rank's parameters: give them to your
+//     ...                                      // optimizer after the first call
 //
-// staging::Module with autoPlanner() (profile + plan on rank 0) unless the options name another
-// planner or a saved deployment. Launch with mpirun; one process per rank.
+// staging::Module (staging/module.h: forward, trainStep, parameters, stateDict, deployment, ...)
+// with autoPlanner() (profile + plan on rank 0) unless the options name another planner or a
+// saved deployment, and the counting CPU allocator measuring each step's memory
+// (measure_memory). Launch with mpirun; one process per rank. Every call marked collective must
+// be made on every rank. Errors are autostage::Error subclasses (core/error.h) with the messages
+// the Python API gives.
+
+#include <map>
+#include <string>
 
 #include "bindings/cpp/auto_planner.h"
 #include "bindings/cpp/memory_meters.h"
+#include "core/proto/deployment_file.h"
 #include "staging/module.h"
 
 namespace autostage {
 
 using ModuleOptions = staging::ModuleOptions;
+// Config keys and values, as the Python API takes them (autostage.Module(model, partition_num=2)).
+using ConfigOptions = std::map<std::string, std::string>;
 
 class Module : public staging::Module {
  public:
   explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig())
-      : staging::Module(std::move(module), withDefaultPlanner(std::move(options))) {}
+      : staging::Module(std::move(module), withDefaults(std::move(options))) {}
+  // Sets each config key (process-wide, like the Python API; an unknown key or a bad value throws
+  // ConfigError naming it) and takes the options from the config table.
+  Module(torch::jit::Module module, const ConfigOptions& config)
+      : Module(std::move(module), fromConfig(config)) {}
+
+  // Clips the gradients of the whole model by their global L2 norm (each parameter once over all
+  // stages and replicas, like torch::nn::utils::clip_grad_norm_); returns the norm before
+  // clipping. Collective.
+  double clipGradNorm(double maxNorm) { return trainingExecutor().clipGradNorm(maxNorm); }
+  // Gradient accumulation: while delayGradAllreduce(true), backward leaves gradients local;
+  // allreduceGrads() then sums them over their holders once. Collective.
+  static void delayGradAllreduce(bool delay) { staging::setDelayGradAllreduce(delay); }
+  void allreduceGrads() { trainingExecutor().allreduceGrads(); }
+  // Writes the deployment that ran last (load it with ModuleOptions::deploymentPath or
+  // load_deployment=true deployment_file=PATH). Call on one rank.
+  void saveDeployment(const std::string& path) const { core::saveDeployment(deployment(), path); }
 
  private:
-  static ModuleOptions withDefaultPlanner(ModuleOptions options) {
+  static ModuleOptions fromConfig(const ConfigOptions& config) {
+    for (const auto& [key, value] : config)
+      core::globalConfig().set(key, value, "autostage::Module(" + key + "=...)");
+    return ModuleOptions::fromConfig();
+  }
+  static ModuleOptions withDefaults(ModuleOptions options) {
     if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner(options.backend);
     if (options.deviceMemory == 0) options.deviceMemory = jobDeviceMemory(core::globalConfig());
     if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))
