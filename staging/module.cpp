@@ -301,8 +301,8 @@ void Module::followTraining(const std::shared_ptr<Executor>& executor) {
   ++trainingSelection_;
 }
 
+// On failure the deployment that ran last stays current (Note [Bad input on one rank]).
 void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage) {
-  executor_.reset();
   std::vector<c10::IValue> examples(inputs.begin(), inputs.end());
   int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
   core::Deployment deployment = obtainDeployment(examples, globalBatch, usage);
