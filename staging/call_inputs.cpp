@@ -21,6 +21,16 @@ std::vector<at::Tensor> tensorsOf(const std::vector<c10::IValue>& inputs) {
   return tensors;
 }
 
+void checkDevices(const std::vector<at::Tensor>& inputs, c10::DeviceType stages) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::DeviceType type = inputs[i].device().type();
+    AUTOSTAGE_CHECK(type == c10::DeviceType::CPU || type == stages, "input ", i, " is on ",
+                    inputs[i].device(), " but this job's stages run on ", c10::Device(stages),
+                    "; pass inputs on the cpu", stages == c10::DeviceType::CPU ? "" : " or on it",
+                    " (autostage moves the rows to the ranks that need them)");
+  }
+}
+
 // Every input must be a tensor with the batch in dim 0, all with the same number of rows.
 void checkBatchDims(const std::vector<at::Tensor>& inputs) {
   AUTOSTAGE_CHECK_AS(UnsupportedError, !inputs.empty(),

@@ -183,9 +183,8 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
     backend_ = comm::sharedBackend("mpi");
   }
   // Stages run on CPU tensors unless the backend is NCCL (CUDA): fp16 autocast needs CUDA.
-  torchscript::checkAutocastSupported(
-      options_.precision,
-      backend_->name() == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU);
+  stageDevice_ = backend_->name() == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  torchscript::checkAutocastSupported(options_.precision, stageDevice_);
   anchor_ = at::zeros({}, at::kFloat).requires_grad_(true);
   core::logger("Module")->debug("options: {}", options_.toString());
 }
@@ -227,6 +226,7 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
   std::string summary;
   try {
     tensors = tensorsOf(inputs);
+    checkDevices(tensors, stageDevice_);
     checkBatchDims(tensors);
     summary = inputSummary(tensors);
   } catch (...) {

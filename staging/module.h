@@ -218,6 +218,7 @@ class Module {
   int trainingSelection_ = 0;
   int64_t optimizerStateBytes_ = -1;  // Note [Measured memory]; < 0: not reported
   at::Tensor anchor_;  // requires grad, so the outputs' autograd node is always executable
+  c10::DeviceType stageDevice_ = c10::DeviceType::CPU;  // where the stages run
 };
 
 }  // namespace autostage::staging

@@ -48,6 +48,27 @@ TEST_CASE("a module without parameters runs, as in Python", "[api]") {
   }));
 }
 
+TEST_CASE("inputs on another device than the stages' are refused on every rank", "[api]") {
+  at::set_num_threads(1);
+  torch::manual_seed(3);
+  torch::jit::Module mlp = staging::testing::makeMlp();
+  auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
+    Module module(mlp.clone(), threadOptions(b));
+    // Rank 1 alone passes a tensor of another device (meta: this machine has no GPU).
+    at::Tensor x = b.rank() == 1 ? at::empty({4, 8}, at::TensorOptions().device(at::kMeta))
+                                 : torch::randn({4, 8});
+    module.forward({x});
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[r]);
+    CHECK_THROWS_WITH(std::rethrow_exception(errors[r]),
+                      Catch::Contains("rank 1: input 0 is on meta") &&
+                          Catch::Contains("stages run on cpu") &&
+                          Catch::Contains("pass inputs on the cpu"));
+  }
+}
+
 TEST_CASE("loadStateDict loads on every rank and refuses what does not fit, loading nothing",
           "[api]") {
   at::set_num_threads(1);
