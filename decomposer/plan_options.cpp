@@ -59,7 +59,7 @@ std::string PlanOptions::toString() const {
       << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
       << " schedule=" << schedule << " recompute=" << recompute << " mem_limit_gb=" << memLimitGb
       << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor
-      << " gradient_bucket_bytes=" << gradientBucketBytes
+      << " gradient_bucket_bytes=" << static_cast<int64_t>(gradientBucketBytes)
       << " precision=" << precision << " usage=" << usageName(usage);
   return out.str();
 }

@@ -221,4 +221,7 @@ class Module {
   c10::DeviceType stageDevice_ = c10::DeviceType::CPU;  // where the stages run
 };
 
+// The `[DPStaging] Deployment: ...` lines: stages, micro-batches, schedule, usage, replicas, ranks.
+void logDeployment(const core::Deployment& deployment);
+
 }  // namespace autostage::staging
