@@ -57,9 +57,10 @@ class Executor {
            std::shared_ptr<comm::Backend> backend, ExecutorOptions options = {});
   ~Executor();  // writes an open trace step
 
-  // gpipe forward of all micro-batches (the deployment's schedule must be gpipe). `inputs`: one tensor per model input, this rank's local
-  // batch (dim 0). Returns one tensor per graph output: rows of this rank's local batch, or the
-  // global loss for scalar outputs (Note [Loss outputs]). Autograd state is kept for backward().
+  // gpipe forward of all micro-batches (the deployment's schedule must be gpipe). `inputs`: one
+  // tensor per model input, this rank's local batch (dim 0). Returns one tensor per graph
+  // output: rows of this rank's local batch, or the global loss for scalar outputs (Note [Loss
+  // outputs]). Autograd state is kept for backward().
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
   // gpipe backward: `outputGrads` holds one gradient per graph output (undefined = zeros) as
   // seen by this rank's caller. Back-propagates all micro-batches in reverse order, then sums

@@ -18,13 +18,13 @@ namespace {
 // With plan_cache_dir set, rank 0 keeps every deployment it plans in that directory under a key
 // of what the plan depends on: the graph hash (model and traced shapes), world size, ranks per
 // node, global batch, the plan's usage (Note [Plan usage]) and every planner, profiler and comm
-// option. A later launch with the same
-// key loads the file instead of profiling and planning. A cache file that cannot be read (damaged,
-// older format) is reported and replaced by a fresh plan.
+// option. A later launch with the same key loads the file instead of profiling and planning. A
+// cache file that cannot be read (damaged, older format) is reported and replaced by a fresh plan.
 const char* const kPlanKeyOptions[] = {
     "decomposer", "max_blocks", "partition_num", "pipeline_num", "min_pipeline", "max_pipeline",
-    "schedule", "recompute", "mem_limit_gb", "mem_margin", "opt_param_factor", "gradient_bucket_bytes", "comm_bandwidth",
-    "allreduce_bandwidth", "comm_latency", "profile_batch_sizes", "precision"};
+    "schedule", "recompute", "mem_limit_gb", "mem_margin", "opt_param_factor",
+    "gradient_bucket_bytes", "comm_bandwidth", "allreduce_bandwidth", "comm_latency",
+    "profile_batch_sizes", "precision"};
 
 }  // namespace
 
@@ -39,7 +39,8 @@ std::string planCachePath(const std::string& graphHash, int worldSize, int64_t g
       << '\n' << core::usageName(usage);
   for (const char* option : kPlanKeyOptions) key << '\n' << option << '=' << config.text(option);
   return dir + "/plan-" + graphHash + "-np" + std::to_string(worldSize) + "-b" +
-         std::to_string(globalBatch) + "-" + core::usageName(usage) + "-" + core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";
+         std::to_string(globalBatch) + "-" + core::usageName(usage) + "-" +
+         core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";
 }
 
 bool readCachedPlan(const std::string& path, std::string* bytes) {

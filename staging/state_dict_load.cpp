@@ -60,7 +60,8 @@ std::string stateDictProblem(const torch::jit::Module& module, const NamedTensor
   if (problems.empty()) return "";
   std::ostringstream out;
   out << "the checkpoint does not fit " << module.type()->name()->name() << ": ";
-  for (size_t i = 0; i < problems.size() && i < kMaxListed; ++i) out << (i ? "; " : "") << problems[i];
+  for (size_t i = 0; i < problems.size() && i < kMaxListed; ++i)
+    out << (i ? "; " : "") << problems[i];
   if (problems.size() > kMaxListed) out << "; and " << problems.size() - kMaxListed << " more";
   out << ". Nothing was loaded (the model is unchanged); load a checkpoint saved from this model "
          "with the same sizes";
