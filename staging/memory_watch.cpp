@@ -6,15 +6,14 @@
 
 #include <ATen/ATen.h>
 
+#include "comm/tensor_util.h"
+#include "core/cluster_spec.h"
 #include "core/log.h"
 
 namespace autostage::staging {
 namespace {
 
-int64_t bytesOf(const at::Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size())
-                     : 0;
-}
+int64_t bytesOf(const at::Tensor& t) { return t.defined() ? comm::tensorBytes(t) : 0; }
 
 int64_t tensorBytes(const ParamStorage& params) {
   int64_t total = 0;
@@ -36,20 +35,16 @@ std::string relative(int64_t measured, int64_t predicted) {
   return text;
 }
 
+std::string bytesText(int64_t bytes) { return core::formatBytes(static_cast<double>(bytes)); }
+
 std::string describe(const StepMemory& m) {
   std::ostringstream out;
-  out << "measured " << formatMebibytes(m.measuredPeak) << ", predicted "
-      << formatMebibytes(m.predicted) << " (" << relative(m.measuredPeak, m.predicted) << ")";
+  out << "measured " << bytesText(m.measuredPeak) << ", predicted " << bytesText(m.predicted)
+      << " (" << relative(m.measuredPeak, m.predicted) << ")";
   return out.str();
 }
 
 }  // namespace
-
-std::string formatMebibytes(int64_t bytes) {
-  char text[48];
-  std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / (1 << 20));
-  return text;
-}
 
 MemoryWatch::MemoryWatch(std::shared_ptr<MemoryMeter> meter, const core::Deployment& deployment,
                          int stage)
@@ -87,16 +82,15 @@ std::optional<StepMemory> MemoryWatch::end(const ParamStorage& params, comm::Bac
   auto log = core::logger("Runtime");
   log->debug("step {} peak memory rank {}: {} (parameters {}, gradients {}, optimizer state {}, "
              "activations and other transient {}; {})", m.step,
-             backend.rank(), describe(m), formatMebibytes(m.parameters),
-             formatMebibytes(m.gradients), formatMebibytes(m.optimizer),
-             formatMebibytes(m.transient), meter_->name());
+             backend.rank(), describe(m), bytesText(m.parameters), bytesText(m.gradients),
+             bytesText(m.optimizer), bytesText(m.transient), meter_->name());
   if (m.usable > 0 && m.measuredPeak > m.usable && !warned_) {
     warned_ = true;
     log->warn("rank {} used {} in step {}, more than the {} usable per device the plan was made "
               "for (predicted {}): give the planner a smaller mem_limit_gb or a larger "
               "mem_margin, or force more micro-batches (pipeline_num) or recompute",
-              backend.rank(), formatMebibytes(m.measuredPeak), m.step,
-              formatMebibytes(m.usable), formatMebibytes(m.predicted));
+              backend.rank(), bytesText(m.measuredPeak), m.step, bytesText(m.usable),
+              bytesText(m.predicted));
   }
   if (m.step == kSummaryStep) summarize(m, backend);
   last_ = m;

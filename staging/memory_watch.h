@@ -48,7 +48,4 @@ class MemoryWatch {
   std::optional<StepMemory> last_;
 };
 
-// "16.9 MiB"
-std::string formatMebibytes(int64_t bytes);
-
 }  // namespace autostage::staging

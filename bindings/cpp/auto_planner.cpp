@@ -18,6 +18,7 @@
 #include "decomposer/planner.h"
 #include "profiler/comm_profile.h"
 #include "profiler/profiler.h"
+#include "staging/call_inputs.h"
 
 namespace autostage {
 namespace {
@@ -53,18 +54,6 @@ class ModelStateGuard {
  private:
   std::vector<at::Tensor> tensors_, values_, grads_;
 };
-
-// "2x3:Float 2:Long" for a profile's key: the graph hash covers the shapes but the batch (dim 0).
-std::string exampleShapes(const std::vector<c10::IValue>& inputs) {
-  std::string out;
-  for (const c10::IValue& v : inputs) {
-    if (!v.isTensor()) continue;
-    const at::Tensor& t = v.toTensor();
-    for (int64_t d = 0; d < t.dim(); ++d) out += (d ? "x" : "") + std::to_string(t.size(d));
-    out += std::string(":") + c10::toString(t.scalar_type()) + " ";
-  }
-  return out;
-}
 
 core::CommProfile measuredCommProfile(const std::shared_ptr<comm::Backend>& backend) {
   static std::mutex mutex;
@@ -142,7 +131,9 @@ staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
     decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
     options.usage = in.usage;
     options.validate();  // e.g. schedule=1f1b cannot be planned for forward_backward
-    const std::string key = in.model.graph.hash() + " " + exampleShapes(in.exampleInputs);
+    // The graph hash covers the shapes but the batch (dim 0), which the profile depends on too.
+    const std::string key =
+        in.model.graph.hash() + staging::signatureOf(staging::tensorsOf(in.exampleInputs), false);
     if (lastProfile->first != key) {
       core::logger("Module")->info("Running profiler ...");
       auto measurement = profiler::createCpuMeasurementBackend();

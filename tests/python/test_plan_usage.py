@@ -29,5 +29,6 @@ def test_each_usage_gets_its_plan_and_runs_its_schedule(tmp_path):
     assert re.search(r"schedule=1f1b precision=fp32 usage=train_step", log), log
     # The info summary after the first steps, one line per rank, printed by rank 0.
     for rank in range(2):
-        assert re.search(rf"peak memory rank {rank}: measured [\d.]+ MiB, predicted [\d.]+ MiB "
+        size = r"[\d.]+ [KMG]?i?B"
+        assert re.search(rf"peak memory rank {rank}: measured {size}, predicted {size} "
                          r"\([+-]\d+%\)", log), log
