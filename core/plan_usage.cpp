@@ -20,4 +20,9 @@ PlanUsage parseUsage(const std::string& text) {
                     "' is unknown; use forward_backward, train_step or inference");
 }
 
+std::string recordedUsage(const Deployment& deployment) {
+  auto found = deployment.options.find(kUsageOption);
+  return found == deployment.options.end() ? "" : found->second;
+}
+
 }  // namespace autostage::core

@@ -16,6 +16,8 @@
 
 #include <string>
 
+#include "core/deployment.h"
+
 namespace autostage::core {
 
 enum class PlanUsage { ForwardBackward, TrainStep, Inference };
@@ -25,5 +27,7 @@ std::string usageName(PlanUsage usage);  // "forward_backward", "train_step", "i
 PlanUsage parseUsage(const std::string& text);
 // The key of Deployment::options that records the usage.
 inline constexpr const char* kUsageOption = "usage";
+// The usage `deployment` records ("" in files written before it was recorded).
+std::string recordedUsage(const Deployment& deployment);
 
 }  // namespace autostage::core

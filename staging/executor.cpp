@@ -199,9 +199,7 @@ std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& input
 }
 
 bool Executor::inferenceOnly() const {
-  auto usage = deployment_.options.find(core::kUsageOption);
-  return usage != deployment_.options.end() &&
-         usage->second == core::usageName(core::PlanUsage::Inference);
+  return core::recordedUsage(deployment_) == core::usageName(core::PlanUsage::Inference);
 }
 
 // The deployment's schedule, as this stage runs it: gpipe runs every forward, then every backward

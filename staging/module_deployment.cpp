@@ -17,8 +17,7 @@ namespace {
 // Note [Plan usage]: a deployment (a loaded one may have been planned for another API) must run
 // the schedule the call runs and budget what it holds.
 void checkRunsAs(const core::Deployment& d, core::PlanUsage usage) {
-  auto recorded = d.options.find(core::kUsageOption);
-  const std::string planned = recorded == d.options.end() ? "" : recorded->second;
+  const std::string planned = core::recordedUsage(d);
   const std::string wanted = core::usageName(usage);
   const char* api = usage == core::PlanUsage::TrainStep ? "train_step" : "forward()";
   AUTOSTAGE_CHECK_AS(ConfigError,
@@ -40,10 +39,10 @@ void checkRunsAs(const core::Deployment& d, core::PlanUsage usage) {
 
 void logDeployment(const core::Deployment& d) {
   auto log = core::logger("DPStaging");
-  auto usage = d.options.find(core::kUsageOption);
+  const std::string usage = core::recordedUsage(d);
   log->info("Deployment: {} stage(s), {} micro-batch(es), schedule {}, world size {}, for {}",
             d.stages.size(), d.microBatchCount, d.schedule, d.worldSize,
-            usage == d.options.end() ? std::string("(usage not recorded)") : usage->second);
+            usage.empty() ? "(usage not recorded)" : usage);
   for (const core::StageDeployment& s : d.stages) {
     std::ostringstream ranks;
     for (size_t i = 0; i < s.ranks.size(); ++i) ranks << (i ? "," : "") << s.ranks[i];
