@@ -190,7 +190,20 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
   } catch (...) {
     local = comm::StepStatus::fromCurrentException();
   }
-  checkSameAcrossRanks(comm::agreeAndGather(*backend_, "checking the inputs", local, summary));
+  // One exchange agrees on the call (Note [Calls in different modes]) and on the inputs: each
+  // rank's description is its first line.
+  std::vector<std::string> gathered = comm::agreeAndGather(
+      *backend_, "checking the inputs", local, callDescription(usage) + "\n" + summary);
+  std::vector<std::string> hows;
+  for (std::string& text : gathered) {
+    size_t end = text.find('\n');
+    hows.push_back(text.substr(0, end));
+    text.erase(0, end == std::string::npos ? text.size() : end + 1);
+  }
+  checkCalledAlike(hows);
+  checkSameAcrossRanks(gathered);
+  if (model_ && !options_.tracer && module_.is_training() != importedTraining_)
+    switchMode(module_.is_training());
   if (!model_) {
     importFor(tensors);
   } else if (signatureOf(tensors, true) != tracedSignature_) {
@@ -206,6 +219,8 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
     // The new deployment starts from rank 0's tensors (ParamStorage::synchronize), which are
     // current only where rank 0 held them: share the holders' values first.
     if (executor_) shareState();
+    parked_.clear();  // made for the old shapes (Note [Train and eval modes])
+    trainingExecutor_.reset();  // trainingParams_ keeps its parameters for followTraining
     importFor(tensors);
   }
   switchTo(usage, tensors);
@@ -215,15 +230,61 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
 
 void Module::importFor(const std::vector<at::Tensor>& inputs) {
   executor_.reset();
-  trainingExecutor_.reset();  // trainingParams_ keeps its parameters for followTraining
   executors_.clear();
   auto log = core::logger("Module");
+  if (!options_.tracer) importedTraining_ = module_.is_training();
   log->info("Tracing model ...");
   std::vector<c10::IValue> examples(inputs.begin(), inputs.end());
   comm::runAgreed(*backend_, "tracing and importing the model", [&] { importModel(examples); });
   log->info("Model graph: {} nodes, {} parameter tensors", model_->graph.nodeCount(),
             model_->paramTensors.size());
   tracedSignature_ = signatureOf(inputs, true);
+}
+
+// Note [Train and eval modes].
+void Module::switchMode(bool training) {
+  auto parked = parked_.find(training);
+  const bool known = parked != parked_.end();
+  core::logger("Module")->info("Switching from {} to {} mode: {}", importedTraining_ ? "train" : "eval",
+                               training ? "train" : "eval",
+                               known ? "using its deployment" : "tracing and planning it (once)");
+  if (executor_) shareState();
+  ParkedImport leaving{std::move(model_), std::move(executors_), executor_, tracedSignature_};
+  if (known) {
+    model_ = std::move(parked->second.model);
+    executors_ = std::move(parked->second.executors);
+    executor_ = parked->second.last;
+    tracedSignature_ = parked->second.tracedSignature;
+    parked_.erase(parked);
+  } else {
+    model_.reset();
+    executors_.clear();
+    executor_.reset();
+    tracedSignature_.clear();
+  }
+  parked_[importedTraining_] = std::move(leaving);
+  importedTraining_ = training;
+}
+
+std::string Module::callDescription(core::PlanUsage usage) const {
+  std::string how = usage == core::PlanUsage::TrainStep ? "trainStep" : "forward";
+  if (!options_.tracer) how += module_.is_training() ? ", train mode" : ", eval mode";
+  if (!at::GradMode::is_enabled()) how += ", no_grad";
+  return how;
+}
+
+void Module::train(bool on) {
+  AUTOSTAGE_CHECK_AS(UnsupportedError, !options_.tracer,
+                     "train()/eval() of a staging::Module made with a tracer: such a module is "
+                     "made for one mode; keep one per mode (autostage.Module in Python does)");
+  for (const torch::jit::Module& m : module_.modules()) {
+    AUTOSTAGE_CHECK_AS(UnsupportedError, m.type()->hasAttribute("training"),
+                       m.type()->name() ? m.type()->name()->qualifiedName() : "a submodule",
+                       " has no 'training' attribute, so the module has no train/eval modes "
+                       "(a jit::Module built in C++ gets one with register_attribute(\"training\", "
+                       "c10::BoolType::get(), true); scripted and traced modules have it)");
+  }
+  module_.train(on);
 }
 
 // Note [One deployment per usage].
@@ -354,6 +415,9 @@ void Module::setOptimizerStateBytes(int64_t bytes) {
   optimizerStateBytes_ = bytes;
   for (auto& [usage, executor] : executors_)
     executor->setOptimizerStateBytes(usage == core::PlanUsage::Inference ? 0 : bytes);
+  for (auto& [mode, parked] : parked_)
+    for (auto& [usage, executor] : parked.executors)
+      executor->setOptimizerStateBytes(usage == core::PlanUsage::Inference ? 0 : bytes);
 }
 
 Executor& Module::trainingExecutor() {

@@ -36,6 +36,20 @@
 // never changes which parameters a rank updates. When the training deployment changes,
 // gradients of parameters the previous one did not give this rank are dropped (stale).
 //
+// Note [Train and eval modes]
+// Dropout and BatchNorm compute differently in train and eval mode, and the import turns
+// `self.training` into a constant (core/torchscript/importer.cpp), so each mode needs its own
+// import and its own deployments. The module follows the jit::Module's mode at each call
+// (train()/eval() here or on the jit::Module itself): on the first call after a mode change it
+// shares the current state from the holders (shareState), parks the import and deployments of
+// the mode it leaves, and imports and plans the new mode once, or takes back its parked ones.
+// trainingExecutor_ is not per mode: the optimizer keeps the parameters of the training
+// deployment that ran last (normally train mode's; an eval forward under NoGradGuard is an
+// inference deployment and never changes it). A Module with a tracer (autostage.Module in
+// Python) is made for one mode: the Python wrapper keeps one per mode (Note [Train and eval
+// deployments] in module.py). A replan (allowReplan) drops the parked mode too: it was made for
+// the old shapes. Every rank must call in the same mode; the input agreement checks it.
+//
 // Note [Bad input on one rank]
 // Every check that may fail on some ranks only (argument types, batch dims, tracing, loading a
 // deployment, planning on rank 0, validating the plan) is followed by a status exchange
@@ -140,6 +154,13 @@ class Module {
   // outputs]). Deploys on the first call of its usage.
   std::vector<at::Tensor> trainStep(const std::vector<c10::IValue>& inputs);
 
+  // Note [Train and eval modes]: sets the mode of the wrapped jit::Module (like
+  // torch::nn::Module::train); the next call runs the deployment of that mode. Local; every rank
+  // must make its next call in the same mode. Throws UnsupportedError with a tracer.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool isTraining() const { return module_.is_training(); }
+
   bool ready() const { return executor_ != nullptr; }
   // How many deployments the module made (1 after the first call; +1 per new usage or replan).
   int deploymentCount() const { return deploymentCount_; }
@@ -186,8 +207,14 @@ class Module {
   // changed (Note [Bad input on one rank]); returns the tensors.
   std::vector<at::Tensor> prepareStep(const std::vector<c10::IValue>& inputs,
                                       core::PlanUsage usage);
-  // Traces and imports the model for these inputs; drops the deployments of the previous import.
+  // Traces and imports the model for these inputs; drops the deployments of the previous import
+  // of this mode.
   void importFor(const std::vector<at::Tensor>& inputs);
+  // Note [Train and eval modes]: parks this mode's import and takes back (or clears for an
+  // import) the other's. Collective (shares the state first).
+  void switchMode(bool training);
+  // How this rank calls ("forward, eval mode, no_grad"), compared across ranks.
+  std::string callDescription(core::PlanUsage usage) const;
   // Makes `usage` the current deployment: reuses its executor or plans and deploys it.
   void switchTo(core::PlanUsage usage, const std::vector<at::Tensor>& inputs);
   void deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage);
@@ -213,6 +240,15 @@ class Module {
   std::shared_ptr<Executor> trainingExecutor_;  // Note [One deployment per usage]
   std::map<core::PlanUsage, std::shared_ptr<Executor>> executors_;  // of the current import
   std::string tracedSignature_;  // inputs of the deployed trace, dim 0 written as B
+  // Note [Train and eval modes]: the mode model_ was imported in, and the other mode's import.
+  struct ParkedImport {
+    std::unique_ptr<torchscript::ImportedModel> model;
+    std::map<core::PlanUsage, std::shared_ptr<Executor>> executors;
+    std::shared_ptr<Executor> last;  // the one that ran last in that mode
+    std::string tracedSignature;
+  };
+  bool importedTraining_ = true;
+  std::map<bool, ParkedImport> parked_;
   int deploymentCount_ = 0;
   std::vector<at::Tensor> trainingParams_;     // this rank's parameters of the training one
   int trainingSelection_ = 0;

@@ -105,5 +105,119 @@ TEST_CASE("loadStateDict loads on every rank and refuses what does not fit, load
   }));
 }
 
+// forward(x) = relu(x w1) [* 0.5 in train mode] w2: the modes compute differently, like Dropout.
+torch::jit::Module makeModeNet() {
+  torch::jit::Module net("ModeNet");
+  net.register_attribute("training", c10::BoolType::get(), true);
+  net.register_parameter("w1", torch::randn({8, 16}).requires_grad_(), false);
+  net.register_parameter("w2", torch::randn({16, 4}).requires_grad_(), false);
+  net.define(R"(
+def forward(self, x):
+    h = torch.relu(torch.mm(x, self.w1))
+    if self.training:
+        h = h * 0.5
+    return torch.mm(h, self.w2)
+)");
+  return net;
+}
+
+// A deep copy whose parameters are leaves that require grad, like the original's.
+torch::jit::Module copyOf(const torch::jit::Module& module) {
+  torch::NoGradGuard noGrad;  // else the copies are outputs of clone() in the autograd graph
+  torch::jit::Module copy = module.deepcopy();
+  for (at::Tensor p : copy.parameters()) p.requires_grad_(true);
+  return copy;
+}
+
+TEST_CASE("train()/eval() run each mode's own deployment, sharing the parameters", "[api]") {
+  at::set_num_threads(1);
+  torch::manual_seed(4);
+  torch::jit::Module reference = makeModeNet();
+  const torch::jit::Module initial = copyOf(reference);
+  at::Tensor x = torch::randn({kWorld * 4, 8});
+  // Plain LibTorch: a train-mode step of SGD, then an eval forward, then train again. Each rank
+  // backpropagates the sum of its rows' outputs and gradients are averaged over the ranks (like
+  // DistributedDataParallel): the gradient of sum(out) / world.
+  at::Tensor trainOut = reference.forward({x}).toTensor();
+  (trainOut.sum() / kWorld).backward();
+  std::map<std::string, at::Tensor> grads;
+  {
+    torch::NoGradGuard noGrad;
+    for (const auto& p : reference.named_parameters()) {
+      grads[p.name] = p.value.grad().clone();
+      p.value.sub_(0.1 * p.value.grad());
+    }
+  }
+  reference.eval();
+  at::Tensor evalOut;
+  {
+    torch::NoGradGuard noGrad;
+    evalOut = reference.forward({x}).toTensor();
+  }
+  reference.train();
+  at::Tensor trainAgain = reference.forward({x}).toTensor().detach();
+
+  staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
+    Module module(copyOf(initial), threadOptions(b));
+    const at::Tensor rows = x.narrow(0, 4 * b.rank(), 4);
+    auto mine = [&](const at::Tensor& global) { return global.narrow(0, 4 * b.rank(), 4); };
+    CHECK(module.isTraining());
+    at::Tensor out = module.forward({rows})[0];
+    CHECK(staging::testing::allClose(out, mine(trainOut)));
+    out.sum().backward();
+    for (const auto& [name, p] : module.namedParameters()) {
+      INFO(name);
+      CHECK(staging::testing::allClose(p.grad(), grads.at(name)));
+      torch::NoGradGuard noGrad;
+      p.sub_(0.1 * p.grad());
+    }
+    const int selection = module.trainingSelection();
+    module.eval();
+    CHECK_FALSE(module.isTraining());
+    {
+      torch::NoGradGuard noGrad;
+      CHECK(staging::testing::allClose(module.forward({rows})[0], mine(evalOut)));
+    }
+    CHECK(module.usage() == core::PlanUsage::Inference);
+    CHECK(module.trainingSelection() == selection);  // the optimizer's parameters stay
+    module.train();
+    CHECK(staging::testing::allClose(module.forward({rows})[0].detach(), mine(trainAgain)));
+    CHECK(module.usage() == core::PlanUsage::ForwardBackward);
+    CHECK(module.deploymentCount() == 2);  // train mode's came back, not planned again
+    CHECK(module.trainingSelection() == selection);
+  }));
+}
+
+TEST_CASE("eval() of a module without modes says what is missing", "[api]") {
+  torch::jit::Module relu("Relu");
+  relu.define("def forward(self, x):\n    return torch.relu(x)\n");
+  staging::testing::rethrowFirst(comm::runThreadRanks(1, [&](comm::ThreadBackend& b) {
+    Module module(relu.clone(), threadOptions(b));
+    CHECK_THROWS_AS(module.eval(), UnsupportedError);
+    CHECK_THROWS_WITH(module.eval(), Catch::Contains("has no 'training' attribute") &&
+                                         Catch::Contains("register_attribute(\"training\""));
+  }));
+}
+
+TEST_CASE("a rank calling in another mode is refused on every rank", "[api]") {
+  at::set_num_threads(1);
+  torch::manual_seed(6);
+  const torch::jit::Module net = makeModeNet();
+  auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
+    Module module(copyOf(net), threadOptions(b));
+    at::Tensor rows = torch::randn({4, 8});
+    module.forward({rows});
+    if (b.rank() == 1) module.eval();
+    module.forward({rows});
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[r]);
+    CHECK_THROWS_WITH(std::rethrow_exception(errors[r]),
+                      Catch::Contains("ranks called the module differently (rank 0: forward, "
+                                      "train mode; rank 1: forward, eval mode)"));
+  }
+}
+
 }  // namespace
 }  // namespace autostage
