@@ -4,15 +4,24 @@
 //   autostage::Module module(torch::jit::load("model.pt"), {{"partition_num", "2"}});
 //   at::Tensor out = module.forward({x})[0];   // every rank passes its local batch
 //   torch::mse_loss(out, y).backward();        // runs the pipeline backward on every rank
-//   for (at::Tensor& p : module.parameters())  // this rank's parameters: give them to your
-//     ...                                      // optimizer after the first call
+//   torch::optim::SGD opt(module.parameters(), 0.1);  // after the first call
+//   opt.step();
+//   module.eval();                             // eval mode: that mode's own deployment
+//   { torch::NoGradGuard g; module.forward({x}); }    // an inference deployment
 //
-// staging::Module (staging/module.h: forward, trainStep, parameters, stateDict, deployment, ...)
-// with autoPlanner() (profile + plan on rank 0) unless the options name another planner or a
-// saved deployment, and the counting CPU allocator measuring each step's memory
-// (measure_memory). Launch with mpirun; one process per rank. Every call marked collective must
-// be made on every rank. Errors are autostage::Error subclasses (core/error.h) with the messages
-// the Python API gives.
+// staging::Module (staging/module.h: forward, trainStep, parameters, stateDict, loadStateDict,
+// train/eval, deployment, ...) with autoPlanner() (profile + plan on rank 0) unless the options
+// name another planner or a saved deployment, and the counting CPU allocator measuring each
+// step's memory (measure_memory). Launch with mpirun; one process per rank. Every call marked
+// collective must be made on every rank, and forward/trainStep in the same mode and grad mode.
+//
+// The model: a torch::jit::Module, traced or scripted in Python (torch::jit::load) or built in
+// C++ (register a bool `training` attribute for train()/eval(): Note [Train and eval modes]).
+// The optimizer: any torch::optim optimizer over parameters(), made after the first training
+// call (this rank's parameters are known once a plan is deployed). They stay the same across
+// eval and no_grad calls; when trainingSelection() changes (a replan under allow_replan, or a
+// forward with gradients in the other mode) build the optimizer again over parameters().
+// Errors are autostage::Error subclasses (core/error.h) with the messages the Python API gives.
 
 #include <map>
 #include <string>

@@ -10,10 +10,14 @@
 
 namespace autostage::examples {
 
+// The optimizer both use: SGD with momentum (a state per parameter).
+inline torch::optim::SGDOptions sgdOptions() { return torch::optim::SGDOptions(0.05).momentum(0.9); }
+
 // Parameters from torch::manual_seed(seed): the same on every rank and in the reference.
 inline torch::jit::Module buildMlpWithLoss(uint64_t seed = 0) {
   torch::manual_seed(seed);
   torch::jit::Module m("MlpWithLoss");
+  m.register_attribute("training", c10::BoolType::get(), true);  // train()/eval(), as scripted
   const int64_t sizes[] = {8, 64, 64, 4};
   for (int i = 0; i < 3; ++i) {
     std::string n = std::to_string(i);

@@ -7,14 +7,17 @@
 // y [B, 4]) and return its mean loss, like that one. Every rank feeds its rows of the global
 // batch (16 per rank); the wrapped module returns the loss of the global batch on every rank
 // (Note [Loss outputs]) and `loss.backward()` drives the pipeline backward and the gradient
-// synchronisation; SGD then updates this rank's parameters (module.parameters()). Rank 0
+// synchronisation. The optimizer (torch::optim::SGD with momentum) is made after the first step
+// over module.parameters(): this rank's parameters, known once the plan is deployed. Rank 0
 // profiles the model and plans stages (options from the config table, e.g.
 // AUTOSTAGE_PARTITION_NUM=2); the partition log shows what it chose. Rank 0 prints
-// `step N loss X`; with --save-params it writes every parameter, gathered from the stages, as
-// `name v0 v1 ...` lines.
+// `step N loss X`, then, after module.eval(), the loss of a held-out batch under NoGradGuard
+// (`eval loss X`: an inference deployment, planned once); with --save-params it writes every
+// parameter, gathered from the stages, as `name v0 v1 ...` lines.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <torch/script.h>
@@ -41,18 +44,28 @@ int main(int argc, char** argv) {
                                                 : autostage::examples::buildMlpWithLoss();
     autostage::Module module(model);
     const int64_t localBatch = 16;
+    const int64_t first = localBatch * module.rank();
+    std::unique_ptr<torch::optim::SGD> optimizer;  // over this rank's parameters, once deployed
     for (int step = 0; step < steps; ++step) {
       auto [x, y] = autostage::examples::globalBatch(step, localBatch * module.worldSize());
-      const int64_t first = localBatch * module.rank();
       at::Tensor loss = module.forward({x.narrow(0, first, localBatch),
                                         y.narrow(0, first, localBatch)})[0];
       loss.backward();
-      torch::NoGradGuard noGrad;
-      for (const at::Tensor& p : module.parameters()) {
-        p.sub_(0.05 * p.grad());
-        p.mutable_grad().zero_();
+      if (!optimizer) {
+        optimizer = std::make_unique<torch::optim::SGD>(module.parameters(),
+                                                        autostage::examples::sgdOptions());
       }
+      optimizer->step();
+      optimizer->zero_grad();
       if (module.rank() == 0) std::printf("step %d loss %.9g\n", step, loss.item<double>());
+    }
+    module.eval();
+    {
+      torch::NoGradGuard noGrad;
+      auto [x, y] = autostage::examples::globalBatch(-1, localBatch * module.worldSize());
+      at::Tensor loss = module.forward({x.narrow(0, first, localBatch),
+                                        y.narrow(0, first, localBatch)})[0];
+      if (module.rank() == 0) std::printf("eval loss %.9g\n", loss.item<double>());
     }
     auto state = module.stateDict();  // collective: every rank gathers the whole model
     if (!paramsPath.empty() && module.rank() == 0) {

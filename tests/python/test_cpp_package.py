@@ -1,8 +1,8 @@
 """C++ users (issue 18): `cmake --install` gives a prefix that a project outside this tree builds
 against with find_package(autostage) (tests/consumer), the planner component without LibTorch
 or MPI; the installed examples run, and train.cpp under mpirun on 2 and 4 ranks equals plain
-LibTorch training of the same model in one process (every step's loss and the final parameters,
-rtol 1e-5); the installed Python package imports."""
+LibTorch training of the same model in one process (every step's loss with SGD with momentum,
+the eval-mode loss of a held-out batch and the final parameters, rtol 1e-5); the installed Python package imports."""
 import os
 import shutil
 import subprocess
@@ -33,7 +33,10 @@ def read_params(path):
 
 
 def losses(log):
-    return [float(line.split()[3]) for line in log.splitlines() if line.startswith("step ")]
+    """Every `step N loss X`, then the `eval loss X` line (module.eval() under NoGradGuard)."""
+    lines = log.splitlines()
+    return ([float(line.split()[3]) for line in lines if line.startswith("step ")] +
+            [float(line.split()[2]) for line in lines if line.startswith("eval loss ")])
 
 
 def close(a, b, rtol=1e-5, atol=1e-6):
@@ -73,7 +76,8 @@ def test_installed_train_example_equals_plain_libtorch(consumer, ranks, tmp_path
     reference_params = tmp_path / "reference.txt"
     reference = run([str(out / "reference"), str(ranks), str(STEPS), str(reference_params)])
     got, want = losses(done.stdout), losses(reference)
-    assert len(want) == STEPS and close(got, want), f"losses {got} vs plain {want}\n{log}"
+    assert len(want) == STEPS + 1 and close(got, want), f"losses {got} vs plain {want}\n{log}"
+    assert "Switching from train to eval mode" in log, log
     got, want = read_params(params), read_params(reference_params)
     assert sorted(got) == sorted(want), (sorted(got), sorted(want))
     for name in want:

@@ -7,6 +7,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "test_support.h"
+#include "scratch_files.h"
 
 #include <catch2/catch.hpp>  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
 
@@ -197,6 +198,74 @@ TEST_CASE("eval() of a module without modes says what is missing", "[api]") {
     CHECK_THROWS_WITH(module.eval(), Catch::Contains("has no 'training' attribute") &&
                                          Catch::Contains("register_attribute(\"training\""));
   }));
+}
+
+TEST_CASE("saveDeployment writes what a later job loads instead of planning", "[api]") {
+  at::set_num_threads(1);
+  torch::manual_seed(8);
+  const torch::jit::Module net = makeModeNet();
+  const std::string path = testing::scratchPath("api_tests", "saved.deployment").string();
+  at::Tensor x = torch::randn({kWorld * 4, 8});
+  std::vector<core::Deployment> planned(kWorld), loaded(kWorld);
+  staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
+    at::Tensor rows = x.narrow(0, 4 * b.rank(), 4);
+    at::Tensor first;
+    {
+      Module module(copyOf(net), threadOptions(b));
+      first = module.forward({rows})[0].detach();
+      planned[b.rank()] = module.deployment();
+      if (b.rank() == 0) module.saveDeployment(path);
+      module.barrier();
+    }
+    ModuleOptions options = threadOptions(b);
+    options.deploymentPath = path;
+    Module module(copyOf(net), options);
+    CHECK(torch::equal(module.forward({rows})[0], first));
+    loaded[b.rank()] = module.deployment();
+  }));
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    CHECK(loaded[r].stages.size() == planned[r].stages.size());
+    CHECK(loaded[r].microBatchCount == planned[r].microBatchCount);
+    for (size_t s = 0; s < planned[r].stages.size(); ++s)
+      CHECK(loaded[r].stages[s].ranks == planned[r].stages[s].ranks);
+  }
+}
+
+TEST_CASE("gradient accumulation and clipGradNorm equal plain LibTorch", "[api]") {
+  at::set_num_threads(1);
+  torch::manual_seed(9);
+  torch::jit::Module reference = makeModeNet();
+  const torch::jit::Module initial = copyOf(reference);
+  at::Tensor x1 = torch::randn({kWorld * 4, 8}), x2 = torch::randn({kWorld * 4, 8});
+  // Plain LibTorch: two accumulated backwards (each rank's sum, averaged over ranks), then the
+  // whole model's gradients clipped to norm 0.5.
+  (reference.forward({x1}).toTensor().sum() / kWorld).backward();
+  (reference.forward({x2}).toTensor().sum() / kWorld).backward();
+  std::vector<at::Tensor> params;
+  for (const auto& p : reference.named_parameters()) params.push_back(p.value);
+  const double norm = torch::nn::utils::clip_grad_norm_(params, 0.5);
+  std::map<std::string, at::Tensor> clipped;
+  for (const auto& p : reference.named_parameters()) clipped[p.name] = p.value.grad();
+
+  Module::delayGradAllreduce(true);  // process-wide, like autostage.delay_grad_allreduce
+  auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
+    ModuleOptions options = threadOptions(b);
+    options.planner = [](const staging::PlanningInput& in) {  // one stage on both ranks
+      return staging::testing::makeDeployment(in.model.graph, {{0, 1}}, in.worldSize, 2);
+    };
+    Module module(copyOf(initial), options);
+    module.forward({x1.narrow(0, 4 * b.rank(), 4)})[0].sum().backward();
+    module.forward({x2.narrow(0, 4 * b.rank(), 4)})[0].sum().backward();
+    module.allreduceGrads();
+    CHECK(module.clipGradNorm(0.5) == Approx(norm).epsilon(1e-5));
+    for (const auto& [name, p] : module.namedParameters()) {
+      INFO(name);
+      CHECK(staging::testing::allClose(p.grad(), clipped.at(name)));
+    }
+  });
+  Module::delayGradAllreduce(false);
+  staging::testing::rethrowFirst(errors);
 }
 
 TEST_CASE("a rank calling in another mode is refused on every rank", "[api]") {
