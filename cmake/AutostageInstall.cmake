@@ -12,13 +12,14 @@ set(AUTOSTAGE_HEADER_DIR ${CMAKE_INSTALL_INCLUDEDIR}/autostage)
 # Exported names: autostage::<name>.
 set_target_properties(autostage_core PROPERTIES EXPORT_NAME core)
 set_target_properties(autostage_decomposer PROPERTIES EXPORT_NAME decomposer)
-install(TARGETS autostage_core autostage_decomposer EXPORT autostagePlannerTargets
+set_target_properties(autostage_service PROPERTIES EXPORT_NAME service)
+install(TARGETS autostage_core autostage_decomposer autostage_service EXPORT autostagePlannerTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(EXPORT autostagePlannerTargets NAMESPACE autostage:: DESTINATION ${AUTOSTAGE_CMAKE_DIR})
 
 # Headers of the layers a user's code includes, in this tree's layout (the API's headers include
 # each other as "core/...", "staging/...").
-set(AUTOSTAGE_HEADER_FOLDERS core core/ir core/proto decomposer)
+set(AUTOSTAGE_HEADER_FOLDERS core core/ir core/proto decomposer service)
 if(TARGET autostage_api)
   list(APPEND AUTOSTAGE_HEADER_FOLDERS core/torchscript comm profiler staging bindings/cpp)
 endif()

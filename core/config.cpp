@@ -42,6 +42,12 @@ const std::vector<OptionSpec>& optionTable() {
       {"plan_cache_dir", T::String, "",
        "directory of cached deployments keyed by graph, world size, batch and planner options; a "
        "later launch of the same job skips profiling and planning (empty: no cache)"},
+      {"planner_address", T::String, "",
+       "planning service (`autostage serve`) rank 0 asks for the plan after profiling: "
+       "unix:PATH, tcp:PORT or tcp:HOST:PORT; when it does not answer the job plans locally "
+       "(empty: plan locally)"},
+      {"planner_timeout_s", T::Float, "30",
+       "how long rank 0 waits for the planning service before planning locally"},
       {"profile_cache_dir", T::String, "", "directory of cached profiles keyed by graph hash, device and dtype (empty: no cache)"},
       {"profile_batch_sizes", T::String, "", "comma-separated micro-batch sizes to profile at (empty: a quarter and a half of the example batch)"},
       {"profile_repeats", T::Int, "3", "timed runs per node, batch size and pass; each pass keeps their median (warm-up excluded)"},

@@ -3,13 +3,54 @@
 #include <map>
 #include <mutex>
 
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include "core/config.h"
 #include "core/error.h"
 
 namespace autostage::core {
+
 namespace {
+thread_local LogCapture* currentCapture = nullptr;
+}  // namespace
+
+// Note [Captured log lines]: every logger prints through this sink, which keeps the line in the
+// thread's LogCapture and prints it unless the capture said not to.
+class CapturingSink : public spdlog::sinks::sink {
+ public:
+  CapturingSink() : stderr_(std::make_shared<spdlog::sinks::stderr_color_sink_mt>()) {}
+  void log(const spdlog::details::log_msg& msg) override {
+    LogCapture* capture = currentCapture;
+    if (capture) {
+      capture->lines_.push_back("[" + std::string(msg.logger_name.data(), msg.logger_name.size()) +
+                                "] [" + spdlog::level::to_string_view(msg.level).data() + "] " +
+                                std::string(msg.payload.data(), msg.payload.size()));
+      if (!capture->echo_) return;
+    }
+    stderr_->log(msg);
+  }
+  void flush() override { stderr_->flush(); }
+  void set_pattern(const std::string& pattern) override { stderr_->set_pattern(pattern); }
+  void set_formatter(std::unique_ptr<spdlog::formatter> formatter) override {
+    stderr_->set_formatter(std::move(formatter));
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::stderr_color_sink_mt> stderr_;
+};
+
+LogCapture::LogCapture(bool echo) : echo_(echo), previous_(currentCapture) { currentCapture = this; }
+LogCapture::~LogCapture() { currentCapture = previous_; }
+
+namespace {
+
+std::shared_ptr<spdlog::logger> makeLogger(const std::string& name) {
+  static auto sink = std::make_shared<CapturingSink>();
+  auto log = std::make_shared<spdlog::logger>(name, sink);
+  spdlog::register_logger(log);
+  return log;
+}
 
 // Levels are cached here, not read from the config on every logger() call: loading the config
 // itself logs warnings, and must not recurse into loading the config.
@@ -56,7 +97,7 @@ std::shared_ptr<spdlog::logger> logger(const std::string& name) {
   LogState& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (auto existing = spdlog::get(name)) return existing;
-  auto log = spdlog::stderr_color_mt(name);
+  auto log = makeLogger(name);
   configure(*log);
   return log;
 }
@@ -86,7 +127,7 @@ void applyLogConfig(const Config& config) {
   s.perLogger = std::move(perLogger);
   s.allRanks = config.getBool("log_all_ranks");
   for (const char* name : kComponents)
-    if (!spdlog::get(name)) spdlog::stderr_color_mt(name);
+    if (!spdlog::get(name)) makeLogger(name);
   spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& log) { configure(*log); });
 }
 

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -27,5 +28,25 @@ void applyLogConfig();
 
 // Parses `trace|debug|info|warn|error|critical|off`; throws ConfigError naming the bad value.
 spdlog::level::level_enum parseLogLevel(const std::string& text, const std::string& key);
+
+// Note [Captured log lines]
+// While a LogCapture lives, the lines this thread logs (those its loggers' levels let through)
+// are also kept, formatted as printed ("[DPStaging] [info] ..."), and with `echo` false they are
+// not printed. The planning service returns each request's partition log this way, from threads
+// planning other requests at the same time. Captures nest: the innermost one keeps the lines.
+class LogCapture {
+ public:
+  explicit LogCapture(bool echo = true);
+  ~LogCapture();
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  const std::vector<std::string>& lines() const { return lines_; }
+
+ private:
+  std::vector<std::string> lines_;
+  bool echo_;
+  LogCapture* previous_;
+  friend class CapturingSink;
+};
 
 }  // namespace autostage::core

@@ -5,6 +5,7 @@
 
 #include "bindings/cli/plan_command.h"
 #include "bindings/cli/report_command.h"
+#include "bindings/cli/serve_command.h"
 #include "core/config.h"
 #include "core/error.h"
 
@@ -12,6 +13,9 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: autostage plan ...            plan stages (autostage plan --help for the options)\n"
+    "       autostage whatif ...          predicted time, memory and plan shape over a sweep\n"
+    "       autostage serve [--listen ADDR] [--store DIR]   the planning service\n"
+    "       autostage status [--server ADDR]              a running planning service's counters\n"
     "       autostage show deployment.pb  stages, ranks, predicted times and memory, routes\n"
     "       autostage report deployment.pb -o report.html [--trace FILE|DIR]  HTML plan report\n"
     "       autostage show-config         effective option values and where they came from\n"
@@ -28,6 +32,12 @@ int main(int argc, char** argv) {
   try {
     if (args[0] == "plan")
       return autostage::cli::runPlanCommand({args.begin() + 1, args.end()}, std::cout);
+    if (args[0] == "whatif")
+      return autostage::cli::runWhatIfCommand({args.begin() + 1, args.end()}, std::cout);
+    if (args[0] == "serve")
+      return autostage::cli::runServeCommand({args.begin() + 1, args.end()}, std::cout);
+    if (args[0] == "status")
+      return autostage::cli::runStatusCommand({args.begin() + 1, args.end()}, std::cout);
     if (args[0] == "show") return autostage::cli::runShowCommand({args.begin() + 1, args.end()}, std::cout);
     if (args[0] == "report")
       return autostage::cli::runReportCommand({args.begin() + 1, args.end()}, std::cout);

@@ -2,14 +2,19 @@
 
 #include <chrono>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
 
 #include "bindings/cli/cli_args.h"
 #include "bindings/cli/saved_files.h"
 #include "core/config.h"
 #include "core/error.h"
+#include "core/proto/deployment_file.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
+#include "service/plan_call.h"
+#include "service/planner_client.h"
+#include "service/planning_core.h"
 
 namespace autostage::cli {
 namespace {
@@ -20,8 +25,9 @@ const std::vector<std::string> kValued = {
     "graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
     "decomposer", "out", "max-blocks", "partition-num", "pipeline-num", "min-pipeline",
     "max-pipeline", "schedule", "usage", "mem-limit-gb", "mem-margin", "opt-param-factor",
-    "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops"};
-const std::vector<std::string> kFlags = {"json", "help"};
+    "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops", "server",
+    "timeout-s"};
+const std::vector<std::string> kFlags = {"json", "help", "csv"};
 
 PlanOptions planOptions(const Arguments& a) {
   PlanOptions o = PlanOptions::fromConfig(core::globalConfig());
@@ -79,6 +85,44 @@ void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::Pl
   out << "]\n}\n";
 }
 
+// The --json summary of a service's answer: the keys of writeJson the answer carries.
+void writeAnswerJson(std::ostream& out, const proto::PlanAnswer& a, const PlanOptions& options) {
+  out << std::setprecision(10) << "{\n"
+      << "  \"plan_seconds\": " << a.plan_seconds() << ",\n"
+      << "  \"stages\": " << a.stages() << ",\n"
+      << "  \"micro_batches\": " << a.micro_batches() << ",\n"
+      << "  \"schedule\": \"" << a.schedule() << "\",\n"
+      << "  \"usage\": \"" << decomposer::usageName(options.usage) << "\",\n"
+      << "  \"replicas\": \"" << service::replicasOf(a.deployment()) << "\",\n"
+      << "  \"predicted_iteration_ms\": " << a.iteration_seconds() * 1e3 << ",\n"
+      << "  \"peak_memory_bytes\": " << a.peak_bytes() << ",\n"
+      << "  \"from_store\": " << (a.from_store() ? "true" : "false") << ",\n"
+      << "  \"plan_key\": \"" << a.plan_key() << "\"\n}\n";
+}
+
+// The model a plan or what-if command names: a saved graph (+ profile) or a synthetic spec.
+SavedModel commandModel(const Arguments& a, double peakFlops) {
+  AUTOSTAGE_CHECK_AS(ConfigError, a.has("graph") != a.has("synthetic"),
+                     "give exactly one of --graph FILE or --synthetic SPEC");
+  if (!a.has("synthetic")) return loadSavedModel(a.get("graph"), a.get("profile"));
+  SavedModel model;
+  decomposer::DeviceModel device;
+  device.peakFlops = peakFlops;
+  decomposer::SyntheticModel synthetic = decomposer::syntheticFromSpec(a.get("synthetic"), device);
+  model.graph = std::move(synthetic.graph);
+  model.profile = std::move(synthetic.profile);
+  model.profile.comm = commProfile(a);
+  return model;
+}
+
+std::vector<std::string> splitList(const std::string& text) {
+  std::vector<std::string> items;
+  std::istringstream in(text);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) items.push_back(item);
+  return items;
+}
+
 }  // namespace
 
 std::string planUsage() {
@@ -91,6 +135,7 @@ std::string planUsage() {
          "                    forward()/backward() run gpipe only; default train_step)\n"
          "         [--opt-param-factor F] [--intra-node-bandwidth B/s] [--inter-node-bandwidth B/s]\n"
          "         [--latency S] [--peak-flops F]\n"
+         "         [--server unix:PATH|tcp:HOST:PORT [--timeout-s S]]  (ask `autostage serve`)\n"
          "  SPEC: bert:layers=96,hidden=2048,heads=32,seq=512 | gpt:... | resnet:blocks=16 | mlp:layers=8\n";
 }
 
@@ -112,20 +157,161 @@ int runPlanCommand(const std::vector<std::string>& args, std::ostream& out) {
   cluster.peakFlops = a.getFloat("peak-flops", 312e12);
   const int64_t batch = a.getInt("batch", 1);
 
-  SavedModel model;
-  if (a.has("synthetic")) {
-    decomposer::DeviceModel device;
-    device.peakFlops = cluster.peakFlops;
-    decomposer::SyntheticModel synthetic = decomposer::syntheticFromSpec(a.get("synthetic"), device);
-    model.graph = std::move(synthetic.graph);
-    model.profile = std::move(synthetic.profile);
-    model.profile.comm = commProfile(a);
-  } else {
-    model = loadSavedModel(a.get("graph"), a.get("profile"));
+  SavedModel model = commandModel(a, cluster.peakFlops);
+  if (a.has("server")) {  // Note [Planning service]: the service plans (or has the plan)
+    service::PlannerClient client(a.get("server"));
+    proto::PlanAnswer answer = client.plan(
+        service::makePlanCall(model.graph, model.profile, cluster, batch, options),
+        a.getFloat("timeout-s", 600));
+    for (const std::string& line : answer.log()) std::cerr << line << "\n";
+    std::cerr << "[Service] [info] " << (answer.from_store() ? "answered from the store of "
+                                                             : "planned by ")
+              << a.get("server") << " (plan " << answer.plan_key() << ")\n";
+    if (a.has("json")) writeAnswerJson(out, answer, options);
+    if (a.has("out"))
+      saveDeploymentFile(core::decodeDeployment(answer.deployment(), "the service's answer"),
+                         a.get("out"));
+    return 0;
   }
   decomposer::PlanResult result = decomposer::planGraph(model.graph, model.profile, cluster, batch, options);
   if (a.has("json")) writeJson(out, model.graph, result);
   if (a.has("out")) saveDeploymentFile(result.deployment, a.get("out"));
+  return 0;
+}
+
+}  // namespace autostage::cli
+
+namespace autostage::cli {
+namespace {
+
+const std::vector<std::string> kWhatIfValued = {
+    "graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
+    "schedule", "usage", "partition-num", "pipeline-num", "min-pipeline", "max-pipeline",
+    "mem-margin", "opt-param-factor", "intra-node-bandwidth", "inter-node-bandwidth", "latency",
+    "peak-flops", "server", "timeout-s", "decomposer", "max-blocks", "mem-limit-gb"};
+
+// An error message inside a CSV or JSON string: one line, quotes escaped (`""` in CSV).
+std::string escaped(const std::string& text, bool csv) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\n') out += ' ';
+    else if (c == '"') out += csv ? "\"\"" : "\\\"";
+    else if (c == '\\' && !csv) out += "\\\\";
+    else out += c;
+  }
+  return out;
+}
+
+void writeWhatIf(std::ostream& out, const proto::WhatIfAnswer& answer, bool csv, bool json) {
+  if (json) {
+    out << std::setprecision(10) << "[";
+    for (int i = 0; i < answer.points_size(); ++i) {
+      const proto::WhatIfPoint& p = answer.points(i);
+      out << (i ? ",\n " : "\n ") << "{\"devices\": " << p.devices()
+          << ", \"device_memory_gib\": " << p.device_memory_gib() << ", \"batch\": "
+          << p.batch_size() << ", \"schedule_option\": \"" << p.schedule_option()
+          << "\", \"feasible\": " << (p.feasible() ? "true" : "false");
+      if (p.feasible()) {
+        out << ", \"predicted_iteration_ms\": " << p.iteration_seconds() * 1e3
+            << ", \"peak_memory_bytes\": " << p.peak_bytes() << ", \"stages\": " << p.stages()
+            << ", \"micro_batches\": " << p.micro_batches() << ", \"schedule\": \""
+            << p.schedule() << "\", \"replicas\": \"" << p.replicas() << "\"}";
+      } else {
+        out << ", \"error\": \"" << escaped(p.error(), false) << "\"}";
+      }
+    }
+    out << "\n]\n";
+    return;
+  }
+  const char* sep = csv ? "," : "  ";
+  out << (csv ? "devices,device_memory_gib,batch,schedule_option,feasible,predicted_iteration_ms,"
+                "peak_memory_gib,stages,micro_batches,schedule,replicas,error\n"
+              : "devices  memory  batch  option  ->  iteration_ms  peak_gib  stages  micro  "
+                "schedule  replicas\n");
+  for (const proto::WhatIfPoint& p : answer.points()) {
+    std::ostringstream row;
+    row << std::fixed << std::setprecision(2) << p.devices() << sep << p.device_memory_gib()
+        << sep << p.batch_size() << sep << p.schedule_option() << sep;
+    if (csv) row << (p.feasible() ? "true" : "false") << sep;
+    if (p.feasible()) {
+      row << p.iteration_seconds() * 1e3 << sep << p.peak_bytes() / 1073741824.0 << sep
+          << p.stages() << sep << p.micro_batches() << sep << p.schedule() << sep
+          << (csv ? "\"" + p.replicas() + "\"" : p.replicas()) << (csv ? sep : "");
+    } else {
+      row << (csv ? sep + std::string(sep) + sep + sep + sep + sep + "\"" +
+                        escaped(p.error(), true) + "\""
+                  : "does not fit: " + p.error().substr(0, 120));
+    }
+    out << row.str() << "\n";
+  }
+}
+
+}  // namespace
+
+std::string whatIfUsage() {
+  return "usage: autostage whatif (--graph FILE [--profile FILE] | --synthetic SPEC)\n"
+         "         --devices N[,N...] --device-memory 40GiB[,80GiB...] --batch B[,B...]\n"
+         "         [--schedule auto|gpipe|1f1b[,...]] [--devices-per-node K] [--usage U]\n"
+         "         [--server unix:PATH|tcp:HOST:PORT [--timeout-s S]] [--csv | --json]\n"
+         "         and the planner options of `autostage plan`\n"
+         "  Plans every combination and prints, per point, the predicted iteration time, peak\n"
+         "  memory and plan shape, or why nothing fits. Without --server it plans here.\n";
+}
+
+int runWhatIfCommand(const std::vector<std::string>& args, std::ostream& out) {
+  Arguments a(args, kWhatIfValued, kFlags);
+  if (a.has("help")) {
+    out << whatIfUsage();
+    return 0;
+  }
+  for (const char* required : {"devices", "device-memory", "batch"})
+    AUTOSTAGE_CHECK_AS(ConfigError, a.has(required), "missing --", required, "\n", whatIfUsage());
+  // --schedule is a list here: the options take the first (each point sets its own).
+  std::vector<std::string> optionArgs;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--schedule" || args[i] == "--devices" || args[i] == "--batch" ||
+        args[i] == "--device-memory" || args[i] == "--server" || args[i] == "--timeout-s") {
+      ++i;
+    } else if (args[i] != "--csv" && args[i] != "--json") {
+      optionArgs.push_back(args[i]);
+    }
+  }
+  PlanOptions options = planOptions(Arguments(optionArgs, kWhatIfValued, kFlags));
+  const std::vector<std::string> devices = splitList(a.get("devices")),
+                                 memories = splitList(a.get("device-memory")),
+                                 batches = splitList(a.get("batch")),
+                                 schedules = splitList(a.get("schedule", options.schedule));
+  AUTOSTAGE_CHECK_AS(ConfigError, !devices.empty() && !memories.empty() && !batches.empty(),
+                     "--devices, --device-memory and --batch each need at least one value\n",
+                     whatIfUsage());
+  core::ClusterSpec cluster;
+  proto::WhatIfCall call;
+  for (const std::string& d : devices) {
+    Arguments one({"--devices", d}, {"devices"}, {});
+    call.add_devices(static_cast<int32_t>(one.getInt("devices", 1)));
+  }
+  for (const std::string& m : memories)
+    call.add_device_memory_gib(parseMemorySize(m, "--device-memory") / 1073741824.0);
+  for (const std::string& b : batches) {
+    Arguments one({"--batch", b}, {"batch"}, {});
+    call.add_batch_sizes(one.getInt("batch", 1));
+  }
+  for (const std::string& schedule : schedules) call.add_schedules(schedule);
+  cluster.devices = call.devices(0);
+  cluster.devicesPerNode = static_cast<int>(a.getInt("devices-per-node", cluster.devices));
+  cluster.memoryPerDevice = parseMemorySize(memories[0], "--device-memory");
+  cluster.peakFlops = a.getFloat("peak-flops", 312e12);
+  SavedModel model = commandModel(a, cluster.peakFlops);
+  *call.mutable_base() =
+      service::makePlanCall(model.graph, model.profile, cluster, call.batch_sizes(0), options);
+  proto::WhatIfAnswer answer;
+  if (a.has("server")) {
+    answer = service::PlannerClient(a.get("server")).whatIf(call, a.getFloat("timeout-s", 600));
+  } else {
+    service::PlanningCore core("");
+    answer = core.whatIf(call);
+  }
+  writeWhatIf(out, answer, a.has("csv"), a.has("json"));
   return 0;
 }
 

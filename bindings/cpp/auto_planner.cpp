@@ -8,6 +8,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -15,9 +16,12 @@
 #include "comm/registry.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/proto/deployment_file.h"
 #include "decomposer/planner.h"
 #include "profiler/comm_profile.h"
 #include "profiler/profiler.h"
+#include "service/plan_call.h"
+#include "service/planner_client.h"
 #include "staging/call_inputs.h"
 
 namespace autostage {
@@ -64,6 +68,50 @@ core::CommProfile measuredCommProfile(const std::shared_ptr<comm::Backend>& back
   core::CommProfile comm = profiler::profileComm(backend.get());
   measured.emplace(backend.get(), comm);
   return comm;
+}
+
+// Replays a partition log line the service captured ("[DPStaging] [info] ...") through the
+// named logger, so a job asking the service logs what a local plan would have, at the job's
+// log levels.
+void replayLogLine(const std::string& line) {
+  size_t nameEnd = line.find("] [");
+  size_t levelEnd = nameEnd == std::string::npos ? nameEnd : line.find("] ", nameEnd + 3);
+  if (line.empty() || line[0] != '[' || levelEnd == std::string::npos) {
+    core::logger("Service")->info("{}", line);
+    return;
+  }
+  auto level = spdlog::level::from_str(line.substr(nameEnd + 3, levelEnd - nameEnd - 3));
+  core::logger(line.substr(1, nameEnd - 1))->log(level, "{}", line.substr(levelEnd + 2));
+}
+
+// Note [Planning service]: rank 0 asks the service at planner_address for the plan. Empty when
+// it did not answer (not running, timeout, or an error on its side, logged): the job then plans
+// locally. A PlanError (nothing fits) is the answer and is thrown.
+std::optional<core::Deployment> askPlanningService(const core::Graph& graph,
+                                                   const core::GraphProfile& profile,
+                                                   const core::ClusterSpec& cluster,
+                                                   int64_t globalBatch,
+                                                   const decomposer::PlanOptions& options,
+                                                   const core::Config& config) {
+  const std::string address = config.getString("planner_address");
+  if (address.empty()) return std::nullopt;
+  auto log = core::logger("Module");
+  log->info("Asking the planning service at {} ...", address);
+  try {
+    service::PlannerClient client(address);
+    proto::PlanAnswer answer =
+        client.plan(service::makePlanCall(graph, profile, cluster, globalBatch, options),
+                    config.getFloat("planner_timeout_s"));
+    for (const std::string& line : answer.log()) replayLogLine(line);
+    log->info("Plan {} from the planning service at {} ({})", answer.plan_key(), address,
+              answer.from_store() ? "from its store" : "planned for this job");
+    return core::decodeDeployment(answer.deployment(), "the planning service's answer");
+  } catch (const PlanError&) {
+    throw;
+  } catch (const Error& e) {
+    log->warn("{}; planning locally", e.what());
+    return std::nullopt;
+  }
 }
 
 }  // namespace
@@ -149,9 +197,13 @@ staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
     profile.comm = comm;
     const int perNode = in.devicesPerNode > 0 ? in.devicesPerNode : localRankCount(in.worldSize);
     core::ClusterSpec cluster = localCluster(in.worldSize, perNode, config);
+    std::optional<core::Deployment> fromService =
+        askPlanningService(in.model.graph, profile, cluster, in.globalBatch, options, config);
     core::Deployment deployment =
-        decomposer::planGraph(in.model.graph, profile, cluster, in.globalBatch, options)
-            .deployment;
+        fromService ? std::move(*fromService)
+                    : decomposer::planGraph(in.model.graph, profile, cluster, in.globalBatch,
+                                            options)
+                          .deployment;
     // The decomposer does not read NodeProfile::failure yet: refuse such plans here.
     checkProfiledFeasibility(in.model.graph, profile, deployment);
     return deployment;

@@ -1,0 +1,84 @@
+#include "service/plan_call.h"
+
+#include <set>
+#include <sstream>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/proto/cluster_file.h"
+#include "core/proto/deployment_file.h"
+#include "core/proto/graph_file.h"
+#include "core/proto/profile_file.h"
+#include "decomposer/planner.h"
+
+namespace autostage::service {
+
+proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphProfile& profile,
+                             const core::ClusterSpec& cluster, int64_t batchSize,
+                             const decomposer::PlanOptions& options) {
+  proto::PlanCall call;
+  call.set_graph(core::encodeGraph(graph));
+  call.set_profile(core::encodeProfile(profile));
+  call.set_cluster(core::encodeClusterSpec(cluster));
+  call.set_batch_size(batchSize);
+  // PlanOptions::toString(): `key=value` with config key names; usage travels on its own.
+  std::istringstream pairs(options.toString());
+  for (std::string pair; pairs >> pair;) {
+    size_t eq = pair.find('=');
+    if (eq == std::string::npos || pair.substr(0, eq) == "usage") continue;
+    (*call.mutable_options())[pair.substr(0, eq)] = pair.substr(eq + 1);
+  }
+  call.set_usage(decomposer::usageName(options.usage));
+  return call;
+}
+
+decomposer::PlanOptions optionsOf(const proto::PlanCall& call) {
+  core::Config config;  // defaults, not this process's config: the caller's options decide
+  decomposer::PlanOptions defaults = decomposer::PlanOptions::fromConfig(config);
+  std::set<std::string> known;
+  std::string names;
+  std::istringstream pairs(defaults.toString());
+  for (std::string pair; pairs >> pair;) {
+    std::string name = pair.substr(0, pair.find('='));
+    if (name == "usage") continue;
+    known.insert(name);
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  for (const auto& [key, value] : call.options()) {
+    AUTOSTAGE_CHECK_AS(ConfigError, known.count(key) > 0, "planning call option '", key,
+                       "' is not a planner option; the planner options are ", names);
+    config.set(key, value, "planning call");
+  }
+  decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
+  options.usage = decomposer::parseUsage(call.usage().empty() ? "train_step" : call.usage());
+  options.validate();
+  return options;
+}
+
+proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile& profile,
+                             const core::ClusterSpec& cluster, int64_t batchSize,
+                             const decomposer::PlanOptions& options) {
+  proto::PlanAnswer answer;
+  core::LogCapture capture(/*echo=*/false);
+  decomposer::PlanResult result = decomposer::planGraph(graph, profile, cluster, batchSize, options);
+  answer.set_deployment(core::encodeDeployment(result.deployment));
+  for (const std::string& line : capture.lines()) answer.add_log(line);
+  answer.set_iteration_seconds(result.evaluation.iterationSeconds);
+  answer.set_peak_bytes(static_cast<int64_t>(result.evaluation.peakMemoryBytes));
+  answer.set_stages(static_cast<int>(result.deployment.stages.size()));
+  answer.set_micro_batches(result.deployment.microBatchCount);
+  answer.set_schedule(result.deployment.schedule);
+  answer.set_plan_seconds(result.planSeconds);
+  return answer;
+}
+
+std::string replicasOf(const std::string& deploymentBytes) {
+  core::Deployment deployment = core::decodeDeployment(deploymentBytes, "planning answer");
+  std::string text;
+  for (const core::StageDeployment& stage : deployment.stages)
+    text += (text.empty() ? "" : ",") + std::to_string(stage.replicaCount());
+  return text;
+}
+
+}  // namespace autostage::service

@@ -1,0 +1,35 @@
+#pragma once
+// A planning call as it travels to the planning service (core/proto/planner_service.proto), and
+// its answer made here: the one place that turns a graph, profile, cluster, batch and planner
+// options into a PlanAnswer, used by the service and by `autostage whatif` without one.
+
+#include <cstdint>
+#include <string>
+
+#include "core/cluster_spec.h"
+#include "core/ir/graph.h"
+#include "core/profile.h"
+#include "core/proto/planner_service.pb.h"
+#include "decomposer/plan.h"
+
+namespace autostage::service {
+
+// The call carrying the files themselves (graph, profile, cluster) and the options.
+proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphProfile& profile,
+                             const core::ClusterSpec& cluster, int64_t batchSize,
+                             const decomposer::PlanOptions& options);
+
+// The planner options of a call: the defaults, then each config key it names. Throws
+// ConfigError naming an unknown key or a bad value.
+decomposer::PlanOptions optionsOf(const proto::PlanCall& call);
+
+// Plans (decomposer::planGraph) and fills the answer: the deployment file bytes, the partition
+// log lines (captured, not printed), the prediction. Throws PlanError when nothing fits.
+proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile& profile,
+                             const core::ClusterSpec& cluster, int64_t batchSize,
+                             const decomposer::PlanOptions& options);
+
+// "2,2,1": replicas of each stage of a deployment file's bytes.
+std::string replicasOf(const std::string& deploymentBytes);
+
+}  // namespace autostage::service

@@ -1,0 +1,323 @@
+// The planning service (Note [Planning service], Note [Planner store]): a server on a Unix socket
+// in a scratch directory, asked through the client, compared with planning in the process.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/proto/cluster_file.h"
+#include "core/proto/deployment_file.h"
+#include "decomposer/planner.h"
+#include "decomposer/synthetic.h"
+#include "scratch_files.h"
+#include "service/plan_call.h"
+#include "service/planner_client.h"
+#include "service/planner_server.h"
+#include "service/planning_core.h"
+
+#include <catch2/catch.hpp>
+
+namespace autostage::service {
+namespace {
+
+struct Model {
+  core::Graph graph;
+  core::GraphProfile profile;
+};
+
+Model syntheticModel(const std::string& spec = "mlp:layers=12") {
+  decomposer::SyntheticModel m = decomposer::syntheticFromSpec(spec, decomposer::DeviceModel());
+  return {std::move(m.graph), std::move(m.profile)};
+}
+
+core::ClusterSpec cluster(int devices, double gib = 16) {
+  core::ClusterSpec c;
+  c.devices = devices;
+  c.devicesPerNode = devices;
+  c.memoryPerDevice = static_cast<int64_t>(gib * (1 << 30));
+  return c;
+}
+
+decomposer::PlanOptions options() {
+  decomposer::PlanOptions o;
+  o.partitionNum = 2;
+  return o;
+}
+
+// A fresh scratch directory and a socket path inside it.
+struct Place {
+  std::string dir, listen;
+  explicit Place(const std::string& name) {
+    std::filesystem::path d = testing::scratchPath("service_tests", name);
+    std::filesystem::remove_all(d);
+    std::filesystem::create_directories(d);
+    dir = d.string();
+    listen = "unix:" + dir + "/planner.sock";
+  }
+};
+
+ServerOptions serverOptions(const Place& place, bool store = true) {
+  ServerOptions o;
+  o.listen = place.listen;
+  o.storeDirectory = store ? place.dir + "/store" : "";
+  o.workers = 4;
+  return o;
+}
+
+TEST_CASE("the service's plan is the local plan, and the second ask comes from the store",
+          "[service]") {
+  Place place("same_plan");
+  Model m = syntheticModel();
+  decomposer::PlanResult local = decomposer::planGraph(m.graph, m.profile, cluster(4), 32, options());
+  PlannerServer server(serverOptions(place));
+  PlannerClient client(place.listen);
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  proto::PlanAnswer first = client.plan(call, 60);
+  CHECK_FALSE(first.from_store());
+  CHECK(first.deployment() == core::encodeDeployment(local.deployment));
+  CHECK(first.iteration_seconds() == Approx(local.evaluation.iterationSeconds));
+  CHECK(first.stages() == 2);
+  bool assigned = false;
+  for (const std::string& line : first.log())
+    assigned |= line.rfind("[Decomposer] [info]  Assigned subgraph", 0) == 0;
+  CHECK(assigned);
+
+  proto::PlanAnswer second = client.plan(call, 60);
+  CHECK(second.from_store());
+  CHECK(second.deployment() == first.deployment());
+  CHECK(second.log_size() == first.log_size());
+
+  // By hashes only: the service has both files now.
+  proto::PlanCall byHash = call;
+  byHash.clear_graph();
+  byHash.set_graph_hash(first.graph_hash());
+  byHash.clear_profile();
+  byHash.set_profile_hash(first.profile_hash());
+  CHECK(client.plan(byHash, 60).deployment() == first.deployment());
+
+  // Another batch is another plan.
+  proto::PlanCall other = call;
+  other.set_batch_size(64);
+  CHECK_FALSE(client.plan(other, 60).from_store());
+
+  proto::StatusAnswer status = client.status(10);
+  CHECK(status.requests() == 4);
+  CHECK(status.plans_made() == 2);
+  CHECK(status.store_hits() == 2);
+  CHECK(status.hit_rate() == Approx(0.5));
+  CHECK(status.in_flight() == 0);
+  CHECK(status.store_entries() == 4);  // one graph, one profile, two plans
+  CHECK(status.listen() == place.listen);
+}
+
+TEST_CASE("bad calls get errors naming the problem, and the service keeps serving", "[service]") {
+  Place place("bad_calls");
+  Model m = syntheticModel();
+  PlannerServer server(serverOptions(place, false));
+  PlannerClient client(place.listen);
+  proto::PlanCall good = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+
+  proto::PlanCall garbage = good;
+  garbage.set_graph("not a graph file");
+  CHECK_THROWS_AS(client.plan(garbage, 30), FormatError);
+  CHECK_THROWS_WITH(client.plan(garbage, 30), Catch::Contains("the call's graph"));
+
+  proto::PlanCall unknownHash = good;
+  unknownHash.clear_graph();
+  unknownHash.set_graph_hash("0123456789abcdef");
+  CHECK_THROWS_WITH(client.plan(unknownHash, 30),
+                    Catch::Contains("graph 0123456789abcdef is not in the service's store"));
+
+  proto::PlanCall badKey = good;
+  badKey.clear_graph();
+  badKey.set_graph_hash("../../etc/passwd");
+  CHECK_THROWS_AS(client.plan(badKey, 30), FormatError);
+
+  proto::PlanCall unknownOption = good;
+  (*unknownOption.mutable_options())["partition_nmu"] = "2";
+  CHECK_THROWS_AS(client.plan(unknownOption, 30), ConfigError);
+  CHECK_THROWS_WITH(client.plan(unknownOption, 30),
+                    Catch::Contains("'partition_nmu' is not a planner option") &&
+                        Catch::Contains("partition_num"));
+
+  proto::PlanCall badValue = good;
+  (*badValue.mutable_options())["schedule"] = "zigzag";
+  CHECK_THROWS_WITH(client.plan(badValue, 30), Catch::Contains("schedule"));
+
+  proto::PlanCall noBatch = good;
+  noBatch.set_batch_size(0);
+  CHECK_THROWS_WITH(client.plan(noBatch, 30), Catch::Contains("batch_size must be at least 1"));
+
+  proto::PlanCall tooSmall = makePlanCall(m.graph, m.profile, cluster(2, 1e-6), 32, options());
+  CHECK_THROWS_AS(client.plan(tooSmall, 30), PlanError);
+
+  // Still serving, and counting the refusals.
+  CHECK(client.plan(good, 60).stages() == 2);
+  proto::StatusAnswer status = client.status(10);
+  CHECK(status.failed() == 9);
+  CHECK(status.plans_made() == 1);
+}
+
+TEST_CASE("a call above the request size limit is refused, naming the limit", "[service]") {
+  Place place("too_big");
+  ServerOptions o = serverOptions(place, false);
+  o.maxRequestBytes = 1 << 20;
+  PlannerServer server(o);
+  PlannerClient client(place.listen);
+  proto::PlanCall call;
+  call.set_graph(std::string(2 << 20, 'x'));
+  CHECK_THROWS_WITH(client.plan(call, 30), Catch::Contains("--max-request-mib"));
+  CHECK(client.status(10).requests() == 0);  // refused before it reached a worker
+}
+
+TEST_CASE("the store survives a restart, and a corrupt entry is planned again", "[service]") {
+  Place place("restart");
+  Model m = syntheticModel();
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  std::string deployment, key;
+  {
+    PlannerServer server(serverOptions(place));
+    proto::PlanAnswer answer = PlannerClient(place.listen).plan(call, 60);
+    deployment = answer.deployment();
+    key = answer.plan_key();
+  }
+  CHECK_FALSE(std::filesystem::exists(place.dir + "/planner.sock"));  // removed at shutdown
+  {
+    PlannerServer server(serverOptions(place));
+    PlannerClient client(place.listen);
+    proto::PlanAnswer answer = client.plan(call, 60);
+    CHECK(answer.from_store());
+    CHECK(answer.deployment() == deployment);
+    CHECK(client.status(10).plans_made() == 0);
+  }
+  {  // flip one byte of the stored answer: its hash no longer matches
+    const std::string path = place.dir + "/store/plans/" + key + ".answer";
+    std::string bytes = testing::readFileBytes(path);
+    REQUIRE(bytes.size() > 40);
+    bytes[bytes.size() - 5] ^= 0x5a;
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  }
+  PlannerServer server(serverOptions(place));
+  PlannerClient client(place.listen);
+  proto::PlanAnswer answer = client.plan(call, 60);
+  CHECK_FALSE(answer.from_store());
+  CHECK(answer.deployment() == deployment);
+  CHECK(PlannerClient(place.listen).plan(call, 60).from_store());  // rewritten
+}
+
+TEST_CASE("a second service on a socket in use is refused; a stale socket file is replaced",
+          "[service]") {
+  Place place("in_use");
+  {
+    PlannerServer first(serverOptions(place, false));
+    CHECK_THROWS_WITH(PlannerServer(serverOptions(place, false)),
+                      Catch::Contains("a planning service already listens on"));
+    // The first still serves; it answered the second's probe.
+    CHECK(PlannerClient(place.listen).status(10).requests() == 1);
+  }
+  // A socket file nobody listens on (a service that was killed) does not block a new one.
+  const std::string path = place.dir + "/planner.sock";
+  int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::snprintf(address.sun_path, sizeof address.sun_path, "%s", path.c_str());
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  ::close(fd);
+  REQUIRE(std::filesystem::exists(path));
+  PlannerServer second(serverOptions(place, false));
+  CHECK(PlannerClient(place.listen).status(10).requests() == 0);
+}
+
+TEST_CASE("a service that is not there is ServiceUnavailable, quickly", "[service]") {
+  Place place("absent");
+  PlannerClient client(place.listen);
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(client.status(5), ServiceUnavailable);
+  CHECK_THROWS_WITH(client.status(5), Catch::Contains("did not answer"));
+  // Bounded by the deadline with a wide margin (10x load), not a speed check.
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(30));
+  CHECK_THROWS_AS(PlannerClient("http://example"), ConfigError);
+  CHECK(grpcTarget("tcp:7070") == "127.0.0.1:7070");
+  CHECK(grpcTarget("tcp:0.0.0.0:7070") == "0.0.0.0:7070");
+  CHECK(grpcTarget("unix:/run/p.sock") == "unix:/run/p.sock");
+  CHECK_THROWS_AS(grpcTarget("unix:"), ConfigError);
+}
+
+TEST_CASE("concurrent identical calls are planned once", "[service]") {
+  Model m = syntheticModel("bert:layers=8,hidden=512,heads=8,seq=128");
+  PlanningCore core("");
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(8), 64, options());
+  std::vector<std::string> deployments(6);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < deployments.size(); ++i)
+    threads.emplace_back([&, i] { deployments[i] = core.plan(call).deployment(); });
+  for (std::thread& t : threads) t.join();
+  CHECK(core.plansMade() == 1);
+  for (const std::string& d : deployments) CHECK(d == deployments[0]);
+  CHECK(core.status().store_hits() == 5);
+}
+
+TEST_CASE("WhatIf plans every point of the sweep, or says why it does not fit", "[service]") {
+  Model m = syntheticModel();
+  PlanningCore core("");
+  proto::WhatIfCall call;
+  *call.mutable_base() = makePlanCall(m.graph, m.profile, cluster(4), 32, decomposer::PlanOptions());
+  for (int n : {2, 4}) call.add_devices(n);
+  for (double gib : {1e-6, 16.0}) call.add_device_memory_gib(gib);
+  call.add_batch_sizes(32);
+  for (const char* s : {"gpipe", "1f1b"}) call.add_schedules(s);
+  proto::WhatIfAnswer answer = core.whatIf(call);
+  REQUIRE(answer.points_size() == 8);
+  for (const proto::WhatIfPoint& p : answer.points()) {
+    INFO(p.devices() << " devices, " << p.device_memory_gib() << " GiB, " << p.schedule_option());
+    CHECK(p.feasible() == (p.device_memory_gib() > 1));
+    if (!p.feasible()) {
+      CHECK(p.error().find("memory") != std::string::npos);
+      continue;
+    }
+    decomposer::PlanOptions o;
+    o.schedule = p.schedule_option();
+    decomposer::PlanResult direct = decomposer::planGraph(m.graph, m.profile, cluster(p.devices()), 32, o);
+    CHECK(p.iteration_seconds() == Approx(direct.evaluation.iterationSeconds));
+    CHECK(p.stages() == static_cast<int>(direct.deployment.stages.size()));
+    CHECK(p.schedule() == direct.deployment.schedule);
+  }
+}
+
+TEST_CASE("Neighbours plans the other device counts in the background", "[service]") {
+  Place place("neighbours");
+  Model m = syntheticModel();
+  PlannerServer server(serverOptions(place));
+  PlannerClient client(place.listen);
+  proto::NeighboursCall call;
+  *call.mutable_base() = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  call.set_spread(1);
+  proto::NeighboursAnswer queued = client.neighbours(call, 30);
+  REQUIRE(queued.queued_size() == 2);
+  CHECK(queued.queued(0) == 3);
+  CHECK(queued.queued(1) == 5);
+  // Wait for the background plans (logic, not speed: the bound only avoids hanging).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (server.core().plansMade() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(server.core().plansMade() == 2);
+  proto::PlanCall five = call.base();
+  core::ClusterSpec fiveDevices = cluster(5);
+  fiveDevices.devicesPerNode = 4;  // the base's node layout, as a job grown by one rank has
+  five.set_cluster(core::encodeClusterSpec(fiveDevices));
+  CHECK(client.plan(five, 60).from_store());
+  call.set_spread(0);
+  CHECK_THROWS_WITH(client.neighbours(call, 30), Catch::Contains("spread must be in [1, 64]"));
+}
+
+}  // namespace
+}  // namespace autostage::service
