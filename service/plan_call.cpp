@@ -14,12 +14,12 @@
 
 namespace autostage::service {
 
-proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphProfile& profile,
+proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphProfile* profile,
                              const core::ClusterSpec& cluster, int64_t batchSize,
                              const decomposer::PlanOptions& options) {
   proto::PlanCall call;
   call.set_graph(core::encodeGraph(graph));
-  call.set_profile(core::encodeProfile(profile));
+  if (profile) call.set_profile(core::encodeProfile(*profile));
   call.set_cluster(core::encodeClusterSpec(cluster));
   call.set_batch_size(batchSize);
   // PlanOptions::toString(): `key=value` with config key names; usage travels on its own.

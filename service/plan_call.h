@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/cluster_spec.h"
+#include "core/error.h"
 #include "core/ir/graph.h"
 #include "core/profile.h"
 #include "core/proto/planner_service.pb.h"
@@ -14,10 +15,21 @@
 
 namespace autostage::service {
 
-// The call carrying the files themselves (graph, profile, cluster) and the options.
-proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphProfile& profile,
+// A call that names its profile by profile_key only, when the service has none under that key.
+class NotStored : public Error {
+  using Error::Error;
+};
+
+// The call carrying the files themselves (graph, profile, cluster) and the options; with a null
+// profile it carries no profile (set profile_hash or profile_key).
+proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphProfile* profile,
                              const core::ClusterSpec& cluster, int64_t batchSize,
                              const decomposer::PlanOptions& options);
+inline proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphProfile& profile,
+                                    const core::ClusterSpec& cluster, int64_t batchSize,
+                                    const decomposer::PlanOptions& options) {
+  return makePlanCall(graph, &profile, cluster, batchSize, options);
+}
 
 // The planner options of a call: the defaults, then each config key it names. Throws
 // ConfigError naming an unknown key or a bad value.

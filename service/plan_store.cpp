@@ -11,9 +11,10 @@
 namespace autostage::service {
 namespace {
 
-const char* kKinds[] = {"graphs", "profiles", "plans"};
+const char* kKinds[] = {"graphs", "profiles", "profile-keys", "plans"};
 const char* extensionOf(const std::string& kind) {
-  return kind == "graphs" ? ".graph" : kind == "profiles" ? ".profile" : ".answer";
+  return kind == "graphs" ? ".graph" : kind == "profiles" ? ".profile"
+         : kind == "profile-keys" ? ".key" : ".answer";
 }
 
 bool isHexKey(const std::string& key) {

@@ -4,7 +4,8 @@
 //
 // Note [Planner store]
 // <dir>/graphs/<Graph::hash()>.graph, <dir>/profiles/<hash of the profile's payload>.profile and
-// <dir>/plans/<plan key>.answer (a PlanAnswer). The plan key hashes everything a plan depends
+// <dir>/plans/<plan key>.answer (a framed PlanAnswer), and <dir>/profile-keys/<hash of a
+// profile_key>.key holding the hash of the last profile sent with that key. The plan key hashes everything a plan depends
 // on: graph hash, profile hash, cluster, global batch, planner options and usage, so equal calls
 // share an answer and any change plans again. Files are written through a temporary file and a
 // rename (core::writeFileAtomically), so a crash or SIGTERM never leaves a half-written entry
@@ -22,7 +23,7 @@ namespace autostage::service {
 class PlanStore {
  public:
   explicit PlanStore(std::string directory);
-  // kind: "graphs", "profiles" or "plans"; key: a hex hash. Thread-safe.
+  // kind: "graphs", "profiles", "profile-keys" or "plans"; key: a hex hash. Thread-safe.
   std::optional<std::string> get(const std::string& kind, const std::string& key);
   void put(const std::string& kind, const std::string& key, const std::string& bytes);
   int64_t entries() const;

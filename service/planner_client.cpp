@@ -49,6 +49,7 @@ Answer ask(const std::string& address, const char* what, Method method, const Ca
   auto trailing = context.GetServerTrailingMetadata();
   if (auto found = trailing.find("autostage-error-class"); found != trailing.end())
     errorClass.assign(found->second.data(), found->second.size());
+  if (errorClass == "NotStored") throw NotStored(message);
   if (errorClass == "PlanError") throw PlanError(message);
   if (errorClass == "ConfigError") throw ConfigError(message);
   if (errorClass == "FormatError") throw FormatError(message);

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/proto/planner_service.pb.h"
+#include "service/plan_call.h"  // NotStored
 
 namespace autostage::service {
 
@@ -22,7 +23,7 @@ class PlannerClient {
   explicit PlannerClient(const std::string& address);
   ~PlannerClient();
   // Each call waits at most timeoutSeconds; throws ServiceUnavailable or the class of the
-  // service's error (PlanError, ConfigError, FormatError, ...) with its message.
+  // service's error (PlanError, ConfigError, FormatError, NotStored, ...) with its message.
   proto::PlanAnswer plan(const proto::PlanCall& call, double timeoutSeconds);
   proto::WhatIfAnswer whatIf(const proto::WhatIfCall& call, double timeoutSeconds);
   proto::NeighboursAnswer neighbours(const proto::NeighboursCall& call, double timeoutSeconds);

@@ -34,6 +34,9 @@ namespace {
 grpc::Status errorStatus(grpc::ServerContext* context) {
   try {
     throw;
+  } catch (const NotStored& e) {
+    context->AddTrailingMetadata("autostage-error-class", "NotStored");
+    return {grpc::StatusCode::NOT_FOUND, e.what()};
   } catch (const PlanError& e) {
     context->AddTrailingMetadata("autostage-error-class", "PlanError");
     return {grpc::StatusCode::FAILED_PRECONDITION, e.what()};

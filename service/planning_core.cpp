@@ -64,14 +64,22 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
     profileBytes = core::encodeProfile(r.profile);  // canonical: the writer's version aside
     r.profileHash = core::fnv1aHex(profileBytes);
     if (!store_.get("profiles", r.profileHash)) store_.put("profiles", r.profileHash, profileBytes);
+    if (!call.profile_key().empty())
+      store_.put("profile-keys", core::fnv1aHex(call.profile_key()), r.profileHash);
   } else {
-    AUTOSTAGE_CHECK_AS(FormatError, !call.profile_hash().empty(), "planning call without a "
-                       "profile: send the profile file's bytes, or profile_hash of a stored one");
-    auto bytes = store_.get("profiles", call.profile_hash());
-    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "profile ", call.profile_hash(), " is not "
-                       "in the service's store: send the profile file's bytes");
-    r.profile = core::decodeProfile(*bytes, "stored profile " + call.profile_hash());
-    r.profileHash = call.profile_hash();
+    std::string hash = call.profile_hash();
+    if (hash.empty() && !call.profile_key().empty()) {
+      auto known = store_.get("profile-keys", core::fnv1aHex(call.profile_key()));
+      if (!known) throw NotStored("the service has no profile for this profile_key yet: send one");
+      hash = *known;
+    }
+    AUTOSTAGE_CHECK_AS(FormatError, !hash.empty(), "planning call without a profile: send the "
+                       "profile file's bytes, its profile_hash or a profile_key");
+    auto bytes = store_.get("profiles", hash);
+    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "profile ", hash, " is not in the "
+                       "service's store: send the profile file's bytes");
+    r.profile = core::decodeProfile(*bytes, "stored profile " + hash);
+    r.profileHash = hash;
   }
   AUTOSTAGE_CHECK_AS(FormatError, r.profile.graphHash.empty() || r.profile.graphHash == r.graphHash,
                      "the profile is of graph ", r.profile.graphHash, ", not of the call's graph ",

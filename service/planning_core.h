@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "core/proto/planner_service.pb.h"
+#include "service/plan_call.h"
 #include "service/plan_store.h"
 
 namespace autostage::service {

@@ -84,32 +84,41 @@ void replayLogLine(const std::string& line) {
   core::logger(line.substr(1, nameEnd - 1))->log(level, "{}", line.substr(levelEnd + 2));
 }
 
-// Note [Planning service]: rank 0 asks the service at planner_address for the plan. Empty when
-// it did not answer (not running, timeout, or an error on its side, logged): the job then plans
-// locally. A PlanError (nothing fits) is the answer and is thrown.
-std::optional<core::Deployment> askPlanningService(const core::Graph& graph,
-                                                   const core::GraphProfile& profile,
+// Note [Planning service]: rank 0 asks the service at planner_address for the plan: first with
+// the profile key only (a service that has this model's profile plans with it, and the job skips
+// profiling), then, after profiling here, with the profile. Empty when the service did not
+// answer (not running, timeout, or an error on its side, logged) or, for the first ask, has no
+// profile: the job then profiles and/or plans locally. A PlanError (nothing fits) is the answer
+// and is thrown.
+std::optional<core::Deployment> askPlanningService(const staging::PlanningInput& in,
+                                                   const core::GraphProfile* profile,
+                                                   const std::string& profileKey,
                                                    const core::ClusterSpec& cluster,
-                                                   int64_t globalBatch,
                                                    const decomposer::PlanOptions& options,
-                                                   const core::Config& config) {
+                                                   const core::Config& config, bool* failed) {
   const std::string address = config.getString("planner_address");
   if (address.empty()) return std::nullopt;
   auto log = core::logger("Module");
-  log->info("Asking the planning service at {} ...", address);
+  log->info("Asking the planning service at {} {}...", address,
+            profile ? "" : "(for this model's stored profile) ");
   try {
     service::PlannerClient client(address);
-    proto::PlanAnswer answer =
-        client.plan(service::makePlanCall(graph, profile, cluster, globalBatch, options),
-                    config.getFloat("planner_timeout_s"));
+    proto::PlanCall call =
+        service::makePlanCall(in.model.graph, profile, cluster, in.globalBatch, options);
+    call.set_profile_key(profileKey);
+    proto::PlanAnswer answer = client.plan(call, config.getFloat("planner_timeout_s"));
     for (const std::string& line : answer.log()) replayLogLine(line);
     log->info("Plan {} from the planning service at {} ({})", answer.plan_key(), address,
               answer.from_store() ? "from its store" : "planned for this job");
     return core::decodeDeployment(answer.deployment(), "the planning service's answer");
   } catch (const PlanError&) {
     throw;
+  } catch (const service::NotStored&) {
+    log->info("The planning service has no profile of this model yet: profiling here");
+    return std::nullopt;
   } catch (const Error& e) {
     log->warn("{}; planning locally", e.what());
+    *failed = true;
     return std::nullopt;
   }
 }
@@ -182,12 +191,22 @@ staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
     // The graph hash covers the shapes but the batch (dim 0), which the profile depends on too.
     const std::string key =
         in.model.graph.hash() + staging::signatureOf(staging::tensorsOf(in.exampleInputs), false);
+    const profiler::ProfilerOptions profilerOptions = profiler::ProfilerOptions::fromConfig();
+    const int perNode = in.devicesPerNode > 0 ? in.devicesPerNode : localRankCount(in.worldSize);
+    core::ClusterSpec cluster = localCluster(in.worldSize, perNode, config);
+    // What the profile measures, for the planning service (Note [Planning service]).
+    const std::string profileKey =
+        key + "\n" + profilerOptions.toString() + "\n" + cluster.deviceKind;
+    bool serviceFailed = false;  // asked once without an answer: do not wait for it again
     if (lastProfile->first != key) {
+      if (auto planned = askPlanningService(in, nullptr, profileKey, cluster, options, config,
+                                            &serviceFailed))
+        return *planned;  // planned with the profile the service keeps of this model
       core::logger("Module")->info("Running profiler ...");
       auto measurement = profiler::createCpuMeasurementBackend();
       ModelStateGuard keep(in.model.paramTensors);
       lastProfile->second = profiler::profileGraph(in.model, in.exampleInputs, *measurement,
-                                                   profiler::ProfilerOptions::fromConfig());
+                                                   profilerOptions);
       lastProfile->first = key;
     } else {
       core::logger("Module")->info("Reusing this model's profile (planning for {})",
@@ -195,10 +214,10 @@ staging::PlanningCallback autoPlanner(std::shared_ptr<comm::Backend> backend) {
     }
     core::GraphProfile profile = lastProfile->second;
     profile.comm = comm;
-    const int perNode = in.devicesPerNode > 0 ? in.devicesPerNode : localRankCount(in.worldSize);
-    core::ClusterSpec cluster = localCluster(in.worldSize, perNode, config);
     std::optional<core::Deployment> fromService =
-        askPlanningService(in.model.graph, profile, cluster, in.globalBatch, options, config);
+        serviceFailed ? std::nullopt
+                      : askPlanningService(in, &profile, profileKey, cluster, options, config,
+                                           &serviceFailed);
     core::Deployment deployment =
         fromService ? std::move(*fromService)
                     : decomposer::planGraph(in.model.graph, profile, cluster, in.globalBatch,

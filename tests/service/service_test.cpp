@@ -104,18 +104,29 @@ TEST_CASE("the service's plan is the local plan, and the second ask comes from t
   byHash.set_profile_hash(first.profile_hash());
   CHECK(client.plan(byHash, 60).deployment() == first.deployment());
 
+  // By profile key: a call that sent a profile with a key lets later calls name only the key.
+  proto::PlanCall withKey = call;
+  withKey.set_profile_key("graph+shapes+profiler options+cpu");
+  CHECK(client.plan(withKey, 60).from_store());
+  proto::PlanCall keyOnly = withKey;
+  keyOnly.clear_profile();
+  CHECK(client.plan(keyOnly, 60).deployment() == first.deployment());
+  keyOnly.set_profile_key("another model");
+  CHECK_THROWS_AS(client.plan(keyOnly, 60), NotStored);
+
   // Another batch is another plan.
   proto::PlanCall other = call;
   other.set_batch_size(64);
   CHECK_FALSE(client.plan(other, 60).from_store());
 
   proto::StatusAnswer status = client.status(10);
-  CHECK(status.requests() == 4);
+  CHECK(status.requests() == 7);
+  CHECK(status.failed() == 1);
   CHECK(status.plans_made() == 2);
-  CHECK(status.store_hits() == 2);
-  CHECK(status.hit_rate() == Approx(0.5));
+  CHECK(status.store_hits() == 4);
+  CHECK(status.hit_rate() == Approx(4.0 / 7));
   CHECK(status.in_flight() == 0);
-  CHECK(status.store_entries() == 4);  // one graph, one profile, two plans
+  CHECK(status.store_entries() == 5);  // one graph, one profile, one key, two plans
   CHECK(status.listen() == place.listen);
 }
 
