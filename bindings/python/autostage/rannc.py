@@ -18,6 +18,7 @@ import torch
 
 from . import _autostage
 from .module import Module
+from .structure import map_tensors
 
 logger = logging.getLogger("autostage.rannc")
 
@@ -169,9 +170,7 @@ class RaNNCModule(Module):
                              f"split evenly over {world} ranks; use a multiple of {world}")
         begin, end = rank * rows // world, (rank + 1) * rows // world
         outputs = super().forward(*[x[begin:end] if x.dim() > 0 else x for x in inputs])
-        if isinstance(outputs, tuple):
-            return tuple(self._gather(o, begin, end, world) for o in outputs)
-        return self._gather(outputs, begin, end, world)
+        return map_tensors(lambda o: self._gather(o, begin, end, world), outputs)
 
     @staticmethod
     def _gather(output, begin, end, world):

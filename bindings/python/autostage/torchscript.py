@@ -41,22 +41,23 @@ def _check_no_python_ops(traced, model_name):
                 "(autograd then derives its backward)")
 
 
-def _trace(model, inputs):
-    """torch.jit.trace without side effects on the model's buffers (tracing runs forward once)."""
-    _check_positional_forward(model)
+def _trace(model, inputs, model_name=None):
+    """torch.jit.trace without side effects on the model's buffers (tracing runs forward once).
+    ``model_name`` names the user's model in errors when ``model`` wraps it."""
+    model_name = model_name or type(model).__name__
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         traced = torch.jit.trace(model, inputs, strict=False, check_trace=False)
-        _check_no_python_ops(traced, type(model).__name__)
+        _check_no_python_ops(traced, model_name)
         return traced
     except _autostage.Error:
         raise
     except Exception as e:  # torch's tracer reports unsupported forwards as RuntimeError etc.
         raise _autostage.UnsupportedError(
-            f"torch.jit.trace of {type(model).__name__} failed on the given inputs "
+            f"torch.jit.trace of {model_name} failed on the given inputs "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the "
             "inputs' shapes and dtypes; autostage needs a forward that takes tensors and returns "
-            "a tensor or a tuple of tensors") from e
+            "tensors (alone or in tuples, lists and dicts)") from e
     finally:
         with torch.no_grad():
             for buffer, value in saved:
@@ -75,6 +76,7 @@ def trace_to_ir(model, example_inputs):
     if isinstance(model, torch.jit.ScriptModule):
         script = model
     elif isinstance(model, torch.nn.Module):
+        _check_positional_forward(model)
         script = _trace(model, inputs)
     else:
         raise _autostage.UnsupportedError(
