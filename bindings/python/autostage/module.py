@@ -11,7 +11,7 @@ from . import _autostage
 from .checkpoint import load_state_dict_checked
 from .optimizer import patch_optimizer
 from .structure import CallProblem, CallStructure, _CallWrapper
-from .torchscript import _trace
+from .torchscript import _check_shapes_static, _trace
 
 _MODE_NAMES = {True: "train", False: "eval"}
 
@@ -274,8 +274,9 @@ class Module(torch.nn.Module):
         allow_replan): traces the model called as the call in progress was, and records that
         call's signature and output structure for this mode (Note [Call signature])."""
         call, mode = self._pending_call, self.model.training
-        wrapper = _CallWrapper(self.model, call)
+        wrapper = _CallWrapper.around(self.model, call)
         traced = _trace(wrapper, tuple(inputs), type(self.model).__name__)
+        _check_shapes_static(traced, type(self.model).__name__)
         self._output_structures[mode] = wrapper.output_structure
         self._traced_calls[mode] = call.signature
         return traced

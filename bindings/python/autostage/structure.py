@@ -262,6 +262,13 @@ class _CallWrapper(torch.nn.Module):
         names = call.input_names(model)
         object.__setattr__(self, "forward", self._named_forward(names))
 
+    @classmethod
+    def around(cls, model, call):
+        """A wrapper of a subclass named like the model's class: the traced module's type name
+        names the graph in logs, reports and saved files."""
+        named = type(type(model).__name__, (cls,), {"__module__": cls.__module__})
+        return named(model, call)
+
     def _named_forward(self, names):
         def forward(*flat):
             args, kwargs = self._call.rebuild(flat)

@@ -41,6 +41,49 @@ def _check_no_python_ops(traced, model_name):
                 "(autograd then derives its backward)")
 
 
+# Operations whose result's size depends on the values of their inputs (Note [Data-dependent
+# shapes]), with what they usually are in a model.
+_DATA_DEPENDENT_OPS = {
+    "aten::nonzero": "torch.nonzero / torch.where(condition)",
+    "aten::nonzero_numpy": "torch.where(condition)",
+    "aten::masked_select": "masked_select",
+    "aten::_unique": "torch.unique",
+    "aten::_unique2": "torch.unique",
+    "aten::unique_dim": "torch.unique",
+    "aten::unique_consecutive": "torch.unique_consecutive",
+    "torchvision::nms": "non-maximum suppression (a detection head)",
+}
+
+
+def _all_nodes(nodes):
+    """The nodes and, recursively, those in their blocks (the bodies of scripted functions'
+    control flow, e.g. torchvision's batched_nms)."""
+    for node in nodes:
+        yield node
+        for block in node.blocks():
+            yield from _all_nodes(block.nodes())
+
+
+def _check_shapes_static(traced, model_name):
+    """Note [Data-dependent shapes]
+    A trace records one run: an operation whose output size depends on the input values (box
+    selection and NMS in detection heads, nonzero, unique) gets the sizes of that run baked into
+    every later operation, and its rows are not samples of the batch, so no stage could be
+    planned or split for it. Refused by name right after tracing, before any profiling."""
+    for node in _all_nodes(traced.inlined_graph.nodes()):
+        what = _DATA_DEPENDENT_OPS.get(node.kind())
+        if node.kind() == "aten::where" and node.inputsSize() == 1:
+            what = "torch.where(condition)"
+        if what is not None:
+            scope = node.scopeName().replace("__module.", "") or "forward"
+            raise _autostage.UnsupportedError(
+                f"unsupported data-dependent operation {node.kind()} ({what}, in {scope}) in "
+                f"{model_name}: the size of its result depends on the values of its inputs, so "
+                "autostage can neither plan stages for fixed shapes nor split it by samples; "
+                "wrap the part of the model before it (e.g. a detection model's backbone) and "
+                "run the rest outside autostage")
+
+
 def _trace(model, inputs, model_name=None):
     """torch.jit.trace without side effects on the model's buffers (tracing runs forward once).
     ``model_name`` names the user's model in errors when ``model`` wraps it."""
