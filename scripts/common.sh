@@ -6,7 +6,7 @@ AUTOSTAGE_BUILD=${AUTOSTAGE_BUILD:-$AUTOSTAGE_ROOT/build}
 AUTOSTAGE_PYTHON=/usr/bin/python3   # Debian's interpreter, where python3-torch lives
 
 AUTOSTAGE_PACKAGES=(cmake ninja-build g++ libtorch-dev python3-torch python3-torchvision
-  libopenmpi-dev openmpi-bin libboost-graph-dev libprotobuf-dev protobuf-compiler libspdlog-dev
+  python3-torchaudio libopenmpi-dev openmpi-bin libboost-graph-dev libprotobuf-dev protobuf-compiler libspdlog-dev
   catch2 pybind11-dev libtoml11-dev python3-pytest chromium)
 
 # mpirun as root (CI and this machine run as root).
