@@ -1,8 +1,13 @@
 """docs/models.md's table of tested models, generated from the zoo suite's results.
 
 The table sits between the two marker lines below; test_zoo.py regenerates it from the results
-of its runs and fails when the file differs (ZOO_UPDATE_DOCS=1 rewrites the file instead)."""
+of its runs and fails when the file differs (ZOO_UPDATE_DOCS=1 rewrites the file instead).
+`python3 tests/zoo/doc_table.py [RESULTS_JSON]` rewrites it from the results the last full run
+kept (build/zoo/results.json), e.g. after editing a catalog note."""
+import json
+import os
 import re
+import sys
 
 from catalog import ZOO
 
@@ -51,3 +56,22 @@ def replace_table(text, new_table):
     if not pattern.search(text):
         raise ValueError(f"docs/models.md lacks the marker lines {BEGIN!r} ... {END!r}")
     return pattern.sub(lambda _: f"{BEGIN}\n{new_table}\n{END}", text)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.join(here, "..", "..")
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "build", "zoo",
+                                                              "results.json")
+    from driver import RTOL  # needs autostage importable, like the suite
+    with open(path) as f:
+        rows = json.load(f)
+    docs = os.path.join(root, "docs", "models.md")
+    with open(docs) as f:
+        text = f.read()
+    with open(docs, "w") as f:
+        f.write(replace_table(text, table(rows, RTOL)))
+
+
+if __name__ == "__main__":
+    main()
