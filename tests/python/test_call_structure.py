@@ -4,6 +4,7 @@ autostage/structure.py, Note [Call signature] in autostage/module.py).
 Unit tests of the call and output structures, single-rank calls of autostage.Module in this
 process, and a 2-rank job (call_structure_check.py) that trains and replans with kwargs."""
 import collections
+import gc
 import shutil
 
 import pytest
@@ -130,6 +131,65 @@ def test_module_keeps_names_structure_and_gradients_on_one_rank():
         pair = wrapped(x, mask=mask, as_pair=True)
         assert type(pair) is Pair
         assert torch.allclose(pair.first, reference(x, mask=mask, as_pair=True).first)
+
+
+class Repeats(torch.nn.Module):
+    """Returns one tensor twice and an input as it came."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.a(x)
+        return {"y": y, "again": y, "pair": (y, x)}
+
+
+def test_repeated_and_passed_through_outputs():
+    torch.manual_seed(0)
+    model, reference = Repeats(), Repeats()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(4, 4)
+    out = autostage.Module(model, partition_num=1)(x)
+    want = reference(x)
+    assert torch.equal(out["y"], out["again"]) and torch.equal(out["pair"][1], x)
+    (out["again"].sum() + out["pair"][0].pow(2).sum()).backward()
+    (want["again"].sum() + want["pair"][0].pow(2).sum()).backward()
+    assert torch.allclose(model.a.weight.grad, reference.a.weight.grad, atol=1e-6)
+
+
+def test_backward_after_the_module_is_dropped():
+    """Note [Module lifetime during backward]: the outputs keep their Module alive."""
+    torch.manual_seed(0)
+    model, reference = Repeats(), Repeats()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(8, 4)
+    out = autostage.Module(model, partition_num=1)(x)  # no reference to the Module is kept
+    gc.collect()
+    out["y"].pow(2).sum().backward()
+    reference(x)["y"].pow(2).sum().backward()
+    assert torch.allclose(model.a.weight.grad, reference.a.weight.grad, atol=1e-6)
+
+
+class LossDict(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+
+    def forward(self, x, target=None):
+        return {"loss": torch.nn.functional.mse_loss(self.a(x), target), "note": "mean"}
+
+
+def test_train_step_returns_the_structure_of_a_loss_dict():
+    torch.manual_seed(0)
+    model, reference = LossDict(), LossDict()
+    reference.load_state_dict(model.state_dict())
+    x, target = torch.randn(4, 4), torch.randn(4, 4)
+    out = autostage.Module(model, partition_num=1).train_step(x, target=target)
+    want = reference(x, target=target)
+    want["loss"].backward()
+    assert out["note"] == "mean" and torch.allclose(out["loss"], want["loss"].detach())
+    assert torch.allclose(model.a.weight.grad, reference.a.weight.grad, atol=1e-6)
 
 
 def test_rannc_module_passes_keywords_and_structures():

@@ -177,7 +177,20 @@ class Module(torch.nn.Module):
             outputs = self._run(method, call.tensors)
         finally:
             self._pending_call = None
+        self._keep_alive_for_backward(outputs)
         return self._output_structures[mode].rebuild(outputs)
+
+    def _keep_alive_for_backward(self, outputs):
+        """Note [Module lifetime during backward]
+        The pipeline backward runs in the outputs' autograd node, and the staging executor it
+        calls refers to the staging module's imported model, which lives only as long as this
+        Module. A Module dropped before backward (``loss_fn(autostage.Module(m)(x)).backward()``)
+        would leave the executor reading freed memory, so the node's metadata holds this Module
+        until the graph is freed (after backward, or when the outputs go)."""
+        for output in outputs:
+            if output.grad_fn is not None:
+                output.grad_fn.metadata["autostage.Module"] = self
+                return
 
     def _run(self, method, inputs):
         """Runs the flat tensor inputs through this mode's deployment (tracing, planning and
