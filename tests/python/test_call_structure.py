@@ -68,8 +68,9 @@ def test_output_structure_rebuilds_every_container():
     output = collections.OrderedDict(
         logits=t[0], loss=None, hidden=(t[1], [t[2], {"deep": t[3]}]), pair=Pair(t[4], "tag"))
     structure = OutputStructure(output, "M")
-    assert len(structure.tensors) == 5
-    rebuilt = structure.rebuild([x * 10 for x in structure.tensors])
+    tensors = structure.take_tensors()
+    assert len(tensors) == 5 and structure.take_tensors() == [] and structure.tensor_count == 5
+    rebuilt = structure.rebuild([x * 10 for x in tensors])
     assert type(rebuilt) is collections.OrderedDict and list(rebuilt) == list(output)
     assert rebuilt["loss"] is None and rebuilt["pair"].second == "tag"
     assert type(rebuilt["pair"]) is Pair and type(rebuilt["hidden"][1]) is list

@@ -171,48 +171,53 @@ def _names_of(template, name, names):
 
 class OutputStructure:
     """The structure of a model's output, recorded from one traced call; ``rebuild`` puts a flat
-    list of tensors back into it."""
+    list of tensors back into it. ``take_tensors()`` hands over the traced output's tensors
+    (once: the structure keeps no tensor)."""
 
     def __init__(self, output, model_name):
-        self.tensor_count = 0
-        self._model_name = model_name
-        self.tensors = []
-        self._template = self._record(output, "output")
-        if not self.tensors:
+        self._tensors = []
+        self._template = _record(output, "output", self._tensors, model_name)
+        self.tensor_count = len(self._tensors)
+        if not self._tensors:
             raise CallProblem(
                 "UnsupportedError",
                 f"forward of {model_name} returned no tensor (it returned "
                 f"{type(output).__name__}): autostage runs the model's tensor outputs through "
                 "the pipeline; return a tensor, or tensors in a tuple, list or dict")
 
-    def _record(self, value, path):
-        if isinstance(value, torch.Tensor):
-            self.tensors.append(value)
-            return ("tensor", None)
-        if isinstance(value, _CONSTANT_TYPES):
-            return ("constant", value)
-        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-            return ("namedtuple", (type(value), [self._record(v, f"{path}.{f}")
-                                                 for f, v in zip(value._fields, value)]))
-        if isinstance(value, (tuple, list)):
-            return (type(value).__name__,
-                    [self._record(v, f"{path}[{i}]") for i, v in enumerate(value)])
-        if isinstance(value, collections.abc.Mapping):
-            return ("mapping", (type(value), [(k, self._record(v, f"{path}[{k!r}]"))
-                                              for k, v in value.items()]))
-        raise CallProblem(
-            "UnsupportedError",
-            f"unsupported output {path} of type {type(value).__name__} from forward of "
-            f"{self._model_name}: autostage returns tensors in tuples, namedtuples, lists and "
-            "dicts, and constants (None, numbers, strings); return the tensors that object "
-            "holds instead")
+    def take_tensors(self):
+        tensors, self._tensors = self._tensors, []
+        return tensors
 
     def rebuild(self, flat):
         flat = list(flat)
-        if len(flat) != len(self.tensors):
+        if len(flat) != self.tensor_count:
             raise RuntimeError(f"internal: {len(flat)} outputs for a structure of "
-                               f"{len(self.tensors)} tensors")
+                               f"{self.tensor_count} tensors")
         return _build(self._template, iter(flat))
+
+
+def _record(value, path, tensors, model_name):
+    """The template of an output ``value``; its tensors are appended to ``tensors``."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return ("tensor", None)
+    if isinstance(value, _CONSTANT_TYPES):
+        return ("constant", value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return ("namedtuple", (type(value), [_record(v, f"{path}.{f}", tensors, model_name)
+                                             for f, v in zip(value._fields, value)]))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, [_record(v, f"{path}[{i}]", tensors, model_name)
+                                       for i, v in enumerate(value)])
+    if isinstance(value, collections.abc.Mapping):
+        return ("mapping", (type(value), [(k, _record(v, f"{path}[{k!r}]", tensors, model_name))
+                                          for k, v in value.items()]))
+    raise CallProblem(
+        "UnsupportedError",
+        f"unsupported output {path} of type {type(value).__name__} from forward of "
+        f"{model_name}: autostage returns tensors in tuples, namedtuples, lists and dicts, and "
+        "constants (None, numbers, strings); return the tensors that object holds instead")
 
 
 def _build(template, flat):
@@ -236,12 +241,9 @@ def _build(template, flat):
 
 def map_tensors(fn, value):
     """``value`` with ``fn`` applied to every tensor in it (tuples, namedtuples, lists, dicts)."""
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    structure = OutputStructure.__new__(OutputStructure)
-    structure.tensors, structure._model_name = [], "the model"
-    template = structure._record(value, "output")
-    return _build(template, iter([fn(t) for t in structure.tensors]))
+    tensors = []
+    template = _record(value, "output", tensors, "the model")
+    return _build(template, iter([fn(t) for t in tensors]))
 
 
 class _CallWrapper(torch.nn.Module):
@@ -278,7 +280,7 @@ class _CallWrapper(torch.nn.Module):
             except CallProblem as e:
                 raise getattr(_autostage, e.error_class)(str(e)) from None
             object.__setattr__(self, "output_structure", structure)
-            tensors = structure.tensors
+            tensors = structure.take_tensors()
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
         # torch.jit.trace names the graph inputs after forward's parameters.
         forward.__signature__ = inspect.Signature(
