@@ -4,6 +4,7 @@ autostage/structure.py, Note [Call signature] in autostage/module.py).
 Unit tests of the call and output structures, single-rank calls of autostage.Module in this
 process, and a 2-rank job (call_structure_check.py) that trains and replans with kwargs."""
 import collections
+import dataclasses
 import gc
 import shutil
 
@@ -77,6 +78,26 @@ def test_output_structure_rebuilds_every_container():
     assert rebuilt["hidden"][1][1]["deep"][0] == 30
     doubled = map_tensors(lambda x: x * 2, output)
     assert doubled["pair"].first[0] == 8 and doubled["loss"] is None
+
+
+@dataclasses.dataclass
+class ModelOutput(collections.OrderedDict):
+    """Like transformers' ModelOutput: a dataclass and an OrderedDict of the fields set."""
+    loss: torch.Tensor = None
+    logits: torch.Tensor = None
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            if getattr(self, field.name) is not None:
+                self[field.name] = getattr(self, field.name)
+
+
+def test_output_structure_rebuilds_a_dataclass_mapping():
+    output = ModelOutput(logits=torch.ones(2, 3))
+    structure = OutputStructure(output, "M")
+    rebuilt = structure.rebuild([t * 2 for t in structure.take_tensors()])
+    assert type(rebuilt) is ModelOutput and list(rebuilt) == ["logits"]
+    assert rebuilt.loss is None and rebuilt.logits[0, 0] == 2 and rebuilt["logits"][1, 2] == 2
 
 
 def test_output_structure_refusals():
