@@ -6,8 +6,9 @@ AUTOSTAGE_BUILD=${AUTOSTAGE_BUILD:-$AUTOSTAGE_ROOT/build}
 AUTOSTAGE_PYTHON=/usr/bin/python3   # Debian's interpreter, where python3-torch lives
 
 AUTOSTAGE_PACKAGES=(cmake ninja-build g++ libtorch-dev python3-torch python3-torchvision
-  libopenmpi-dev openmpi-bin libboost-graph-dev libprotobuf-dev protobuf-compiler libspdlog-dev
-  catch2 pybind11-dev libtoml11-dev python3-pytest chromium libgrpc++-dev protobuf-compiler-grpc)
+  python3-torchaudio libopenmpi-dev openmpi-bin libboost-graph-dev libprotobuf-dev
+  protobuf-compiler libspdlog-dev catch2 pybind11-dev libtoml11-dev python3-pytest chromium
+  libgrpc++-dev protobuf-compiler-grpc)
 
 # mpirun as root (CI and this machine run as root).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import tempfile
+import types
 
 import torch
 
@@ -36,14 +37,9 @@ class IntOutput(SeqNet):
         return 3
 
 
-class NoneOutput(SeqNet):
+class ObjectOutput(SeqNet):
     def forward(self, x, scale):
-        return self.c(self.a(x).mean(1)), None
-
-
-class DictOutput(SeqNet):
-    def forward(self, x, scale):
-        return {"y": self.c(self.a(x).mean(1))}
+        return self.c(self.a(x).mean(1)), types.SimpleNamespace(y=x)
 
 
 class TimesTwo(torch.autograd.Function):
@@ -145,7 +141,7 @@ def main_cases(one_rank_deployment, results_dir):
     only = lambda r, bad, good=(x, s): (lambda: m(*bad) if rank == r else m(*good))  # noqa: E731
 
     # Before deployment: the first call is the one that traces and plans.
-    run_case("kwargs_all_ranks", lambda: m(x=x, scale=s))
+    run_case("kwarg_unknown", lambda: m(x, scales=s))
     run_case("kwargs_rank1", lambda: m(x, scale=s) if rank == 1 else m(x, s))
     run_case("non_tensor_rank2", only(2, (x, 2.0)))
     run_case("zero_dim_rank3", only(3, (x, torch.tensor(1.0))))
@@ -159,6 +155,7 @@ def main_cases(one_rank_deployment, results_dir):
     # After deployment.
     (x5, s5), _ = batch(rank, world, t=5)
     run_case("shape_changed_no_replan", lambda: m(x5, s5))
+    run_case("kwargs_changed_no_replan", lambda: m(x, scale=s))
     run_case("dtype_changed_no_replan", lambda: m(x.double(), s))
     run_case("batch_too_small", lambda: m(x[:1], s[:1]))
     run_case("non_tensor_after_deploy_rank3", only(3, (x, [1, 2])))
@@ -206,8 +203,7 @@ def main_cases(one_rank_deployment, results_dir):
     foreign = torch.optim.SGD(list(make().parameters()), lr=0.1)
     run_case("optimizer_foreign_params", lambda: autostage.Module(make(), foreign)(x, s))
     run_case("output_int", lambda: autostage.Module(make(IntOutput))(x, s))
-    run_case("output_none", lambda: autostage.Module(make(NoneOutput))(x, s))
-    run_case("output_dict", lambda: autostage.Module(make(DictOutput))(x, s))
+    run_case("output_object", lambda: autostage.Module(make(ObjectOutput))(x, s))
     run_case("unsupported_op", lambda: autostage.Module(make(PythonFunction))(x, s))
     run_case("complex_dtype", lambda: autostage.Module(Doubler())(torch.randn(8, 8).to(
         torch.complex64)))

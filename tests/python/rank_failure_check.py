@@ -5,7 +5,7 @@
 --mode raise: rank 2 feeds a token id outside the embedding table; the stage replica that embeds
               those rows raises (with its rank and stage), the error is not caught, and the hook
               ends the job with MPI_Abort.
---mode agreed: rank 1 calls the module with a keyword argument and nobody catches the error;
+--mode agreed: rank 1 passes its input by keyword, rank 0 by position, and nobody catches the error;
               every rank raises it and exits normally with status 1 (no MPI_Abort).
 """
 import argparse

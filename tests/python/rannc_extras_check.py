@@ -1,5 +1,5 @@
-"""Run under mpirun (see test_rannc.py): pyrannc's gather_inputs=False (the batch rank 0 passes)
-and enable_dropout (switching dropout off and on after deployment), against plain PyTorch."""
+"""Run under mpirun (see test_rannc.py): pyrannc's gather_inputs=False (the batch rank 0 passes,
+also by keyword) and enable_dropout (switching dropout off and on after deployment), against plain PyTorch."""
 
 import torch
 
@@ -50,6 +50,33 @@ def check_rank0_inputs(rank, world, failures):
             failures.append(f"gather_inputs=False: parameter {name} differs from plain")
 
 
+class Scaled(torch.nn.Module):
+    """A tensor and a flag by keyword in, a dict out."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = make(False)
+
+    def forward(self, x, scale=None, negate=False):
+        y = self.body(x) * scale
+        return {"y": -y if negate else y, "aux": None}
+
+
+def check_rank0_keywords(rank, world, failures):
+    """gather_inputs=False with keyword tensors: rank 0's `scale` rows count like its `x`."""
+    torch.manual_seed(4)
+    model, reference = Scaled(), Scaled()
+    reference.load_state_dict(model.state_dict())
+    model = pyrannc.RaNNCModule(model, gather_inputs=False)
+    x, scale = data(7, 4 * world)
+    mine = (x, scale) if rank == 0 else (torch.zeros_like(x), torch.zeros_like(scale))
+    out = model(mine[0], scale=mine[1], negate=True)
+    want = reference(x, scale=scale, negate=True)
+    if list(out) != ["y", "aux"] or out["aux"] is not None or \
+            not close(out["y"].detach(), want["y"].detach()):
+        failures.append("gather_inputs=False with keywords: output differs from plain")
+
+
 def check_enable_dropout(rank, world, failures):
     model, reference = make(True), make(True)
     reference.eval()  # dropout off
@@ -87,6 +114,7 @@ def main():
     rank, world = pyrannc.get_rank(), pyrannc.get_world_size()
     failures = []
     check_rank0_inputs(rank, world, failures)
+    check_rank0_keywords(rank, world, failures)
     check_enable_dropout(rank, world, failures)
     print(f"rank {rank}: rannc extras checked; {len(failures)} failures", flush=True)
     finish(rank, failures)

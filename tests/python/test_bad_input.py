@@ -20,11 +20,12 @@ pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun n
 
 # case -> (exception class, substrings of the message every rank must get)
 EXPECTED = {
-    "kwargs_all_ranks": ("UnsupportedError", [
-        "checking the call failed on ranks 0,1,2,3: keyword arguments (scale, x) are not "
-        "supported"]),
-    "kwargs_rank1": ("UnsupportedError", [
-        "checking the call failed on rank 1: keyword arguments (scale) are not supported"]),
+    "kwarg_unknown": ("Error", [
+        "checking the call failed on ranks 0,1,2,3: the call does not match forward(x, scale) "
+        "of SeqNet: missing a required argument: 'scale'"]),
+    "kwargs_rank1": ("Error", [
+        "ranks called the module differently (ranks 0,2,3: forward, train mode; rank 1: "
+        "forward, train mode, arguments (Tensor, scale=Tensor))"]),
     "non_tensor_rank2": ("UnsupportedError", [
         "checking the call failed on rank 2: input 1 (of type float) is not a tensor"]),
     "zero_dim_rank3": ("Error", ["checking the inputs failed on rank 3: input 1 is a 0-dim "
@@ -43,6 +44,9 @@ EXPECTED = {
     "shape_changed_no_replan": ("Error", [
         "the inputs (Float[B, 5, 8], Float[B, 4]) differ from the traced inputs "
         "(Float[B, 3, 8], Float[B, 4])", "allow_replan=true"]),
+    "kwargs_changed_no_replan": ("Error", [
+        "the call's arguments (Tensor, scale=Tensor) differ from those of the traced call "
+        "(Tensor, Tensor) (train mode)", "allow_replan=true"]),
     "dtype_changed_no_replan": ("Error", [
         "the inputs (Double[B, 3, 8], Float[B, 4]) differ from the traced inputs"]),
     "batch_too_small": ("Error", ["the batch is too small for the deployment",
@@ -73,9 +77,11 @@ EXPECTED = {
     "deployment_missing_on_rank2": (None, ["loading the saved deployment failed on rank 2:"]),
     "optimizer_foreign_params": ("ConfigError", [
         "param_groups[0] holds 6 parameter(s) that are not in the wrapped model"]),
-    "output_int": ("UnsupportedError", ["torch.jit.trace of IntOutput failed"]),
-    "output_none": ("UnsupportedError", ["torch.jit.trace of NoneOutput failed"]),
-    "output_dict": ("UnsupportedError", ["unsupported dict output"]),
+    "output_int": ("UnsupportedError", [
+        "tracing and importing the model failed on ranks 0,1,2,3: forward of IntOutput "
+        "returned no tensor (it returned int)"]),
+    "output_object": ("UnsupportedError", [
+        "unsupported output output[1] of type SimpleNamespace from forward of ObjectOutput"]),
     "unsupported_op": ("UnsupportedError", [
         "tracing and importing the model failed on ranks 0,1,2,3: unsupported operation "
         "prim::PythonOp (the custom autograd.Function TimesTwo, in forward) in PythonFunction"]),
@@ -201,8 +207,8 @@ def test_uncaught_agreed_error_ends_every_rank_normally():
                   os.path.join(HERE, "rank_failure_check.py"), "--mode", "agreed"], env, ranks=2)
     log = run.stdout + run.stderr
     assert run.returncode != 0, log
-    expected = ("UnsupportedError: checking the call failed on rank 1: keyword arguments "
-                "(tokens) are not supported")
+    expected = ("Error: ranks called the module differently (rank 0: forward, train mode; "
+                "rank 1: forward, train mode, arguments (tokens=Tensor))")
     for rank in range(2):  # both ranks' tracebacks
         with open(os.path.join(outputs, "1", f"rank.{rank}", "stderr")) as f:
             assert expected in f.read(), log

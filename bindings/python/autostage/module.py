@@ -1,6 +1,7 @@
 """autostage.Module: wrap a model, launch with mpirun, train with the single-process loop."""
 
 import collections
+import re
 import sys
 import weakref
 
@@ -9,7 +10,8 @@ import torch
 from . import _autostage
 from .checkpoint import load_state_dict_checked
 from .optimizer import patch_optimizer
-from .torchscript import _trace
+from .structure import CallProblem, CallStructure, _CallWrapper
+from .torchscript import _check_shapes_static, _trace
 
 _MODE_NAMES = {True: "train", False: "eval"}
 
@@ -48,6 +50,19 @@ class Module(torch.nn.Module):
     one it holds the parameters of (``training_selection``), its global state is gathered under
     the old selection and loaded under the new one. An inference deployment never changes it.
     Every rank must switch at the same call.
+
+    Note [Call signature]
+    The model is called like the plain model: tensors by position or keyword (also inside lists,
+    tuples and dicts) are the batch inputs, other keyword arguments are constants of the trace,
+    and the output keeps its structure (Note [Call structure] in structure.py). The staging
+    module compares only the flat tensors' dtypes and shapes with the traced ones, so this side
+    compares the rest: each mode records the signature of the call it traced (which keywords,
+    how tensors nest, the constants' values). A later call with another signature is handled
+    like changed shapes: an Error naming both, or, with allow_replan=true, both modes are
+    undeployed (``_undeploy``) and this call traces and plans again. Every rank must call with
+    the same signature: it is part of what the ranks compare before the call, whenever it has
+    keywords or differs from the traced one (so ranks that disagree on whether to replan raise
+    the same error instead of hanging).
     """
 
     def __init__(self, model, optimizer=None, load_deployment=None, **options):
@@ -64,6 +79,10 @@ class Module(torch.nn.Module):
         self._impls = {}      # model.training -> its staging module
         self._selection = None  # (staging module, training_selection) the optimizer follows
         self._selected = None   # data_ptrs of the parameters the optimizer holds
+        # Note [Call signature]: per mode, the traced call's signature and output structure.
+        self._traced_calls = {}
+        self._output_structures = {}
+        self._pending_call = None  # the CallStructure of the call in progress (for _trace)
         if optimizer is not None:
             owner = weakref.ref(self)
             patch_optimizer(optimizer, self._all_params,
@@ -75,14 +94,15 @@ class Module(torch.nn.Module):
         return self._impl is not None and self._impl.ready
 
     def forward(self, *inputs, **kwargs):
-        outputs = self._call("forward", inputs, kwargs)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        """Calls the model as ``model(*inputs, **kwargs)`` would be called and returns its
+        output's structure (Note [Call structure] in structure.py)."""
+        return self._call("forward", inputs, kwargs)
 
     def train_step(self, *inputs, **kwargs):
         """1F1B forward + backward + gradient averaging for a model whose forward returns the
-        loss; returns the loss of the global batch."""
-        outputs = self._call("train_step", inputs, kwargs)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        loss (alone or inside its output, e.g. ``{"loss": ..., "logits": ...}``); returns the
+        output with the loss of the global batch."""
+        return self._call("train_step", inputs, kwargs)
 
     def local_parameters(self):
         """This rank's parameters (those of its stage), after deployment."""
@@ -128,12 +148,53 @@ class Module(torch.nn.Module):
     def _call(self, method, inputs, kwargs):
         if len(inputs) == 1 and isinstance(inputs[0], tuple):
             inputs = inputs[0]
+        mode = self.model.training
+        call, problem = self._bind(inputs, kwargs)
+        changed = call is not None and mode in self._traced_calls and \
+            call.signature != self._traced_calls[mode]
         # Note [Bad input on one rank] (staging/module.h): a problem found here on any rank is
         # raised on every rank, so none is left waiting in the collective call below.
-        # Note [Calls in different modes] (bind_staging.cpp): every rank must call alike.
-        how = (f"{method}, {_MODE_NAMES[self.model.training]} mode"
-               + ("" if torch.is_grad_enabled() else ", no_grad"))
-        _autostage._agree_call("checking the call", *self._call_problem(inputs, kwargs), how)
+        # Note [Calls in different modes] (bind_staging.cpp): every rank must call alike,
+        # including the keywords and constants (Note [Call signature]).
+        how = (f"{method}, {_MODE_NAMES[mode]} mode"
+               + ("" if torch.is_grad_enabled() else ", no_grad")
+               + (f", arguments {call.signature}" if call is not None and
+                  (call.keywords or changed) else ""))
+        if not problem[0] and changed and not _option_enabled("allow_replan"):
+            problem = ("Error", f"the call's arguments {call.signature} differ from those of "
+                       f"the traced call {self._traced_calls[mode]} ({_MODE_NAMES[mode]} mode) "
+                       "in keywords, structure or constants (non-tensor arguments are "
+                       "constants of the trace); call the module as traced, or set "
+                       "allow_replan=true to retrace and replan")
+        _autostage._agree_call("checking the call", *problem, how)
+        if changed:
+            _autostage._log_info("Module", f"Call arguments changed from "
+                                 f"{self._traced_calls[mode]} to {call.signature}: retracing "
+                                 "and replanning (allow_replan=true)")
+            self._undeploy()
+        self._pending_call = call
+        try:
+            outputs = self._run(method, call.tensors)
+        finally:
+            self._pending_call = None
+        self._keep_alive_for_backward(outputs)
+        return self._output_structures[mode].rebuild(outputs)
+
+    def _keep_alive_for_backward(self, outputs):
+        """Note [Module lifetime during backward]
+        The pipeline backward runs in the outputs' autograd node, and the staging executor it
+        calls refers to the staging module's imported model, which lives only as long as this
+        Module. A Module dropped before backward (``loss_fn(autostage.Module(m)(x)).backward()``)
+        would leave the executor reading freed memory, so the node's metadata holds this Module
+        until the graph is freed (after backward, or when the outputs go)."""
+        for output in outputs:
+            if output.grad_fn is not None:
+                output.grad_fn.metadata["autostage.Module"] = self
+                return
+
+    def _run(self, method, inputs):
+        """Runs the flat tensor inputs through this mode's deployment (tracing, planning and
+        deploying it first when needed); returns the flat outputs."""
         mode, previous = self.model.training, self._impl
         switching = (previous is not None and previous.ready
                      and self._impls.get(mode) is not previous)
@@ -214,6 +275,7 @@ class Module(torch.nn.Module):
                      if self._optimizer is not None else None)
             self._impl.share_state()
         self._impl, self._impls, self._selection, self._selected = None, {}, None, None
+        self._traced_calls, self._output_structures = {}, {}
         if self._optimizer is not None:
             for group, params in zip(self._optimizer.param_groups, self._all_params):
                 group["params"] = list(params)
@@ -221,24 +283,27 @@ class Module(torch.nn.Module):
                 self._optimizer.load_state_dict(state, from_global=True)
 
     def _trace(self, inputs):
-        return _trace(self.model, tuple(inputs))
+        """The tracer the staging module calls (first call, or changed shapes under
+        allow_replan): traces the model called as the call in progress was, and records that
+        call's signature and output structure for this mode (Note [Call signature])."""
+        call, mode = self._pending_call, self.model.training
+        wrapper = _CallWrapper.around(self.model, call)
+        traced = _trace(wrapper, tuple(inputs), type(self.model).__name__)
+        _check_shapes_static(traced, type(self.model).__name__)
+        self._output_structures[mode] = wrapper.output_structure
+        self._traced_calls[mode] = call.signature
+        return traced
 
-    def _call_problem(self, inputs, kwargs):
-        """("ErrorClass", message) for what is wrong with this call on this rank, or ("", "")."""
-        if kwargs:
-            return ("UnsupportedError",
-                    f"keyword arguments ({', '.join(sorted(kwargs))}) are not supported: "
-                    "autostage passes model inputs positionally; call the module with "
-                    "positional tensors in forward's order")
-        for i, value in enumerate(inputs):
-            if not isinstance(value, torch.Tensor):
-                return ("UnsupportedError",
-                        f"input {i} (of type {type(value).__name__}) is not a tensor: autostage "
-                        "splits every input along dim 0 (the batch); pass tensors, and make other "
-                        "values attributes of the model")
+    def _bind(self, inputs, kwargs):
+        """(CallStructure or None, ("ErrorClass", message) for what is wrong with this call on
+        this rank, or ("", ""))."""
+        try:
+            call = CallStructure(self.model, inputs, kwargs)
+        except CallProblem as e:
+            return None, (e.error_class, str(e))
         if self._selection is None and self._optimizer is not None:
-            return self._optimizer_problem()
-        return ("", "")
+            return call, self._optimizer_problem()
+        return call, ("", "")
 
     def _optimizer_problem(self):
         own = {id(p) for p in self.model.parameters()}
@@ -267,6 +332,13 @@ class Module(torch.nn.Module):
         if not self.ready:
             raise _autostage.Error(
                 f"{what}: the module is not deployed yet; call it once on a batch first")
+
+
+def _option_enabled(key):
+    """A boolean config option's effective value (the binding has no getter: read it from
+    show_config's ``key = value  (source)`` lines)."""
+    match = re.search(rf"^{re.escape(key)} = (\w+)", _autostage.show_config(), re.M)
+    return match is not None and match.group(1) == "true"
 
 
 _hook_installed = False

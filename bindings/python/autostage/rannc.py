@@ -18,6 +18,7 @@ import torch
 
 from . import _autostage
 from .module import Module
+from .structure import map_tensors
 
 logger = logging.getLogger("autostage.rannc")
 
@@ -147,18 +148,20 @@ class RaNNCModule(Module):
         if self._released:
             raise RuntimeError("this RaNNCModule was released by clear(); wrap the model "
                                "in a new RaNNCModule to go on")
-        if self.gather_inputs or kwargs:
+        if self.gather_inputs:
             return super().forward(*args, **kwargs)
-        return self._forward_rank0_inputs(args)
+        return self._forward_rank0_inputs(args, kwargs)
 
-    def _forward_rank0_inputs(self, args):
-        """gather_inputs=False: the batch is the one rank 0 passed. Every rank runs its share
-        of rank 0's rows and gets back the output of the whole batch."""
+    def _forward_rank0_inputs(self, args, kwargs):
+        """gather_inputs=False: the batch is the one rank 0 passed (its positional tensors and
+        tensors passed by keyword; other keyword values are every rank's own). Every rank runs
+        its share of rank 0's rows and gets back the output of the whole batch."""
         world, rank = get_world_size(), get_rank()
+        if not all(isinstance(value, torch.Tensor) for value in args):
+            return super().forward(*args, **kwargs)  # autostage reports it on every rank
+        names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
         inputs = []
-        for value in args:
-            if not isinstance(value, torch.Tensor):
-                return super().forward(*args)  # autostage reports the argument on every rank
+        for value in list(args) + [kwargs[k] for k in names]:
             copy = value.detach().clone().contiguous()
             if world > 1:
                 _autostage._broadcast(copy, 0)
@@ -168,10 +171,10 @@ class RaNNCModule(Module):
             raise ValueError(f"gather_inputs=False: rank 0's batch of {rows} rows does not "
                              f"split evenly over {world} ranks; use a multiple of {world}")
         begin, end = rank * rows // world, (rank + 1) * rows // world
-        outputs = super().forward(*[x[begin:end] if x.dim() > 0 else x for x in inputs])
-        if isinstance(outputs, tuple):
-            return tuple(self._gather(o, begin, end, world) for o in outputs)
-        return self._gather(outputs, begin, end, world)
+        inputs = [x[begin:end] if x.dim() > 0 else x for x in inputs]
+        local_kwargs = dict(kwargs, **dict(zip(names, inputs[len(args):])))
+        outputs = super().forward(*inputs[:len(args)], **local_kwargs)
+        return map_tensors(lambda o: self._gather(o, begin, end, world), outputs)
 
     @staticmethod
     def _gather(output, begin, end, world):

@@ -41,22 +41,66 @@ def _check_no_python_ops(traced, model_name):
                 "(autograd then derives its backward)")
 
 
-def _trace(model, inputs):
-    """torch.jit.trace without side effects on the model's buffers (tracing runs forward once)."""
-    _check_positional_forward(model)
+# Operations whose result's size depends on the values of their inputs (Note [Data-dependent
+# shapes]), with what they usually are in a model.
+_DATA_DEPENDENT_OPS = {
+    "aten::nonzero": "torch.nonzero / torch.where(condition)",
+    "aten::nonzero_numpy": "torch.where(condition)",
+    "aten::masked_select": "masked_select",
+    "aten::_unique": "torch.unique",
+    "aten::_unique2": "torch.unique",
+    "aten::unique_dim": "torch.unique",
+    "aten::unique_consecutive": "torch.unique_consecutive",
+    "torchvision::nms": "non-maximum suppression (a detection head)",
+}
+
+
+def _all_nodes(nodes):
+    """The nodes and, recursively, those in their blocks (the bodies of scripted functions'
+    control flow, e.g. torchvision's batched_nms)."""
+    for node in nodes:
+        yield node
+        for block in node.blocks():
+            yield from _all_nodes(block.nodes())
+
+
+def _check_shapes_static(traced, model_name):
+    """Note [Data-dependent shapes]
+    A trace records one run: an operation whose output size depends on the input values (box
+    selection and NMS in detection heads, nonzero, unique) gets the sizes of that run baked into
+    every later operation, and its rows are not samples of the batch, so no stage could be
+    planned or split for it. Refused by name right after tracing, before any profiling."""
+    for node in _all_nodes(traced.inlined_graph.nodes()):
+        what = _DATA_DEPENDENT_OPS.get(node.kind())
+        if node.kind() == "aten::where" and node.inputsSize() == 1:
+            what = "torch.where(condition)"
+        if what is not None:
+            scope = node.scopeName().replace("__module.", "") or "forward"
+            raise _autostage.UnsupportedError(
+                f"unsupported data-dependent operation {node.kind()} ({what}, in {scope}) in "
+                f"{model_name}: the size of its result depends on the values of its inputs, so "
+                "autostage can neither plan stages for fixed shapes nor split it by samples; "
+                "wrap the part of the model before it (e.g. a detection model's backbone) and "
+                "run the rest outside autostage")
+
+
+def _trace(model, inputs, model_name=None):
+    """torch.jit.trace without side effects on the model's buffers (tracing runs forward once).
+    ``model_name`` names the user's model in errors when ``model`` wraps it."""
+    model_name = model_name or type(model).__name__
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         traced = torch.jit.trace(model, inputs, strict=False, check_trace=False)
-        _check_no_python_ops(traced, type(model).__name__)
+        _check_no_python_ops(traced, model_name)
         return traced
     except _autostage.Error:
         raise
     except Exception as e:  # torch's tracer reports unsupported forwards as RuntimeError etc.
         raise _autostage.UnsupportedError(
-            f"torch.jit.trace of {type(model).__name__} failed on the given inputs "
+            f"torch.jit.trace of {model_name} failed on the given inputs "
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the "
             "inputs' shapes and dtypes; autostage needs a forward that takes tensors and returns "
-            "a tensor or a tuple of tensors") from e
+            "tensors (alone or in tuples, lists and dicts)") from e
     finally:
         with torch.no_grad():
             for buffer, value in saved:
@@ -75,6 +119,7 @@ def trace_to_ir(model, example_inputs):
     if isinstance(model, torch.jit.ScriptModule):
         script = model
     elif isinstance(model, torch.nn.Module):
+        _check_positional_forward(model)
         script = _trace(model, inputs)
     else:
         raise _autostage.UnsupportedError(
