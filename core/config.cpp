@@ -43,9 +43,9 @@ const std::vector<OptionSpec>& optionTable() {
        "directory of cached deployments keyed by graph, world size, batch and planner options; a "
        "later launch of the same job skips profiling and planning (empty: no cache)"},
       {"planner_address", T::String, "",
-       "planning service (`autostage serve`) rank 0 asks for the plan after profiling: "
-       "unix:PATH, tcp:PORT or tcp:HOST:PORT; when it does not answer the job plans locally "
-       "(empty: plan locally)"},
+       "planning service (`autostage serve`) rank 0 asks for the plan: unix:PATH, tcp:PORT or "
+       "tcp:HOST:PORT; it skips profiling when the service keeps this model's profile, and plans "
+       "locally when the service does not answer (empty: plan locally)"},
       {"planner_timeout_s", T::Float, "30",
        "how long rank 0 waits for the planning service before planning locally"},
       {"profile_cache_dir", T::String, "", "directory of cached profiles keyed by graph hash, device and dtype (empty: no cache)"},
