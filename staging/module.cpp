@@ -50,8 +50,10 @@ std::string withoutScriptTraceback(const std::string& message) {
                           where + ": " + withoutScriptTraceback(status.message));
 }
 
-// Keeps the executor of one forward alive until its backward has run.
+// Keeps the executor of one forward, and the imported model it runs, alive until its backward
+// has run, even when the Module is destroyed first (`autostage.Module(m)(x).sum().backward()`).
 struct PipelineStep : torch::CustomClassHolder {
+  std::shared_ptr<const torchscript::ImportedModel> model;
   std::shared_ptr<Executor> executor;
   int rank = 0;
   std::vector<at::Tensor> outputs;
@@ -154,6 +156,7 @@ std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs) 
                                                            : core::PlanUsage::Inference;
   std::vector<at::Tensor> tensors = prepareStep(inputs, usage);
   auto step = c10::make_intrusive<PipelineStep>();
+  step->model = model_;
   step->executor = executor_;
   step->rank = backend_->rank();
   try {
@@ -356,7 +359,7 @@ void Module::importModel(const std::vector<c10::IValue>& examples) {
   // The import probe runs under the stages' autocast, so the IR records the dtypes the stages
   // produce and routes carry (Note [Autocast execution]).
   torchscript::AutocastGuard autocast(options_.precision);
-  model_ = std::make_unique<torchscript::ImportedModel>(
+  model_ = std::make_shared<torchscript::ImportedModel>(
       torchscript::importModule(module_, examples));
 }
 

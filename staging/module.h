@@ -235,14 +235,16 @@ class Module {
   torch::jit::Module module_;
   ModuleOptions options_;
   std::shared_ptr<comm::Backend> backend_;
-  std::unique_ptr<torchscript::ImportedModel> model_;
+  // Shared with the autograd node of forward()'s outputs, which may run backward after the
+  // Module is gone (the executors refer to it).
+  std::shared_ptr<torchscript::ImportedModel> model_;
   std::shared_ptr<Executor> executor_;          // the deployment that ran last
   std::shared_ptr<Executor> trainingExecutor_;  // Note [One deployment per usage]
   std::map<core::PlanUsage, std::shared_ptr<Executor>> executors_;  // of the current import
   std::string tracedSignature_;  // inputs of the deployed trace, dim 0 written as B
   // Note [Train and eval modes]: the mode model_ was imported in, and the other mode's import.
   struct ParkedImport {
-    std::unique_ptr<torchscript::ImportedModel> model;
+    std::shared_ptr<torchscript::ImportedModel> model;
     std::map<core::PlanUsage, std::shared_ptr<Executor>> executors;
     std::shared_ptr<Executor> last;  // the one that ran last in that mode
     std::string tracedSignature;
