@@ -1,6 +1,9 @@
 #include "service/planning_core.h"
 
+#include <optional>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "core/error.h"
 #include "core/ir/graph.h"
@@ -20,12 +23,20 @@ const char* const kAnswerKind = "plan-answer";
 constexpr uint32_t kAnswerVersion = 1;
 }  // namespace
 
+// A call's files, decoded only when a plan is made (Note [Planning service]: an answer from the
+// store needs the hashes only, and decoding a large graph costs more than the rest of the call).
 struct PlanningCore::Resolved {
-  core::Graph graph;
-  core::GraphProfile profile;
+  std::string graphBytes, profileBytes;     // set when not decoded yet
+  std::optional<core::Graph> graph;
+  std::optional<core::GraphProfile> profile;
   core::ClusterSpec cluster;
   decomposer::PlanOptions options;
   std::string graphHash, profileHash, planKey;
+
+  void decode() {
+    if (!graph) graph = core::decodeGraph(graphBytes, "graph " + graphHash);
+    if (!profile) profile = core::decodeProfile(profileBytes, "profile " + profileHash);
+  }
 };
 
 PlanningCore::PlanningCore(std::string storeDirectory)
@@ -41,29 +52,54 @@ PlanningCore::~PlanningCore() {
   background_.join();
 }
 
+std::optional<std::string> PlanningCore::remembered(const std::string& bytesKey) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto found = hashOfBytes_.find(bytesKey);
+  return found == hashOfBytes_.end() ? std::nullopt : std::optional<std::string>(found->second);
+}
+
+void PlanningCore::remember(const std::string& bytesKey, const std::string& hash) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  hashOfBytes_[bytesKey] = hash;
+}
+
 PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
   Resolved r;
   AUTOSTAGE_CHECK_AS(ConfigError, call.batch_size() >= 1, "planning call: batch_size must be at "
                      "least 1 (the global batch), got ", call.batch_size());
   if (!call.graph().empty()) {
-    r.graph = core::decodeGraph(call.graph(), "the call's graph");
-    r.graphHash = r.graph.hash();
-    if (!store_.get("graphs", r.graphHash)) store_.put("graphs", r.graphHash, call.graph());
+    const std::string bytesKey = "graph bytes " + core::fnv1aHex(call.graph());
+    if (auto known = remembered(bytesKey)) {  // these exact bytes were decoded before
+      r.graphHash = *known;
+      r.graphBytes = call.graph();
+    } else {
+      r.graph = core::decodeGraph(call.graph(), "the call's graph");
+      r.graphHash = r.graph->hash();
+      if (!store_.get("graphs", r.graphHash)) store_.put("graphs", r.graphHash, call.graph());
+      remember(bytesKey, r.graphHash);
+    }
   } else {
     AUTOSTAGE_CHECK_AS(FormatError, !call.graph_hash().empty(), "planning call without a graph: "
                        "send the graph file's bytes, or graph_hash of one the service stored");
     auto bytes = store_.get("graphs", call.graph_hash());
     AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "graph ", call.graph_hash(), " is not in "
                        "the service's store: send the graph file's bytes");
-    r.graph = core::decodeGraph(*bytes, "stored graph " + call.graph_hash());
+    r.graphBytes = std::move(*bytes);
     r.graphHash = call.graph_hash();
   }
-  std::string profileBytes;
   if (!call.profile().empty()) {
-    r.profile = core::decodeProfile(call.profile(), "the call's profile");
-    profileBytes = core::encodeProfile(r.profile);  // canonical: the writer's version aside
-    r.profileHash = core::fnv1aHex(profileBytes);
-    if (!store_.get("profiles", r.profileHash)) store_.put("profiles", r.profileHash, profileBytes);
+    const std::string bytesKey = "profile bytes " + core::fnv1aHex(call.profile());
+    if (auto known = remembered(bytesKey)) {
+      r.profileHash = *known;
+      r.profileBytes = call.profile();
+    } else {
+      r.profile = core::decodeProfile(call.profile(), "the call's profile");
+      std::string canonical = core::encodeProfile(*r.profile);  // the writer's version aside
+      r.profileHash = core::fnv1aHex(canonical);
+      if (!store_.get("profiles", r.profileHash)) store_.put("profiles", r.profileHash, canonical);
+      remember(bytesKey, r.profileHash);
+      remember("graph of profile " + r.profileHash, r.profile->graphHash);
+    }
     if (!call.profile_key().empty())
       store_.put("profile-keys", core::fnv1aHex(call.profile_key()), r.profileHash);
   } else {
@@ -78,11 +114,17 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
     auto bytes = store_.get("profiles", hash);
     AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "profile ", hash, " is not in the "
                        "service's store: send the profile file's bytes");
-    r.profile = core::decodeProfile(*bytes, "stored profile " + hash);
+    r.profileBytes = std::move(*bytes);
     r.profileHash = hash;
   }
-  AUTOSTAGE_CHECK_AS(FormatError, r.profile.graphHash.empty() || r.profile.graphHash == r.graphHash,
-                     "the profile is of graph ", r.profile.graphHash, ", not of the call's graph ",
+  auto profileGraph = remembered("graph of profile " + r.profileHash);
+  if (!profileGraph) {  // a stored profile not decoded since the service started
+    r.profile = core::decodeProfile(r.profileBytes, "stored profile " + r.profileHash);
+    profileGraph = r.profile->graphHash;
+    remember("graph of profile " + r.profileHash, *profileGraph);
+  }
+  AUTOSTAGE_CHECK_AS(FormatError, profileGraph->empty() || *profileGraph == r.graphHash,
+                     "the profile is of graph ", *profileGraph, ", not of the call's graph ",
                      r.graphHash, ": profile the graph you send");
   r.cluster = core::decodeClusterSpec(call.cluster(), "the call's cluster");
   r.options = optionsOf(call);
@@ -99,7 +141,7 @@ proto::PlanAnswer PlanningCore::plan(const proto::PlanCall& call) {
   return planResolved(resolve(call), call.batch_size());
 }
 
-proto::PlanAnswer PlanningCore::planResolved(const Resolved& r, int64_t batchSize) {
+proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize) {
   if (auto stored = store_.get("plans", r.planKey)) {
     try {
       proto::PlanAnswer answer = core::parsePayload<proto::PlanAnswer>(
@@ -133,7 +175,8 @@ proto::PlanAnswer PlanningCore::planResolved(const Resolved& r, int64_t batchSiz
     return answer;
   }
   try {
-    proto::PlanAnswer answer = answerPlan(r.graph, r.profile, r.cluster, batchSize, r.options);
+    r.decode();
+    proto::PlanAnswer answer = answerPlan(*r.graph, *r.profile, r.cluster, batchSize, r.options);
     answer.set_graph_hash(r.graphHash);
     answer.set_profile_hash(r.profileHash);
     answer.set_plan_key(r.planKey);
@@ -153,6 +196,7 @@ proto::PlanAnswer PlanningCore::planResolved(const Resolved& r, int64_t batchSiz
 
 proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call) {
   Resolved base = resolve(call.base());
+  base.decode();
   auto orBase = [](auto list, auto value) {
     using T = decltype(value);
     std::vector<T> values(list.begin(), list.end());
@@ -178,28 +222,43 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call) {
           point->set_device_memory_gib(gib);
           point->set_batch_size(batch);
           point->set_schedule_option(schedule);
-          try {
-            core::ClusterSpec cluster = base.cluster;
-            cluster.devices = n;
-            cluster.devicesPerNode = std::min(std::max(1, cluster.devicesPerNode), n);
-            cluster.memoryPerDevice = static_cast<int64_t>(gib * (1 << 30));
-            cluster.validate();
-            decomposer::PlanOptions options = base.options;
-            options.schedule = schedule;
-            options.validate();
-            proto::PlanAnswer plan = answerPlan(base.graph, base.profile, cluster, batch, options);
-            point->set_feasible(true);
-            point->set_iteration_seconds(plan.iteration_seconds());
-            point->set_peak_bytes(plan.peak_bytes());
-            point->set_stages(plan.stages());
-            point->set_micro_batches(plan.micro_batches());
-            point->set_schedule(plan.schedule());
-            point->set_replicas(replicasOf(plan.deployment()));
-          } catch (const Error& e) {
-            point->set_feasible(false);
-            point->set_error(e.what());
-          }
         }
+  // The points are independent plans: plan them on the machine's cores, each thread taking the
+  // next unplanned point.
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int i = next++; i < answer.points_size(); i = next++) {
+      proto::WhatIfPoint* point = answer.mutable_points(i);
+      try {
+        core::ClusterSpec cluster = base.cluster;
+        cluster.devices = point->devices();
+        cluster.devicesPerNode = std::min(std::max(1, cluster.devicesPerNode), point->devices());
+        cluster.memoryPerDevice = static_cast<int64_t>(point->device_memory_gib() * (1 << 30));
+        cluster.validate();
+        decomposer::PlanOptions options = base.options;
+        options.schedule = point->schedule_option();
+        options.validate();
+        proto::PlanAnswer plan =
+            answerPlan(*base.graph, *base.profile, cluster, point->batch_size(), options);
+        point->set_feasible(true);
+        point->set_iteration_seconds(plan.iteration_seconds());
+        point->set_peak_bytes(plan.peak_bytes());
+        point->set_stages(plan.stages());
+        point->set_micro_batches(plan.micro_batches());
+        point->set_schedule(plan.schedule());
+        point->set_replicas(replicasOf(plan.deployment()));
+      } catch (const Error& e) {
+        point->set_feasible(false);
+        point->set_error(e.what());
+      }
+    }
+  };
+  const int threads = std::min<int>(answer.points_size(),
+                                    std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
   return answer;
 }
 

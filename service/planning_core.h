@@ -20,6 +20,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -51,7 +52,11 @@ class PlanningCore {
  private:
   struct Resolved;  // a call's decoded files and its plan key
   Resolved resolve(const proto::PlanCall& call);
-  proto::PlanAnswer planResolved(const Resolved& r, int64_t batchSize);
+  proto::PlanAnswer planResolved(Resolved r, int64_t batchSize);
+  // Hashes of file bytes decoded before ("graph bytes <fnv>" -> graph hash, "profile bytes
+  // <fnv>" -> profile hash, "graph of profile <hash>" -> its graph hash).
+  std::optional<std::string> remembered(const std::string& bytesKey);
+  void remember(const std::string& bytesKey, const std::string& hash);
   void backgroundLoop();
 
   PlanStore store_;
@@ -60,6 +65,7 @@ class PlanningCore {
       inFlight_{0};
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_future<proto::PlanAnswer>> planning_;  // by plan key
+  std::map<std::string, std::string> hashOfBytes_;  // remembered()
   std::condition_variable backgroundWake_;
   std::deque<proto::PlanCall> backgroundQueue_;
   bool stopping_ = false;
