@@ -205,8 +205,9 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
   }
   checkCalledAlike(hows);
   checkSameAcrossRanks(gathered);
-  if (model_ && !options_.tracer && module_.is_training() != importedTraining_)
-    switchMode(module_.is_training());
+  const bool training = module_.is_training();
+  if (!options_.tracer && training != importedTraining_ && (model_ || parked_.count(training)))
+    switchMode(training);  // also back to a parked mode after a failed import of the other
   if (!model_) {
     importFor(tensors);
   } else if (signatureOf(tensors, true) != tracedSignature_) {
@@ -248,11 +249,14 @@ void Module::importFor(const std::vector<at::Tensor>& inputs) {
 void Module::switchMode(bool training) {
   auto parked = parked_.find(training);
   const bool known = parked != parked_.end();
-  core::logger("Module")->info("Switching from {} to {} mode: {}", importedTraining_ ? "train" : "eval",
-                               training ? "train" : "eval",
+  core::logger("Module")->info("Switching from {} to {} mode: {}",
+                               importedTraining_ ? "train" : "eval", training ? "train" : "eval",
                                known ? "using its deployment" : "tracing and planning it (once)");
   if (executor_) shareState();
-  ParkedImport leaving{std::move(model_), std::move(executors_), executor_, tracedSignature_};
+  if (model_) {  // none when this mode's import failed
+    parked_[importedTraining_] =
+        ParkedImport{std::move(model_), std::move(executors_), executor_, tracedSignature_};
+  }
   if (known) {
     model_ = std::move(parked->second.model);
     executors_ = std::move(parked->second.executors);
@@ -265,7 +269,6 @@ void Module::switchMode(bool training) {
     executor_.reset();
     tracedSignature_.clear();
   }
-  parked_[importedTraining_] = std::move(leaving);
   importedTraining_ = training;
 }
 

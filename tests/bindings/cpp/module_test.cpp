@@ -293,6 +293,33 @@ TEST_CASE("backward runs after the Module that made the outputs is gone", "[api]
   }));
 }
 
+TEST_CASE("after an eval import fails, train mode takes its deployment back", "[api]") {
+  at::set_num_threads(1);
+  torch::manual_seed(11);
+  torch::jit::Module net("BadEval");
+  net.register_attribute("training", c10::BoolType::get(), true);
+  net.register_parameter("w", torch::randn({8, 4}).requires_grad_(), false);
+  net.define(R"(
+def forward(self, x):
+    if self.training:
+        return torch.mm(x, self.w)
+    return torch.mm(x, self.w[:3])
+)");
+  const torch::jit::Module initial = copyOf(net);
+  at::Tensor x = torch::randn({kWorld * 4, 8});
+  staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
+    Module module(copyOf(initial), threadOptions(b));
+    at::Tensor rows = x.narrow(0, 4 * b.rank(), 4);
+    module.forward({rows});
+    module.eval();
+    CHECK_THROWS_WITH(module.forward({rows}), Catch::Contains("tracing and importing the model"));
+    module.train();
+    at::Tensor expected = torch::mm(rows, initial.attr("w").toTensor());
+    CHECK(staging::testing::allClose(module.forward({rows})[0], expected));
+    CHECK(module.deploymentCount() == 1);  // taken back, not planned again
+  }));
+}
+
 TEST_CASE("a rank calling in another mode is refused on every rank", "[api]") {
   at::set_num_threads(1);
   torch::manual_seed(6);
