@@ -54,9 +54,14 @@ Answer ask(const std::string& address, const char* what, Method method, const Ca
   if (errorClass == "ConfigError") throw ConfigError(message);
   if (errorClass == "FormatError") throw FormatError(message);
   if (errorClass == "UnsupportedError") throw UnsupportedError(message);
-  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
-    throw ConfigError("the planning service at " + address + " refused the " + what +
-                      " call: " + message + " (raise its --max-request-mib)");
+  if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    if (message.find("larger than max") != std::string::npos)
+      throw ConfigError("the planning service at " + address + " refused the " + what +
+                        " call: " + message + " (raise its --max-request-mib)");
+    // Every worker is busy (--workers): like no answer, the caller may plan itself.
+    throw ServiceUnavailable("the planning service at " + address + " is busy and did not take "
+                             "the " + what + " call (" + message + "; raise its --workers)");
+  }
   throw Error("the planning service at " + address + " failed the " + what + " call: " + message);
 }
 
