@@ -90,8 +90,7 @@ int main(int argc, char** argv) {
   std::printf("plan in this process            %9.3f ms\n", local * 1e3);
   std::printf("first Plan call (service plans) %9.3f ms\n", firstCall * 1e3);
   std::printf("Plan from the store, files sent %9.3f ms median, %.3f ms max (%d calls)\n",
-              median(stored) * 1e3, *std::max_element(stored.begin(), stored.end()) * 1e3,
-              repeats);
+              median(stored) * 1e3, *std::max_element(stored.begin(), stored.end()) * 1e3, repeats);
   std::printf("Plan from the store, key only   %9.3f ms median, %.3f ms max (%d calls)\n",
               median(byKey) * 1e3, *std::max_element(byKey.begin(), byKey.end()) * 1e3, repeats);
   std::printf("ratio local plan / stored answer (key only): %.0fx\n", local / median(byKey));

@@ -61,7 +61,8 @@ proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile&
                              const decomposer::PlanOptions& options) {
   proto::PlanAnswer answer;
   core::LogCapture capture(/*echo=*/false);
-  decomposer::PlanResult result = decomposer::planGraph(graph, profile, cluster, batchSize, options);
+  decomposer::PlanResult result =
+      decomposer::planGraph(graph, profile, cluster, batchSize, options);
   answer.set_deployment(core::encodeDeployment(result.deployment));
   for (const std::string& line : capture.lines()) answer.add_log(line);
   answer.set_iteration_seconds(result.evaluation.iterationSeconds);

@@ -13,8 +13,10 @@ namespace {
 
 const char* kKinds[] = {"graphs", "profiles", "profile-keys", "plans"};
 const char* extensionOf(const std::string& kind) {
-  return kind == "graphs" ? ".graph" : kind == "profiles" ? ".profile"
-         : kind == "profile-keys" ? ".key" : ".answer";
+  return kind == "graphs"         ? ".graph"
+         : kind == "profiles"     ? ".profile"
+         : kind == "profile-keys" ? ".key"
+                                  : ".answer";
 }
 
 bool isHexKey(const std::string& key) {

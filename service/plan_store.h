@@ -5,12 +5,13 @@
 // Note [Planner store]
 // <dir>/graphs/<Graph::hash()>.graph, <dir>/profiles/<hash of the profile's payload>.profile and
 // <dir>/plans/<plan key>.answer (a framed PlanAnswer), and <dir>/profile-keys/<hash of a
-// profile_key>.key holding the hash of the last profile sent with that key. The plan key hashes everything a plan depends
-// on: graph hash, profile hash, cluster, global batch, planner options and usage, so equal calls
-// share an answer and any change plans again. Files are written through a temporary file and a
-// rename (core::writeFileAtomically), so a crash or SIGTERM never leaves a half-written entry
-// under its real name; an entry that cannot be read (corrupt, or written by another version) is
-// reported and treated as missing. An empty directory name keeps everything in memory only.
+// profile_key>.key holding the hash of the last profile sent with that key. The plan key hashes
+// everything a plan depends on: graph hash, profile hash, cluster, global batch, planner options
+// and usage, so equal calls share an answer and any change plans again. Files are written through a
+// temporary file and a rename (core::writeFileAtomically), so a crash or SIGTERM never leaves a
+// half-written entry under its real name; an entry that cannot be read (corrupt, or written by
+// another version) is reported and treated as missing. An empty directory name keeps everything in
+// memory only.
 
 #include <cstdint>
 #include <map>
@@ -35,7 +36,7 @@ class PlanStore {
   std::string directory_;
   mutable std::mutex mutex_;
   std::map<std::string, std::string> memory_;  // "kind/key" -> bytes, without a directory
-  std::map<std::string, int64_t> sizes_;        // "kind/key" -> bytes, everything stored
+  std::map<std::string, int64_t> sizes_;       // "kind/key" -> bytes, everything stored
 };
 
 }  // namespace autostage::service

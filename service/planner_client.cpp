@@ -1,8 +1,8 @@
 #include "service/planner_client.h"
 
-#include <chrono>
-
 #include <grpcpp/grpcpp.h>
+
+#include <chrono>
 
 #include "core/proto/planner_service.grpc.pb.h"
 #include "service/planner_server.h"
@@ -17,8 +17,8 @@ PlannerClient::PlannerClient(const std::string& address)
     : address_(address), channel_(std::make_unique<Channel>()) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(INT32_MAX);
-  channel_->stub = proto::Planner::NewStub(
-      grpc::CreateCustomChannel(grpcTarget(address), grpc::InsecureChannelCredentials(), arguments));
+  channel_->stub = proto::Planner::NewStub(grpc::CreateCustomChannel(
+      grpcTarget(address), grpc::InsecureChannelCredentials(), arguments));
 }
 
 PlannerClient::~PlannerClient() = default;
@@ -59,8 +59,10 @@ Answer ask(const std::string& address, const char* what, Method method, const Ca
       throw ConfigError("the planning service at " + address + " refused the " + what +
                         " call: " + message + " (raise its --max-request-mib)");
     // Every worker is busy (--workers): like no answer, the caller may plan itself.
-    throw ServiceUnavailable("the planning service at " + address + " is busy and did not take "
-                             "the " + what + " call (" + message + "; raise its --workers)");
+    throw ServiceUnavailable("the planning service at " + address +
+                             " is busy and did not take "
+                             "the " +
+                             what + " call (" + message + "; raise its --workers)");
   }
   throw Error("the planning service at " + address + " failed the " + what + " call: " + message);
 }
@@ -70,17 +72,15 @@ Answer ask(const std::string& address, const char* what, Method method, const Ca
 proto::PlanAnswer PlannerClient::plan(const proto::PlanCall& call, double timeoutSeconds) {
   auto* stub = channel_->stub.get();
   return ask<proto::PlanCall, proto::PlanAnswer>(
-      address_, "Plan",
-      [stub](auto* c, const auto& q, auto* a) { return stub->Plan(c, q, a); }, call,
-      timeoutSeconds);
+      address_, "Plan", [stub](auto* c, const auto& q, auto* a) { return stub->Plan(c, q, a); },
+      call, timeoutSeconds);
 }
 
 proto::WhatIfAnswer PlannerClient::whatIf(const proto::WhatIfCall& call, double timeoutSeconds) {
   auto* stub = channel_->stub.get();
   return ask<proto::WhatIfCall, proto::WhatIfAnswer>(
-      address_, "WhatIf",
-      [stub](auto* c, const auto& q, auto* a) { return stub->WhatIf(c, q, a); }, call,
-      timeoutSeconds);
+      address_, "WhatIf", [stub](auto* c, const auto& q, auto* a) { return stub->WhatIf(c, q, a); },
+      call, timeoutSeconds);
 }
 
 proto::NeighboursAnswer PlannerClient::neighbours(const proto::NeighboursCall& call,
@@ -95,8 +95,7 @@ proto::NeighboursAnswer PlannerClient::neighbours(const proto::NeighboursCall& c
 proto::StatusAnswer PlannerClient::status(double timeoutSeconds) {
   auto* stub = channel_->stub.get();
   return ask<proto::StatusCall, proto::StatusAnswer>(
-      address_, "Status",
-      [stub](auto* c, const auto& q, auto* a) { return stub->Status(c, q, a); },
+      address_, "Status", [stub](auto* c, const auto& q, auto* a) { return stub->Status(c, q, a); },
       proto::StatusCall(), timeoutSeconds);
 }
 

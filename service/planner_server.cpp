@@ -1,5 +1,6 @@
 #include "service/planner_server.h"
 
+#include <grpcpp/grpcpp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,8 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -24,7 +23,8 @@ std::string grpcTarget(const std::string& address) {
     if (!rest.empty() && rest.find(':') == std::string::npos) return "127.0.0.1:" + rest;
     if (rest.find(':') != std::string::npos && rest.find(':') > 0) return rest;
   }
-  throw ConfigError("planner address '" + address + "' is not unix:PATH, tcp:PORT or "
+  throw ConfigError("planner address '" + address +
+                    "' is not unix:PATH, tcp:PORT or "
                     "tcp:HOST:PORT (e.g. unix:/run/autostage/planner.sock or tcp:127.0.0.1:7070)");
 }
 
@@ -65,10 +65,10 @@ class PlannerServer::Service final : public proto::Planner::Service {
                     proto::PlanAnswer* answer) override {
     return run(context, "Plan", [&] {
       *answer = core_.plan(*call);
-      return answer->from_store()
-                 ? "answered from the store (plan " + answer->plan_key() + ")"
-                 : "planned " + std::to_string(answer->stages()) + " stage(s) in " +
-                       std::to_string(answer->plan_seconds()) + " s (plan " + answer->plan_key() + ")";
+      return answer->from_store() ? "answered from the store (plan " + answer->plan_key() + ")"
+                                  : "planned " + std::to_string(answer->stages()) +
+                                        " stage(s) in " + std::to_string(answer->plan_seconds()) +
+                                        " s (plan " + answer->plan_key() + ")";
     });
   }
   grpc::Status WhatIf(grpc::ServerContext* context, const proto::WhatIfCall* call,
@@ -144,7 +144,8 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
   int port = 0;
   builder.AddListeningPort(target, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(service_.get());
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(options_.maxRequestBytes, INT32_MAX)));
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<int64_t>(options_.maxRequestBytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(INT32_MAX);
   const int workers = options_.workers > 0
                           ? options_.workers
@@ -154,13 +155,15 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
   builder.SetResourceQuota(quota);
   server_ = builder.BuildAndStart();
   AUTOSTAGE_CHECK_AS(ConfigError, server_ != nullptr && (target.rfind("unix:", 0) == 0 || port > 0),
-                     "cannot listen on ", options_.listen, " (address in use, or a directory that "
+                     "cannot listen on ", options_.listen,
+                     " (address in use, or a directory that "
                      "does not exist or is not writable)");
-  core::logger("Service")->info("Planning service listening on {} ({} worker(s), store {}, "
-                                "requests up to {} bytes)", options_.listen, workers,
-                                options_.storeDirectory.empty() ? "in memory only"
-                                                                : options_.storeDirectory,
-                                options_.maxRequestBytes);
+  core::logger("Service")->info(
+      "Planning service listening on {} ({} worker(s), store {}, "
+      "requests up to {} bytes)",
+      options_.listen, workers,
+      options_.storeDirectory.empty() ? "in memory only" : options_.storeDirectory,
+      options_.maxRequestBytes);
 }
 
 PlannerServer::~PlannerServer() {
@@ -180,10 +183,9 @@ void PlannerServer::wait() {
   server_.reset();
   const std::string target = grpcTarget(options_.listen);
   if (target.rfind("unix:", 0) == 0) ::unlink(target.substr(5).c_str());
-  core::logger("Service")->info("Planning service stopped after {} request(s); store {}",
-                                core_->status().requests(),
-                                options_.storeDirectory.empty() ? "in memory (dropped)"
-                                                                : "consistent");
+  core::logger("Service")->info(
+      "Planning service stopped after {} request(s); store {}", core_->status().requests(),
+      options_.storeDirectory.empty() ? "in memory (dropped)" : "consistent");
 }
 
 }  // namespace autostage::service

@@ -26,7 +26,7 @@ constexpr uint32_t kAnswerVersion = 1;
 // A call's files, decoded only when a plan is made (Note [Planning service]: an answer from the
 // store needs the hashes only, and decoding a large graph costs more than the rest of the call).
 struct PlanningCore::Resolved {
-  std::string graphBytes, profileBytes;     // set when not decoded yet
+  std::string graphBytes, profileBytes;  // set when not decoded yet
   std::optional<core::Graph> graph;
   std::optional<core::GraphProfile> profile;
   core::ClusterSpec cluster;
@@ -65,8 +65,10 @@ void PlanningCore::remember(const std::string& bytesKey, const std::string& hash
 
 PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
   Resolved r;
-  AUTOSTAGE_CHECK_AS(ConfigError, call.batch_size() >= 1, "planning call: batch_size must be at "
-                     "least 1 (the global batch), got ", call.batch_size());
+  AUTOSTAGE_CHECK_AS(ConfigError, call.batch_size() >= 1,
+                     "planning call: batch_size must be at "
+                     "least 1 (the global batch), got ",
+                     call.batch_size());
   if (!call.graph().empty()) {
     const std::string bytesKey = "graph bytes " + core::fnv1aHex(call.graph());
     if (auto known = remembered(bytesKey)) {  // these exact bytes were decoded before
@@ -79,10 +81,12 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
       remember(bytesKey, r.graphHash);
     }
   } else {
-    AUTOSTAGE_CHECK_AS(FormatError, !call.graph_hash().empty(), "planning call without a graph: "
+    AUTOSTAGE_CHECK_AS(FormatError, !call.graph_hash().empty(),
+                       "planning call without a graph: "
                        "send the graph file's bytes, or graph_hash of one the service stored");
     auto bytes = store_.get("graphs", call.graph_hash());
-    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "graph ", call.graph_hash(), " is not in "
+    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "graph ", call.graph_hash(),
+                       " is not in "
                        "the service's store: send the graph file's bytes");
     r.graphBytes = std::move(*bytes);
     r.graphHash = call.graph_hash();
@@ -109,10 +113,12 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
       if (!known) throw NotStored("the service has no profile for this profile_key yet: send one");
       hash = *known;
     }
-    AUTOSTAGE_CHECK_AS(FormatError, !hash.empty(), "planning call without a profile: send the "
+    AUTOSTAGE_CHECK_AS(FormatError, !hash.empty(),
+                       "planning call without a profile: send the "
                        "profile file's bytes, its profile_hash or a profile_key");
     auto bytes = store_.get("profiles", hash);
-    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "profile ", hash, " is not in the "
+    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "profile ", hash,
+                       " is not in the "
                        "service's store: send the profile file's bytes");
     r.profileBytes = std::move(*bytes);
     r.profileHash = hash;
@@ -129,8 +135,10 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
   r.cluster = core::decodeClusterSpec(call.cluster(), "the call's cluster");
   r.options = optionsOf(call);
   std::ostringstream key;
-  key << r.graphHash << '\n' << r.profileHash << '\n'
-      << core::fnv1aHex(core::encodeClusterSpec(r.cluster)) << '\n' << call.batch_size() << '\n'
+  key << r.graphHash << '\n'
+      << r.profileHash << '\n'
+      << core::fnv1aHex(core::encodeClusterSpec(r.cluster)) << '\n'
+      << call.batch_size() << '\n'
       << r.options.toString();
   r.planKey = core::fnv1aHex(key.str());
   return r;
@@ -208,10 +216,10 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call) {
                                static_cast<double>(base.cluster.memoryPerDevice) / (1 << 30));
   const auto batches = orBase(call.batch_sizes(), call.base().batch_size());
   const auto schedules = orBase(call.schedules(), base.options.schedule);
-  AUTOSTAGE_CHECK_AS(ConfigError,
-                     devices.size() * memories.size() * batches.size() * schedules.size() <= 4096,
-                     "a what-if sweep of ", devices.size() * memories.size() * batches.size() *
-                     schedules.size(), " points is too large: at most 4096 per call");
+  AUTOSTAGE_CHECK_AS(
+      ConfigError, devices.size() * memories.size() * batches.size() * schedules.size() <= 4096,
+      "a what-if sweep of ", devices.size() * memories.size() * batches.size() * schedules.size(),
+      " points is too large: at most 4096 per call");
   proto::WhatIfAnswer answer;
   for (int32_t n : devices)
     for (double gib : memories)
@@ -253,8 +261,8 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call) {
       }
     }
   };
-  const int threads = std::min<int>(answer.points_size(),
-                                    std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      std::min<int>(answer.points_size(), std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
@@ -264,11 +272,14 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call) {
 
 proto::NeighboursAnswer PlanningCore::neighbours(const proto::NeighboursCall& call) {
   Resolved base = resolve(call.base());  // checks the call before anything is queued
-  AUTOSTAGE_CHECK_AS(ConfigError, call.spread() >= 1 && call.spread() <= 64, "neighbours: spread "
-                     "must be in [1, 64] device counts, got ", call.spread());
+  AUTOSTAGE_CHECK_AS(ConfigError, call.spread() >= 1 && call.spread() <= 64,
+                     "neighbours: spread "
+                     "must be in [1, 64] device counts, got ",
+                     call.spread());
   proto::NeighboursAnswer answer;
   std::lock_guard<std::mutex> lock(mutex_);
-  for (int n = base.cluster.devices - call.spread(); n <= base.cluster.devices + call.spread(); ++n) {
+  for (int n = base.cluster.devices - call.spread(); n <= base.cluster.devices + call.spread();
+       ++n) {
     if (n < 1 || n == base.cluster.devices) continue;
     proto::PlanCall other = call.base();
     // Stored by hash now: the queue holds no copies of the files.

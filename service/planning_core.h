@@ -65,7 +65,7 @@ class PlanningCore {
       inFlight_{0};
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_future<proto::PlanAnswer>> planning_;  // by plan key
-  std::map<std::string, std::string> hashOfBytes_;  // remembered()
+  std::map<std::string, std::string> hashOfBytes_;                         // remembered()
   std::condition_variable backgroundWake_;
   std::deque<proto::PlanCall> backgroundQueue_;
   bool stopping_ = false;

@@ -34,8 +34,10 @@ int runServeCommand(const std::vector<std::string>& args, std::ostream& out) {
   options.storeDirectory = a.get("store", "");
   options.workers = static_cast<int>(a.getInt("workers", 0));
   const int64_t mib = a.getInt("max-request-mib", options.maxRequestBytes >> 20);
-  AUTOSTAGE_CHECK_AS(ConfigError, mib >= 1 && mib <= 2047, "--max-request-mib must be in [1, 2047], "
-                     "got ", mib);
+  AUTOSTAGE_CHECK_AS(ConfigError, mib >= 1 && mib <= 2047,
+                     "--max-request-mib must be in [1, 2047], "
+                     "got ",
+                     mib);
   options.maxRequestBytes = mib << 20;
   AUTOSTAGE_CHECK_AS(ConfigError, options.workers >= 0, "--workers must be >= 0 (0: one per core)");
   // Block SIGTERM and SIGINT before any thread starts, so that only the waiting thread below
@@ -71,8 +73,8 @@ int runStatusCommand(const std::vector<std::string>& args, std::ostream& out) {
         << ", \"requests\": " << s.requests() << ", \"failed\": " << s.failed()
         << ", \"plans_made\": " << s.plans_made() << ", \"store_hits\": " << s.store_hits()
         << ", \"hit_rate\": " << s.hit_rate() << ", \"in_flight\": " << s.in_flight()
-        << ", \"store_entries\": " << s.store_entries() << ", \"store_bytes\": "
-        << s.store_bytes() << ", \"background_queued\": " << s.background_queued() << "}\n";
+        << ", \"store_entries\": " << s.store_entries() << ", \"store_bytes\": " << s.store_bytes()
+        << ", \"background_queued\": " << s.background_queued() << "}\n";
     return 0;
   }
   out << std::fixed << std::setprecision(1) << "planning service at " << address << "\n"

@@ -5,8 +5,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstdio>
+#include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -23,8 +24,6 @@
 #include "service/planner_client.h"
 #include "service/planner_server.h"
 #include "service/planning_core.h"
-
-#include <catch2/catch.hpp>
 
 namespace autostage::service {
 namespace {
@@ -77,7 +76,8 @@ TEST_CASE("the service's plan is the local plan, and the second ask comes from t
           "[service]") {
   Place place("same_plan");
   Model m = syntheticModel();
-  decomposer::PlanResult local = decomposer::planGraph(m.graph, m.profile, cluster(4), 32, options());
+  decomposer::PlanResult local =
+      decomposer::planGraph(m.graph, m.profile, cluster(4), 32, options());
   PlannerServer server(serverOptions(place));
   PlannerClient client(place.listen);
   proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
@@ -281,7 +281,8 @@ TEST_CASE("WhatIf plans every point of the sweep, or says why it does not fit", 
   Model m = syntheticModel();
   PlanningCore core("");
   proto::WhatIfCall call;
-  *call.mutable_base() = makePlanCall(m.graph, m.profile, cluster(4), 32, decomposer::PlanOptions());
+  *call.mutable_base() =
+      makePlanCall(m.graph, m.profile, cluster(4), 32, decomposer::PlanOptions());
   for (int n : {2, 4}) call.add_devices(n);
   for (double gib : {1e-6, 16.0}) call.add_device_memory_gib(gib);
   call.add_batch_sizes(32);
@@ -297,7 +298,8 @@ TEST_CASE("WhatIf plans every point of the sweep, or says why it does not fit", 
     }
     decomposer::PlanOptions o;
     o.schedule = p.schedule_option();
-    decomposer::PlanResult direct = decomposer::planGraph(m.graph, m.profile, cluster(p.devices()), 32, o);
+    decomposer::PlanResult direct =
+        decomposer::planGraph(m.graph, m.profile, cluster(p.devices()), 32, o);
     CHECK(p.iteration_seconds() == Approx(direct.evaluation.iterationSeconds));
     CHECK(p.stages() == static_cast<int>(direct.deployment.stages.size()));
     CHECK(p.schedule() == direct.deployment.schedule);
