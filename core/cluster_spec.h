@@ -17,6 +17,9 @@
 
 namespace autostage::core {
 
+// mem_limit_gb and other GiB figures in bytes: the one conversion (1 GiB = 2^30 bytes).
+inline double gibToBytes(double gib) { return gib * 1073741824.0; }
+
 struct ClusterSpec {
   std::string deviceKind = "cpu";
   int devices = 1;

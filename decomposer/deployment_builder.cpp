@@ -174,9 +174,7 @@ core::Deployment buildDeployment(const core::Graph& graph, const Blocking& block
   d.graphHash = graph.hash();
   d.worldSize = request.devices;
   d.devicesPerNode = request.devicesPerNode;
-  d.deviceMemory = static_cast<int64_t>(request.options.memLimitGb > 0
-                                            ? request.options.memLimitGb * 1073741824.0
-                                            : request.deviceMemory);
+  d.deviceMemory = static_cast<int64_t>(request.deviceMemoryBytes());
   d.batchSize = request.batchSize;
   d.microBatchCount = plan.microBatchCount;
   d.schedule = scheduleName(plan.schedule);

@@ -54,7 +54,7 @@ std::string infeasibleMessage(const PlanRequest& request) {
   const double margin = 1.0 - request.options.memMargin;
   std::ostringstream out;
   out << "no plan fits in " << model.memoryLimit() << " bytes per device (device memory "
-      << (request.options.memLimitGb > 0 ? request.options.memLimitGb * 1073741824.0 : request.deviceMemory)
+      << request.deviceMemoryBytes()
       << " bytes, mem_margin " << request.options.memMargin << ", " << request.devices
       << " devices, batch " << request.batchSize << "). The smallest per-device memory that could "
       << "work is at least " << needed / margin << " bytes: block " << neediest << " ("

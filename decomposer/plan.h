@@ -90,7 +90,9 @@ struct PlanRequest {
   double outputBytesPerSample = 0;
   PlanOptions options;
 
-  // Bytes usable per device: (mem_limit_gb or deviceMemory) * (1 - mem_margin).
+  // The device memory the plan is for: mem_limit_gb when set, else deviceMemory (bytes).
+  double deviceMemoryBytes() const;
+  // Bytes usable per device: deviceMemoryBytes() * (1 - mem_margin).
   double memoryLimit() const;
   // Throws PlanError/ConfigError naming the first bad field.
   void validate() const;

@@ -3,15 +3,17 @@
 #include <sstream>
 #include <type_traits>
 
+#include "core/cluster_spec.h"
 #include "core/error.h"
 #include "decomposer/plan.h"
 
 namespace autostage::decomposer {
 
-double PlanRequest::memoryLimit() const {
-  double memory = options.memLimitGb > 0 ? options.memLimitGb * 1024.0 * 1024.0 * 1024.0 : deviceMemory;
-  return memory * (1.0 - options.memMargin);
+double PlanRequest::deviceMemoryBytes() const {
+  return options.memLimitGb > 0 ? core::gibToBytes(options.memLimitGb) : deviceMemory;
 }
+
+double PlanRequest::memoryLimit() const { return deviceMemoryBytes() * (1.0 - options.memMargin); }
 
 void PlanRequest::validate() const {
   options.validate();

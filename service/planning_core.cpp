@@ -241,7 +241,8 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call) {
         core::ClusterSpec cluster = base.cluster;
         cluster.devices = point->devices();
         cluster.devicesPerNode = std::min(std::max(1, cluster.devicesPerNode), point->devices());
-        cluster.memoryPerDevice = static_cast<int64_t>(point->device_memory_gib() * (1 << 30));
+        cluster.memoryPerDevice =
+            static_cast<int64_t>(core::gibToBytes(point->device_memory_gib()));
         cluster.validate();
         decomposer::PlanOptions options = base.options;
         options.schedule = point->schedule_option();

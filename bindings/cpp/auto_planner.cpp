@@ -141,7 +141,7 @@ core::ClusterSpec localCluster(int worldSize, int devicesPerNode, const core::Co
 
 int64_t jobDeviceMemory(const core::Config& config) {
   const double limitGb = config.getFloat("mem_limit_gb");
-  if (limitGb > 0) return static_cast<int64_t>(limitGb * 1073741824.0);
+  if (limitGb > 0) return static_cast<int64_t>(core::gibToBytes(limitGb));
   const int ranksHere = localRankCount(1 << 20);  // this node's ranks, whatever the world size
   return localCluster(ranksHere, ranksHere, config).memoryPerDevice;
 }
