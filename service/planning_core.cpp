@@ -150,23 +150,31 @@ proto::PlanAnswer PlanningCore::plan(const proto::PlanCall& call) {
 }
 
 proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize) {
-  if (auto stored = store_.get("plans", r.planKey)) {
+  auto fromStore = [&]() -> std::optional<proto::PlanAnswer> {
+    auto stored = store_.get("plans", r.planKey);
+    if (!stored) return std::nullopt;
     try {
       proto::PlanAnswer answer = core::parsePayload<proto::PlanAnswer>(
           core::decodeFramed(*stored, kAnswerKind, kAnswerVersion, "stored plan " + r.planKey),
           "stored plan " + r.planKey);
-      ++storeHits_;
       answer.set_from_store(true);
       return answer;
     } catch (const FormatError& e) {
       core::logger("Service")->warn("{}: planning again", e.what());
+      return std::nullopt;
     }
-  }
+  };
   std::shared_future<proto::PlanAnswer> result;
   std::promise<proto::PlanAnswer> promise;
   bool mine = false;
   {
+    // Under the lock, so that a plan finished (stored, and no longer in planning_) between a
+    // first look at the store and here is found, not planned again.
     std::lock_guard<std::mutex> lock(mutex_);
+    if (auto answer = fromStore()) {
+      ++storeHits_;
+      return *answer;
+    }
     auto found = planning_.find(r.planKey);
     if (found != planning_.end()) {
       result = found->second;
