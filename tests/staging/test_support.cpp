@@ -119,6 +119,20 @@ std::shared_ptr<comm::Backend> borrow(comm::Backend& backend) {
   return std::shared_ptr<comm::Backend>(&backend, [](comm::Backend*) {});
 }
 
+std::mutex& assertionMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+std::string errorOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
 void rethrowFirst(const std::vector<std::exception_ptr>& errors) {
   for (size_t rank = 0; rank < errors.size(); ++rank) {
     if (!errors[rank]) continue;

@@ -1,8 +1,10 @@
 #pragma once
 // Models, hand-built deployments and single-process references for the staging tests.
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,44 @@ std::shared_ptr<comm::Backend> borrow(comm::Backend& backend);
 
 // Rethrows the first exception of runThreadRanks, naming the rank.
 void rethrowFirst(const std::vector<std::exception_ptr>& errors);
+
+// Note [Assertions on thread ranks]
+// Catch2 2.x is not thread-safe: CHECK or INFO on two thread ranks at once corrupts its state and
+// can crash the run (a SIGSEGV in the api tests, once in a full run). Inside runThreadRanks with
+// several ranks, assert with RANK_CHECK / RANK_CHECK_INFO / RANK_CHECK_THAT: the expression is
+// evaluated first without a lock (it may be collective: a forward call), then reported under
+// assertionMutex(). errorOf turns "throws X with message M" into a value to check.
+std::mutex& assertionMutex();
+// The message of what `f` throws; empty when it returns.
+std::string errorOf(const std::function<void()>& f);
+// Whether `f` throws an E.
+template <class E>
+bool throwsAs(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E&) {
+    return true;
+  } catch (...) {
+  }
+  return false;
+}
+
+#define RANK_CHECK_INFO(message, ...)                                                         \
+  do {                                                                                        \
+    const bool rankCheckOk_ = static_cast<bool>(__VA_ARGS__);                                 \
+    std::lock_guard<std::mutex> rankCheckLock_(                                               \
+        ::autostage::staging::testing::assertionMutex());                                     \
+    INFO(#__VA_ARGS__ << "\n" << message);                                                    \
+    CHECK(rankCheckOk_);                                                                      \
+  } while (false)
+#define RANK_CHECK(...) RANK_CHECK_INFO("", __VA_ARGS__)
+#define RANK_CHECK_THAT(value, matcher)                                                       \
+  do {                                                                                        \
+    const auto rankCheckValue_ = (value);                                                     \
+    std::lock_guard<std::mutex> rankCheckLock_(                                               \
+        ::autostage::staging::testing::assertionMutex());                                     \
+    CHECK_THAT(rankCheckValue_, matcher);                                                     \
+  } while (false)
 
 // max |a-b| / (atol + rtol |b|) <= 1, printed on failure by the caller.
 bool allClose(const at::Tensor& a, const at::Tensor& b, double rtol = 1e-5, double atol = 1e-6);
