@@ -21,7 +21,7 @@ install(EXPORT autostagePlannerTargets NAMESPACE autostage:: DESTINATION ${AUTOS
 # each other as "core/...", "staging/...").
 set(AUTOSTAGE_HEADER_FOLDERS core core/ir core/proto decomposer service)
 if(TARGET autostage_api)
-  list(APPEND AUTOSTAGE_HEADER_FOLDERS core/torchscript comm profiler staging bindings/cpp)
+  list(APPEND AUTOSTAGE_HEADER_FOLDERS core/torchscript comm profiler staging driver bindings/cpp)
 endif()
 foreach(folder IN LISTS AUTOSTAGE_HEADER_FOLDERS)
   file(GLOB headers ${PROJECT_SOURCE_DIR}/${folder}/*.h)
@@ -34,11 +34,12 @@ install(FILES ${PROJECT_BINARY_DIR}/include/autostage/build_config.h
 
 if(TARGET autostage_api)
   set(runtime autostage_torchscript autostage_comm autostage_profiler autostage_staging
-      autostage_api)
+      autostage_driver autostage_api)
   set_target_properties(autostage_torchscript PROPERTIES EXPORT_NAME torchscript)
   set_target_properties(autostage_comm PROPERTIES EXPORT_NAME comm)
   set_target_properties(autostage_profiler PROPERTIES EXPORT_NAME profiler)
   set_target_properties(autostage_staging PROPERTIES EXPORT_NAME staging)
+  set_target_properties(autostage_driver PROPERTIES EXPORT_NAME driver)
   set_target_properties(autostage_api PROPERTIES EXPORT_NAME autostage)
   install(TARGETS ${runtime} EXPORT autostageRuntimeTargets
           ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})

@@ -46,6 +46,11 @@ class Backend {
   virtual std::string name() const = 0;
   virtual int rank() const = 0;
   virtual int worldSize() const = 0;
+  // The ranks sharing this rank's node (host), and this rank's index among them: what the job
+  // resolves "ranks per node" from (Note [Resolving the job] in driver/job.h). A backend that
+  // cannot tell says 1 and 0 (each rank alone on its node).
+  virtual int localSize() const { return 1; }
+  virtual int localRank() const { return 0; }
   Group world() const { return Group::world(worldSize()); }
 
   // Point-to-point. Messages between one pair with one tag arrive in the order sent. Tags are

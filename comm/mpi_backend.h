@@ -25,8 +25,8 @@ class MpiBackend : public Backend {
   int rank() const override;
   int worldSize() const override;
   // Rank among the processes on this node, and their count (MPI_Comm_split_type).
-  int localRank() const;
-  int localSize() const;
+  int localRank() const override;
+  int localSize() const override;
   const CommOptions& options() const;
 
   void send(const at::Tensor& tensor, int dst, int tag) override;

@@ -175,6 +175,8 @@ NcclBackend::~NcclBackend() {
 
 int NcclBackend::rank() const { return impl_->control->rank(); }
 int NcclBackend::worldSize() const { return impl_->control->worldSize(); }
+int NcclBackend::localSize() const { return impl_->control->localSize(); }
+int NcclBackend::localRank() const { return impl_->control->localRank(); }
 int NcclBackend::device() const { return impl_->device; }
 
 std::unique_ptr<Work> NcclBackend::pointToPoint(const at::Tensor& tensor, int peer, int tag,

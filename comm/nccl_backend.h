@@ -29,6 +29,8 @@ class NcclBackend : public Backend {
   std::string name() const override { return "nccl"; }
   int rank() const override;
   int worldSize() const override;
+  int localSize() const override;
+  int localRank() const override;
   int device() const;
 
   void send(const at::Tensor& tensor, int dst, int tag) override;

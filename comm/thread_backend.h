@@ -24,6 +24,9 @@ class ThreadBackend : public Backend {
   std::string name() const override { return "thread"; }
   int rank() const override { return rank_; }
   int worldSize() const override { return world_->worldSize(); }
+  // Thread ranks share one process, so one node.
+  int localSize() const override { return worldSize(); }
+  int localRank() const override { return rank_; }
 
   void send(const at::Tensor& tensor, int dst, int tag) override;
   void recv(const at::Tensor& tensor, int src, int tag) override;

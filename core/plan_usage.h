@@ -11,7 +11,7 @@
 //   train_step        model.train_step(x): forward and backward in one call; every schedule.
 //   inference         a forward under no_grad: no gradients, no optimizer state, no activations
 //                     kept for a backward; forward only (gpipe order, no backward, no allreduce).
-// A module keeps one deployment per usage (staging/module.h), made on the first call of that
+// A module keeps one deployment per usage (driver/module.h), made on the first call of that
 // usage and reused after.
 
 #include <string>

@@ -14,14 +14,6 @@
 #include "core/torchscript/type_convert.h"
 
 namespace autostage::staging {
-namespace {
-
-core::Deployment verified(const core::Graph& graph, core::Deployment deployment) {
-  verifyRoutes(graph, deployment);
-  return deployment;
-}
-
-}  // namespace
 
 void ExecutorOptions::validate() const {
   AUTOSTAGE_CHECK_AS(ConfigError, gradientBucketBytes >= 1,
@@ -36,10 +28,10 @@ std::string ExecutorOptions::toString() const {
   return out.str();
 }
 
-Executor::Executor(const torchscript::ImportedModel& model, core::Deployment deployment,
+Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment deployment,
                    std::shared_ptr<comm::Backend> backend, ExecutorOptions options)
     : model_(model),
-      deployment_(verified(model.graph, std::move(deployment))),
+      deployment_(std::move(deployment).release()),
       backend_(std::move(backend)),
       options_(options),
       rank_(backend_->rank()),
@@ -49,10 +41,8 @@ Executor::Executor(const torchscript::ImportedModel& model, core::Deployment dep
   options_.validate();
   if (!options_.traceDirectory.empty())
     trace_ = std::make_unique<EventTrace>(rank_, options_.traceDirectory, options_.traceSteps);
-  AUTOSTAGE_CHECK_AS(PlanError, deployment_.worldSize == backend_->worldSize(),
-                     "the deployment was planned for ", deployment_.worldSize,
-                     " ranks but this job has ", backend_->worldSize(),
-                     "; re-plan or launch with the planned number of ranks");
+  AUTOSTAGE_INTERNAL_ASSERT(deployment_.worldSize == backend_->worldSize(),
+                            "a deployment verified for another world size");
   for (const core::StageDeployment& stage : deployment_.stages) {
     auto it = std::find(stage.ranks.begin(), stage.ranks.end(), rank_);
     if (it == stage.ranks.end()) continue;

@@ -51,9 +51,10 @@ bool delayGradAllreduce();
 
 class Executor {
  public:
-  // Verifies the routes, builds this rank's stage and, with synchronizeParams, copies rank 0's
-  // parameters (collective over the world). `model` must outlive the executor.
-  Executor(const torchscript::ImportedModel& model, core::Deployment deployment,
+  // Builds this rank's stage of a deployment verified for this job (Note [One verification] in
+  // route_check.h) and, with synchronizeParams, copies rank 0's parameters (collective over the
+  // world). `model` must outlive the executor.
+  Executor(const torchscript::ImportedModel& model, VerifiedDeployment deployment,
            std::shared_ptr<comm::Backend> backend, ExecutorOptions options = {});
   ~Executor();  // writes an open trace step
 

@@ -1,6 +1,7 @@
 #include "staging/route_check.h"
 
 #include <algorithm>
+#include <string>
 
 #include "core/error.h"
 
@@ -100,6 +101,65 @@ void verifyRoutes(const core::Graph& graph, const core::Deployment& deployment) 
                        "' does not depend on the batch (", valueClassName(graph.value(out).cls),
                        "); autostage returns batch-dependent outputs only");
   }
+}
+
+}  // namespace autostage::staging
+
+namespace autostage::staging {
+namespace {
+
+// Note [Plan usage]: a deployment (a loaded one may have been planned for another API) must run
+// the schedule the call runs and budget what it holds.
+void checkRunsAs(const core::Deployment& d, core::PlanUsage usage) {
+  const std::string planned = core::recordedUsage(d);
+  const std::string wanted = core::usageName(usage);
+  const char* api = usage == core::PlanUsage::TrainStep ? "train_step" : "forward()";
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     usage == core::PlanUsage::TrainStep || d.schedule == "gpipe",
+                     "the deployment runs schedule ", d.schedule, ", which forward() cannot run "
+                     "(it runs every micro-batch's forward before any backward: gpipe); run it "
+                     "with train_step(...) and a model returning its loss, use a deployment "
+                     "planned for ", wanted, ", or plan again (drop load_deployment)");
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     usage == core::PlanUsage::Inference ||
+                         planned != core::usageName(core::PlanUsage::Inference),
+                     "the deployment was planned for inference (no gradients, no optimizer "
+                     "state, no activations kept) but this call (", api, " with gradients) trains;"
+                     " use a deployment planned for ", wanted, ", or plan again (drop "
+                     "load_deployment)");
+}
+
+}  // namespace
+
+VerifiedDeployment verifyDeployment(const core::Graph& graph, core::Deployment deployment,
+                                    const DeploymentFit& fit) {
+  const core::Deployment& d = deployment;
+  AUTOSTAGE_CHECK_AS(ConfigError, d.worldSize == fit.worldSize, "deployment field world_size is ",
+                     d.worldSize, " but this job has ", fit.worldSize, " ranks; launch with ",
+                     d.worldSize, " ranks, or plan again for this world size (drop "
+                     "load_deployment)");
+  if (fit.plannedElsewhere) {
+    AUTOSTAGE_CHECK_AS(ConfigError, d.batchSize == fit.globalBatch, "deployment field batch_size "
+                       "is ", d.batchSize, " but this job's global batch is ", fit.globalBatch,
+                       " (", fit.worldSize, " ranks x ", fit.globalBatch / fit.worldSize,
+                       "); pass local batches of ", d.batchSize / std::max(1, d.worldSize),
+                       " samples, or plan again for this batch (drop load_deployment)");
+    AUTOSTAGE_CHECK_AS(ConfigError, fit.deviceMemory <= 0 || d.deviceMemory <= fit.deviceMemory,
+                       "deployment field device_memory is ", d.deviceMemory, " bytes but this "
+                       "job's devices have ", fit.deviceMemory, " bytes (mem_limit_gb, or this "
+                       "node's memory shared by its ranks), so the plan might not fit; set "
+                       "mem_limit_gb to at least ", static_cast<double>(d.deviceMemory) / (1 << 30),
+                       " if the devices really have that much, or plan again (drop "
+                       "load_deployment)");
+    AUTOSTAGE_CHECK_AS(FormatError, d.graphHash == fit.graphHash, "deployment field graph_hash "
+                       "is ", d.graphHash, " but the traced model's graph hash is ", fit.graphHash,
+                       "; the deployment was planned for a different model or input shape: load "
+                       "the deployment saved for this model, or plan again (drop "
+                       "load_deployment)");
+  }
+  checkRunsAs(d, fit.usage);
+  verifyRoutes(graph, d);
+  return VerifiedDeployment(std::move(deployment));
 }
 
 }  // namespace autostage::staging

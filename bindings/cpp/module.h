@@ -9,10 +9,9 @@
 //   module.eval();                             // eval mode: that mode's own deployment
 //   { torch::NoGradGuard g; module.forward({x}); }    // an inference deployment
 //
-// staging::Module (staging/module.h: forward, trainStep, parameters, stateDict, loadStateDict,
-// train/eval, deployment, ...) with autoPlanner() (profile + plan on rank 0) unless the options
-// name another planner or a saved deployment, and the counting CPU allocator measuring each
-// step's memory (measure_memory). Launch with mpirun; one process per rank. Every call marked
+// driver::Module (driver/module.h: forward, trainStep, parameters, stateDict, loadStateDict,
+// train/eval, deployment, job, ...; it gets the plan: Note [Getting a plan]) with the counting
+// CPU allocator measuring each step's memory (measure_memory). Launch with mpirun; one process per rank. Every call marked
 // collective must be made on every rank, and forward/trainStep in the same mode and grad mode.
 //
 // The model: a torch::jit::Module, traced or scripted in Python (torch::jit::load) or built in
@@ -26,21 +25,21 @@
 #include <map>
 #include <string>
 
-#include "bindings/cpp/auto_planner.h"
 #include "bindings/cpp/memory_meters.h"
+#include "core/config.h"
 #include "core/proto/deployment_file.h"
-#include "staging/module.h"
+#include "driver/module.h"
 
 namespace autostage {
 
-using ModuleOptions = staging::ModuleOptions;
+using ModuleOptions = driver::ModuleOptions;
 // Config keys and values, as the Python API takes them (autostage.Module(model, partition_num=2)).
 using ConfigOptions = std::map<std::string, std::string>;
 
-class Module : public staging::Module {
+class Module : public driver::Module {
  public:
   explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig())
-      : staging::Module(std::move(module), withDefaults(std::move(options))) {}
+      : driver::Module(std::move(module), withDefaults(std::move(options))) {}
   // Sets each config key (process-wide, like the Python API; an unknown key or a bad value throws
   // ConfigError naming it) and takes the options from the config table.
   Module(torch::jit::Module module, const ConfigOptions& config)
@@ -65,8 +64,6 @@ class Module : public staging::Module {
     return ModuleOptions::fromConfig();
   }
   static ModuleOptions withDefaults(ModuleOptions options) {
-    if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner(options.backend);
-    if (options.deviceMemory == 0) options.deviceMemory = jobDeviceMemory(core::globalConfig());
     if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))
       options.memoryMeter = cpuMemoryMeter();
     return options;

@@ -22,7 +22,7 @@ namespace py = pybind11;
 // Calls the Python tracer (autostage.module's _trace of the user's model) with the GIL held; a
 // Python exception becomes the autostage error of the same class name (Error otherwise), so
 // comm::runAgreed can report it on every rank.
-staging::TraceCallback pythonTracer(py::object tracer) {
+driver::TraceCallback pythonTracer(py::object tracer) {
   auto shared = std::make_shared<py::object>(std::move(tracer));
   return [shared](const std::vector<c10::IValue>& inputs) {
     py::gil_scoped_acquire gil;
@@ -52,10 +52,10 @@ std::unique_ptr<Module> makeModule(const py::object& tracer, const std::string& 
 
 template <typename Method>
 std::vector<at::Tensor> callReleased(Module& module, Method method,
-                                     const std::vector<at::Tensor>& inputs) {
+                                     const std::vector<at::Tensor>& inputs, bool agreed) {
   std::vector<c10::IValue> values(inputs.begin(), inputs.end());
   py::gil_scoped_release release;  // forward may communicate with other ranks
-  return (module.*method)(values);
+  return (module.*method)(values, agreed);
 }
 
 py::dict deploymentInfo(const core::Deployment& d) {
@@ -96,12 +96,19 @@ void bindStaging(py::module_& m) {
   comm::registerBuiltinBackends();
   py::class_<Module>(m, "_Module")
       .def(py::init(&makeModule), py::arg("tracer"), py::arg("deployment_path") = "")
-      .def("forward", [](Module& mod, const std::vector<at::Tensor>& inputs) {
-        return callReleased(mod, &Module::forward, inputs);
-      })
-      .def("train_step", [](Module& mod, const std::vector<at::Tensor>& inputs) {
-        return callReleased(mod, &Module::trainStep, inputs);
-      })
+      .def(
+          "forward",
+          [](Module& mod, const std::vector<at::Tensor>& inputs, bool agreed) {
+            return callReleased(mod, &Module::forward, inputs, agreed);
+          },
+          py::arg("inputs"), py::arg("agreed") = false,
+          "agreed: _agree_call ran for this call (Note [One agreement per call]).")
+      .def(
+          "train_step",
+          [](Module& mod, const std::vector<at::Tensor>& inputs, bool agreed) {
+            return callReleased(mod, &Module::trainStep, inputs, agreed);
+          },
+          py::arg("inputs"), py::arg("agreed") = false)
       .def_property_readonly("ready", &Module::ready)
       .def_property_readonly("deployment_count", &Module::deploymentCount)
       .def_property_readonly("training_selection", &Module::trainingSelection)
@@ -168,7 +175,7 @@ void bindStaging(py::module_& m) {
       .def_property_readonly("rank", &Module::rank)
       .def_property_readonly("world_size", &Module::worldSize);
 
-  py::register_exception<staging::DryRunFinished>(m, "DryRunFinished", m.attr("Error").ptr());
+  py::register_exception<driver::DryRunFinished>(m, "DryRunFinished", m.attr("Error").ptr());
   m.def(
       "_read_deployment",
       [](const std::string& path) { return deploymentInfo(core::loadDeployment(path)); },
@@ -209,13 +216,17 @@ void bindStaging(py::module_& m) {
   m.def(
       "_agree_call",
       [](const std::string& step, const std::string& errorClass, const std::string& message,
-         const std::string& how) {
+         const std::string& how, const std::vector<at::Tensor>& inputs) {
+        std::vector<c10::IValue> values(inputs.begin(), inputs.end());
         py::gil_scoped_release release;
-        staging::checkCalledAlike(comm::agreeAndGather(world(), step, {errorClass, message}, how));
+        driver::agreeOnCall(world(), values, how, {errorClass, message}, step);
       },
       py::arg("step"), py::arg("error_class"), py::arg("message"), py::arg("how"),
-      "Collective: _agree, and in the same exchange the ranks compare `how` they call the "
-      "module (method and mode); raises the same error on every rank when they differ.");
+      py::arg("inputs"),
+      "Collective: the one exchange of a call (Note [One agreement per call], driver/module.h): "
+      "a problem found on any rank, `how` each rank calls the module (method, mode, arguments) "
+      "and its input tensors; raises the same error on every rank when anything is wrong or "
+      "differs. Then call forward/train_step with agreed=True.");
   m.def("_last_agreed_error", &comm::lastAgreedError);
   m.def(
       "_gather_from_owners",

@@ -279,7 +279,7 @@ TEST_CASE("bf16 profiling measures the nodes under autocast", "[profiler]") {
   torch::manual_seed(3);
   const int64_t width = 64, batch = 16;
   testing::TestModel m = testing::makeMlp(width, 3, batch);
-  torchscript::ImportedModel model = [&] {  // as staging::Module imports it
+  torchscript::ImportedModel model = [&] {  // as driver::Module imports it
     torchscript::AutocastGuard autocast(core::Precision::Bf16);
     return torchscript::importModule(m.module, m.inputs);
   }();

@@ -28,10 +28,10 @@ EXPECTED = {
         "forward, train mode, arguments (Tensor, scale=Tensor))"]),
     "non_tensor_rank2": ("UnsupportedError", [
         "checking the call failed on rank 2: input 1 (of type float) is not a tensor"]),
-    "zero_dim_rank3": ("Error", ["checking the inputs failed on rank 3: input 1 is a 0-dim "
+    "zero_dim_rank3": ("Error", ["checking the call failed on rank 3: input 1 is a 0-dim "
                                  "tensor"]),
     "dim0_not_batch_rank0": ("Error", [
-        "checking the inputs failed on rank 0: input 1 has 3 rows in dim 0 but input 0 has 8"]),
+        "checking the call failed on rank 0: input 1 has 3 rows in dim 0 but input 0 has 8"]),
     "batch_differs_rank1": ("Error", [
         "ranks passed different local batch sizes (rank 0: 8, rank 1: 6, rank 2: 8, "
         "rank 3: 8); every rank must pass the same number of samples"]),

@@ -61,3 +61,64 @@ TEST_CASE("route verification names what is wrong", "[staging]") {
 
 }  // namespace
 }  // namespace autostage::staging
+
+namespace autostage::staging {
+namespace {
+
+// Note [One verification]: the fit to the job, for deployments planned here and elsewhere.
+TEST_CASE("verifyDeployment checks the job's fit, and a file's graph, batch and memory",
+          "[staging]") {
+  core::Graph graph = mlpGraph();
+  core::Deployment d = testing::makeDeployment(graph, {{0, 1}, {2, 3}}, 4, 1);
+  d.graphHash = graph.hash();
+  d.batchSize = 32;
+  d.deviceMemory = 1000;
+  DeploymentFit fit;
+  fit.worldSize = 4;
+  fit.usage = core::PlanUsage::ForwardBackward;
+  fit.graphHash = graph.hash();
+  fit.globalBatch = 32;
+  fit.deviceMemory = 1000;
+  CHECK(verifyDeployment(graph, d, fit).get().stages.size() == 2);
+  fit.plannedElsewhere = true;
+  CHECK(verifyDeployment(graph, d, fit).get().batchSize == 32);
+
+  SECTION("world size, whatever planned it") {
+    fit.plannedElsewhere = false;
+    fit.worldSize = 2;
+    CHECK_THROWS_AS(verifyDeployment(graph, d, fit), ConfigError);
+    CHECK_THROWS_WITH(verifyDeployment(graph, d, fit),
+                      Catch::Contains("world_size is 4 but this job has 2 ranks"));
+  }
+  SECTION("a deployment planned elsewhere for another batch, graph or more memory") {
+    fit.globalBatch = 16;
+    CHECK_THROWS_WITH(verifyDeployment(graph, d, fit),
+                      Catch::Contains("batch_size is 32 but this job's global batch is 16"));
+    fit.globalBatch = 32;
+    fit.deviceMemory = 999;
+    CHECK_THROWS_WITH(verifyDeployment(graph, d, fit),
+                      Catch::Contains("device_memory is 1000 bytes but this job's devices have "
+                                      "999 bytes"));
+    fit.deviceMemory = 0;  // not known: not checked
+    CHECK_NOTHROW(verifyDeployment(graph, d, fit));
+    fit.graphHash = "0123456789abcdef";
+    CHECK_THROWS_AS(verifyDeployment(graph, d, fit), FormatError);
+  }
+  SECTION("the same fields are not asked of a plan made for this job") {
+    fit.plannedElsewhere = false;
+    fit.globalBatch = 16;
+    fit.graphHash = "other";
+    fit.deviceMemory = 1;
+    CHECK_NOTHROW(verifyDeployment(graph, d, fit));
+  }
+  SECTION("a schedule the call cannot run, and broken routes") {
+    d.schedule = "1f1b";
+    CHECK_THROWS_WITH(verifyDeployment(graph, d, fit), Catch::Contains("schedule 1f1b"));
+    d.schedule = "gpipe";
+    d.routes.clear();
+    CHECK_THROWS_AS(verifyDeployment(graph, d, fit), PlanError);
+  }
+}
+
+}  // namespace
+}  // namespace autostage::staging

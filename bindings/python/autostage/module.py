@@ -40,7 +40,7 @@ class Module(torch.nn.Module):
     trace and its own deployments, made on the first call in that mode and kept: ``_impls`` maps
     ``model.training`` to its staging module, ``_impl`` is the one that ran last. Within a mode
     the staging module keeps one deployment per usage (forward with gradients, forward under
-    no_grad, train_step; Note [One deployment per usage] in staging/module.h). All deployments
+    no_grad, train_step; Note [One deployment per usage] in driver/module.h). All deployments
     feed the model's own parameter and buffer tensors, but each rank holds (and updates) only
     those of its stage, and the plans may give a rank different stages. So on a switch the ranks
     first share the current values from the last holders (``share_state``), and the gradients of
@@ -152,9 +152,9 @@ class Module(torch.nn.Module):
         call, problem = self._bind(inputs, kwargs)
         changed = call is not None and mode in self._traced_calls and \
             call.signature != self._traced_calls[mode]
-        # Note [Bad input on one rank] (staging/module.h): a problem found here on any rank is
+        # Note [Bad input on one rank] (driver/module.h): a problem found here on any rank is
         # raised on every rank, so none is left waiting in the collective call below.
-        # Note [Calls in different modes] (bind_staging.cpp): every rank must call alike,
+        # Note [Calls in different modes] (staging/call_inputs.cpp): every rank must call alike,
         # including the keywords and constants (Note [Call signature]).
         how = (f"{method}, {_MODE_NAMES[mode]} mode"
                + ("" if torch.is_grad_enabled() else ", no_grad")
@@ -166,7 +166,10 @@ class Module(torch.nn.Module):
                        "in keywords, structure or constants (non-tensor arguments are "
                        "constants of the trace); call the module as traced, or set "
                        "allow_replan=true to retrace and replan")
-        _autostage._agree_call("checking the call", *problem, how)
+        # Note [One agreement per call] (driver/module.h): this exchange also checks the inputs;
+        # the deployment below runs them with agreed=True.
+        _autostage._agree_call("checking the call", *problem, how,
+                               list(call.tensors) if call is not None else [])
         if changed:
             _autostage._log_info("Module", f"Call arguments changed from "
                                  f"{self._traced_calls[mode]} to {call.signature}: retracing "
@@ -209,7 +212,7 @@ class Module(torch.nn.Module):
         self._impl = self._impls[mode]
         self._impl.set_optimizer_state_bytes(self._optimizer_state_bytes())
         try:
-            outputs = getattr(self._impl, method)(list(inputs))
+            outputs = getattr(self._impl, method)(list(inputs), agreed=True)
         except _autostage.DryRunFinished:
             # partitioning_dry_run_np: the plan is saved; end the process as RaNNC does (MPI is
             # finalized at interpreter exit). Catch SystemExit to carry on instead.

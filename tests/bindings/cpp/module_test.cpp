@@ -251,7 +251,7 @@ TEST_CASE("gradient accumulation and clipGradNorm equal plain LibTorch", "[api]"
   Module::delayGradAllreduce(true);  // process-wide, like autostage.delay_grad_allreduce
   auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
     ModuleOptions options = threadOptions(b);
-    options.planner = [](const staging::PlanningInput& in) {  // one stage on both ranks
+    options.planner = [](const driver::PlanningInput& in) {  // one stage on both ranks
       return staging::testing::makeDeployment(in.model.graph, {{0, 1}}, in.worldSize, 2);
     };
     Module module(copyOf(initial), options);

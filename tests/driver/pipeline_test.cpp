@@ -13,11 +13,13 @@
 
 #include "comm/thread_backend.h"
 #include "core/error.h"
-#include "staging/module.h"
+#include "driver/module.h"
 #include "test_support.h"
 
-namespace autostage::staging {
+namespace autostage::driver {
 namespace {
+
+using namespace staging;
 
 using testing::allClose;
 using testing::borrow;
@@ -236,4 +238,4 @@ TEST_CASE("a failing planner on rank 0 becomes a PlanError on every rank", "[sta
 }
 
 }  // namespace
-}  // namespace autostage::staging
+}  // namespace autostage::driver

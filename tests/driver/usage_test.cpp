@@ -1,4 +1,4 @@
-// Note [One deployment per usage] (staging/module.h) and Note [Measured memory]
+// Note [One deployment per usage] (driver/module.h) and Note [Measured memory]
 // (staging/memory_meter.h): which deployment each call runs, and what a step's memory record
 // holds, on in-process ranks (thread backend) with hand-built deployments and a scripted meter.
 #include <mutex>
@@ -8,13 +8,15 @@
 #include "comm/thread_backend.h"
 #include "core/error.h"
 #include "staging/memory_watch.h"
-#include "staging/module.h"
+#include "driver/module.h"
 #include "test_support.h"
 
 #include <catch2/catch.hpp>  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
 
-namespace autostage::staging {
+namespace autostage::driver {
 namespace {
+
+using namespace staging;
 
 using testing::borrow;
 using testing::makeDeployment;
@@ -174,4 +176,4 @@ TEST_CASE("a step's memory record: exact parameters, gradients and optimizer sta
 }
 
 }  // namespace
-}  // namespace autostage::staging
+}  // namespace autostage::driver

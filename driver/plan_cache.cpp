@@ -1,7 +1,6 @@
 // The plan cache; see plan_cache.h.
-#include "staging/plan_cache.h"
+#include "driver/plan_cache.h"
 
-#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
@@ -11,14 +10,14 @@
 #include "core/log.h"
 #include "core/proto/deployment_file.h"
 
-namespace autostage::staging {
+namespace autostage::driver {
 namespace {
 
 // Note [Plan cache]
 // With plan_cache_dir set, rank 0 keeps every deployment it plans in that directory under a key
-// of what the plan depends on: the graph hash (model and traced shapes), world size, ranks per
-// node, global batch, the plan's usage (Note [Plan usage]) and every planner, profiler and comm
-// option. A later launch with the same key loads the file instead of profiling and planning. A
+// of what the plan depends on: the graph hash (model and traced shapes), the job (world size,
+// ranks per node, device kind and memory: Note [Resolving the job] in job.h), global batch, the
+// plan's usage (Note [Plan usage]) and every planner, profiler and comm option. A later launch with the same key loads the file instead of profiling and planning. A
 // cache file that cannot be read (damaged, older format) is reported and replaced by a fresh plan.
 const char* const kPlanKeyOptions[] = {
     "decomposer", "max_blocks", "partition_num", "pipeline_num", "min_pipeline", "max_pipeline",
@@ -28,33 +27,34 @@ const char* const kPlanKeyOptions[] = {
 
 }  // namespace
 
-std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch,
+std::string planCachePath(const std::string& graphHash, const JobSpec& job, int64_t globalBatch,
                           core::PlanUsage usage) {
   const core::Config& config = core::globalConfig();
   const std::string dir = config.getString("plan_cache_dir");
   if (dir.empty()) return "";
   std::ostringstream key;
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-  key << graphHash << '\n' << worldSize << '\n' << (local ? local : "1") << '\n' << globalBatch
-      << '\n' << core::usageName(usage);
+  const int worldSize = job.worldSize;
+  key << graphHash << '\n' << worldSize << '\n' << job.ranksPerNode << '\n' << globalBatch
+      << '\n' << core::usageName(usage) << '\n' << job.deviceKind << '\n' << job.deviceMemory();
   for (const char* option : kPlanKeyOptions) key << '\n' << option << '=' << config.text(option);
   return dir + "/plan-" + graphHash + "-np" + std::to_string(worldSize) + "-b" +
          std::to_string(globalBatch) + "-" + core::usageName(usage) + "-" +
          core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";
 }
 
-bool readCachedPlan(const std::string& path, std::string* bytes) {
-  if (!std::filesystem::exists(path)) return false;
+std::optional<core::Deployment> readCachedPlan(const std::string& path) {
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  std::optional<core::Deployment> plan;
   try {
-    *bytes = core::encodeDeployment(core::loadDeployment(path));
+    plan = core::loadDeployment(path);
   } catch (const Error& e) {
     core::logger("DPStaging")->warn("Ignoring the cached plan {}: {}; planning again", path,
                                     e.what());
-    return false;
+    return std::nullopt;
   }
   core::logger("DPStaging")->info("Loaded the plan from the plan cache: {} (plan_cache_dir); "
                                   "skipping profiling and planning", path);
-  return true;
+  return plan;
 }
 
 void writeCachedPlan(const core::Deployment& deployment, const std::string& path) {
@@ -69,4 +69,4 @@ void writeCachedPlan(const core::Deployment& deployment, const std::string& path
   }
 }
 
-}  // namespace autostage::staging
+}  // namespace autostage::driver

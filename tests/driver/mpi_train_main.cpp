@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include "staging/module.h"
+#include "driver/module.h"
 #include "test_support.h"
 
 namespace {
@@ -36,7 +36,7 @@ std::vector<at::Tensor> paramsOf(const torch::jit::Module& m) {
   return out;
 }
 
-int checkParams(const staging::Module& module, const torch::jit::Module& ref, int rank) {
+int checkParams(const driver::Module& module, const torch::jit::Module& ref, int rank) {
   int bad = 0;
   std::map<std::string, at::Tensor> want;
   for (const auto& p : ref.named_parameters(true)) want[p.name] = p.value;
@@ -51,11 +51,11 @@ int checkParams(const staging::Module& module, const torch::jit::Module& ref, in
 // Caller-side loss on each rank's rows, gpipe, 2 stages x 2 replicas, 2 micro-batches.
 int trainOutputModel(int steps) {
   torch::jit::Module ref = fresh(staging::testing::makeMlp, 21);
-  staging::ModuleOptions options;
-  options.planner = [](const staging::PlanningInput& in) {
+  driver::ModuleOptions options;
+  options.planner = [](const driver::PlanningInput& in) {
     return staging::testing::makeDeployment(in.model.graph, {{0, 1}, {2, 3}}, in.worldSize, 2);
   };
-  staging::Module module(fresh(staging::testing::makeMlp, 21), options);
+  driver::Module module(fresh(staging::testing::makeMlp, 21), options);
   int rank = module.rank(), world = module.worldSize(), bad = 0;
   for (int step = 0; step < steps; ++step) {
     at::Tensor x = torch::randn({world * kLocal, 8}), y = torch::randn({world * kLocal, 4});
@@ -80,12 +80,12 @@ int trainOutputModel(int steps) {
 // Loss-returning model, 1f1b trainStep, 3 stages with replicas {2,1,1}, 3 micro-batches.
 int trainLossModel(int steps) {
   torch::jit::Module ref = fresh(staging::testing::makeLossMlp, 22);
-  staging::ModuleOptions options;
-  options.planner = [](const staging::PlanningInput& in) {
+  driver::ModuleOptions options;
+  options.planner = [](const driver::PlanningInput& in) {
     return staging::testing::makeDeployment(in.model.graph, {{0, 1}, {2}, {3}}, in.worldSize, 3,
                                             "1f1b");
   };
-  staging::Module module(fresh(staging::testing::makeLossMlp, 22), options);
+  driver::Module module(fresh(staging::testing::makeLossMlp, 22), options);
   int rank = module.rank(), world = module.worldSize(), bad = 0;
   for (int step = 0; step < steps; ++step) {
     at::Tensor x = torch::randn({world * kLocal, 8}), y = torch::randn({world * kLocal, 4});

@@ -17,11 +17,13 @@
 
 #include "bindings/cli/measured_trace.h"
 #include "comm/thread_backend.h"
-#include "staging/module.h"
+#include "driver/module.h"
 #include "test_support.h"
 
-namespace autostage::staging {
+namespace autostage::driver {
 namespace {
+
+using namespace staging;
 
 constexpr int kWorld = 4, kMicroBatches = 3, kSteps = 3;
 
@@ -188,4 +190,4 @@ TEST_CASE("event trace file: one peak_memory instant event per step, kept with i
   std::filesystem::remove_all(dir);
 }
 
-}  // namespace autostage::staging
+}  // namespace autostage::driver

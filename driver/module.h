@@ -1,18 +1,25 @@
 #pragma once
-// autostage::staging::Module — the C++ counterpart of the Python `autostage.Module`.
+// autostage::driver::Module — how a job gets its plan and runs it; the C++ API (autostage::Module,
+// bindings/cpp/module.h) and the Python `autostage.Module` are thin callers of it.
 //
-//   staging::ModuleOptions options;
-//   options.planner = myPlanner;                 // rank 0 plans; the lead wires the real one in
-//   staging::Module module(torch::jit::load("model.pt"), options);
+//   driver::Module module(torch::jit::load("model.pt"), driver::ModuleOptions::fromConfig());
 //   auto out = module.forward({x});              // every rank passes its local batch
 //   lossFn(out[0], y).backward();                // drives the pipeline backward on every rank
 //   optimizer.step();                            // over module.parameters() (local ones)
 //
-// The first forward (or trainStep) imports the module with the call's inputs as example inputs,
-// obtains a deployment (options.deploymentPath if set, otherwise options.planner on rank 0),
-// broadcasts rank 0's deployment bytes, verifies its routes, deploys (parameters copied from
-// rank 0) and logs each step. Every call is collective: all ranks call forward/backward/trainStep
-// in the same order. Outputs carry an autograd node, so the caller's backward on each rank runs
+// Note [Getting a plan]
+// One sequence of named steps, each agreed by all ranks (Note [Bad input on one rank]), runs in
+// this folder and nowhere else; nothing below (staging/, profiler/, decomposer/) calls back up:
+//   1. resolve the job, once, when the Module is made (Note [Resolving the job] in job.h);
+//   2. agree on the call and the inputs: one exchange per call (checking the inputs);
+//   3. trace/import the model on the first call of a mode, or when the inputs' shapes change
+//      under allow_replan (tracing and importing the model);
+//   4. rank 0 takes the plan from the first source that has one (Note [Where a plan comes from]
+//      in plan_sources.h): the deployment file, the plan cache, the planner (ModuleOptions::
+//      planner, or the planning service and the local profile + plan); then broadcasts it;
+//   5. every rank verifies it once (Note [One verification] in staging/route_check.h);
+//   6. deploy: staging::Executor builds this rank's stage and copies rank 0's parameters.
+// Every call is collective: all ranks call forward/backward/trainStep in the same order. Outputs carry an autograd node, so the caller's backward on each rank runs
 // the pipeline backward and the gradient synchronisation (Note [Gradient scaling]); every rank
 // must call backward once per forward, with gradients for the outputs it used.
 //
@@ -72,6 +79,7 @@
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/jit/api/module.h>
 
+#include "comm/agreement.h"
 #include "comm/backend.h"
 #include "core/deployment.h"
 #include "core/error.h"
@@ -79,26 +87,30 @@
 #include "core/plan_usage.h"
 #include "core/precision.h"
 #include "core/torchscript/importer.h"
+#include "driver/job.h"
 #include "staging/executor.h"
 
-namespace autostage::staging {
+namespace autostage::driver {
+
+class AutoPlanner;
+using staging::Executor;
+using staging::MemoryMeter;
 
 // What a planner sees: the imported model (graph + the module's own parameter tensors), rank 0's
-// local example batch (for profiling), the world size and the global batch size.
+// local example batch (for profiling), the cluster to plan for (this job's, or a dry run's) and
+// the global batch size.
 struct PlanningInput {
   const torchscript::ImportedModel& model;
   const std::vector<c10::IValue>& exampleInputs;
-  int worldSize;
+  int worldSize;  // cluster.devices
   int64_t globalBatch;
-  // Ranks per node to plan for; 0: this job's layout. A dry run (partitioning_dry_run_np)
-  // plans as if all worldSize ranks shared this node.
-  int devicesPerNode = 0;
+  core::ClusterSpec cluster;
   // The API the plan is for (Note [Plan usage] in core/plan_usage.h).
   core::PlanUsage usage = core::PlanUsage::TrainStep;
 };
 
-// Plans a deployment. Called on rank 0 only; an exception it throws is re-thrown as PlanError on
-// every rank.
+// A planner of the caller's own (tests, a user's planner). Called on rank 0 only; an exception it
+// throws is re-thrown as PlanError on every rank.
 using PlanningCallback = std::function<core::Deployment(const PlanningInput& input)>;
 
 // Produces the TorchScript module to import for a call's inputs (the Python binding traces the
@@ -107,7 +119,8 @@ using TraceCallback = std::function<torch::jit::Module(const std::vector<c10::IV
 
 struct ModuleOptions {
   std::shared_ptr<comm::Backend> backend;  // null: the shared "mpi" backend
-  PlanningCallback planner;                // used when deploymentPath is empty
+  // Unset: the planning service (planner_address) and the local profile + plan (auto_planner.h).
+  PlanningCallback planner;
   std::string deploymentPath;              // load this saved deployment instead of planning
   TraceCallback tracer;                    // see TraceCallback
   int64_t gradientBucketBytes = 25 << 20;
@@ -119,15 +132,12 @@ struct ModuleOptions {
   // partitioning_dry_run_np: plan for this many ranks, save to saveDeploymentPath, throw
   // DryRunFinished on every rank instead of deploying. 0: off.
   int dryRunWorldSize = 0;
-  // Bytes per device this job has (what a plan made now would assume); a loaded deployment
-  // planned for more is refused. 0: not checked.
-  int64_t deviceMemory = 0;
   // Mixed precision (config key precision): the import probe and the stages run under autocast
   // (Note [Autocast execution] in core/torchscript/autocast.h); parameters stay fp32.
   core::Precision precision = core::Precision::Fp32;
   // Measures each rank's memory every step (Note [Measured memory]); null: not measured.
   std::shared_ptr<MemoryMeter> memoryMeter;
-  // Defaults, from the config options allow_replan, trace_events, trace_events_dir,
+  // From the config options allow_replan, trace_events, trace_events_dir,
   // trace_events_steps, save_deployment, load_deployment, deployment_file,
   // partitioning_dry_run_np and precision.
   static ModuleOptions fromConfig();
@@ -141,18 +151,42 @@ class DryRunFinished : public Error {
   using Error::Error;
 };
 
+// Where the stages of a job over `backend` run: CUDA for NCCL, otherwise the CPU.
+c10::DeviceType stageDeviceOf(const comm::Backend& backend);
+
+// Note [One agreement per call]
+// Before any collective step of a call, the ranks make one exchange (comm::agreeAndGather) that
+// agrees on everything the call depends on: `how` each rank calls (method, mode, no_grad, and for
+// the Python API the call's keywords and constants: checkCalledAlike), its inputs (tensors, batch
+// in dim 0, on the CPU or the stages' device, the same dtypes and shapes on every rank:
+// checkSameAcrossRanks), and a `problem` a wrapper found before (Note [Bad input on one rank]).
+// Module::forward/trainStep make it themselves; the Python API makes it first (its own steps,
+// switching modes or retracing, are collective too) and then calls them with agreed=true.
+// Returns the inputs as tensors; throws the same error on every rank.
+// `step` names the exchange in the error ("checking the inputs failed on rank 2: ...").
+std::vector<at::Tensor> agreeOnCall(comm::Backend& backend, const std::vector<c10::IValue>& inputs,
+                                    const std::string& how, comm::StepStatus problem = {},
+                                    const std::string& step = "checking the inputs");
+
 class Module {
  public:
+  // Resolves the job (Note [Resolving the job]). Collective when no planner is given, the world
+  // has several ranks and measure_comm is on: the AutoPlanner measures the links.
   Module(torch::jit::Module module, ModuleOptions options);
   ~Module();
 
+  // What this job runs on, as resolved when the module was made.
+  const JobSpec& job() const { return job_; }
+
   // gpipe forward (usage forward_backward, or inference under no_grad; Note [One deployment
   // per usage]); deploys on the first call of its usage. Inputs: tensors, batch in dim 0.
-  std::vector<at::Tensor> forward(const std::vector<c10::IValue>& inputs);
+  // `agreed`: the caller already agreed on this call with agreeOnCall (Note [One agreement per
+  // call]).
+  std::vector<at::Tensor> forward(const std::vector<c10::IValue>& inputs, bool agreed = false);
   // Forward+backward+gradient synchronisation in the schedule planned for train_step (1f1b or
   // gpipe) for a model returning its loss(es); returns the global-batch losses (Note [Loss
   // outputs]). Deploys on the first call of its usage.
-  std::vector<at::Tensor> trainStep(const std::vector<c10::IValue>& inputs);
+  std::vector<at::Tensor> trainStep(const std::vector<c10::IValue>& inputs, bool agreed = false);
 
   // Note [Train and eval modes]: sets the mode of the wrapped jit::Module (like
   // torch::nn::Module::train); the next call runs the deployment of that mode. Local; every rank
@@ -206,7 +240,7 @@ class Module {
   // Agrees on the inputs across ranks, deploys on the first call or when the traced shapes
   // changed (Note [Bad input on one rank]); returns the tensors.
   std::vector<at::Tensor> prepareStep(const std::vector<c10::IValue>& inputs,
-                                      core::PlanUsage usage);
+                                      core::PlanUsage usage, bool agreed);
   // Traces and imports the model for these inputs; drops the deployments of the previous import
   // of this mode.
   void importFor(const std::vector<at::Tensor>& inputs);
@@ -221,10 +255,16 @@ class Module {
   // Note [One deployment per usage]: the optimizer's parameters follow `executor`.
   void followTraining(const std::shared_ptr<Executor>& executor);
   void importModel(const std::vector<c10::IValue>& examples);
-  core::Deployment obtainDeployment(const std::vector<c10::IValue>& examples, int64_t globalBatch,
-                                    core::PlanUsage usage);
-  void validateDeployment(const core::Deployment& deployment, int64_t globalBatch,
-                          core::PlanUsage usage) const;
+  // Note [Getting a plan], steps 4 and 5: the plan for this call, taken by rank 0 from the first
+  // source that has one, broadcast and verified on every rank. Collective.
+  staging::VerifiedDeployment obtainDeployment(const std::vector<c10::IValue>& examples,
+                                               int64_t globalBatch, core::PlanUsage usage);
+  // Rank 0: the plan from the first source that has one (Note [Where a plan comes from]); sets
+  // *elsewhere when it was planned for another job (a deployment file, the plan cache).
+  core::Deployment firstPlan(const std::vector<c10::IValue>& examples, int64_t globalBatch,
+                             core::PlanUsage usage, bool* elsewhere);
+  // The planner's plan: ModuleOptions::planner, or the AutoPlanner.
+  core::Deployment plan(const PlanningInput& input);
   // Rank 0 of a dry run: plans for dryRunWorldSize ranks and saves the plan.
   void planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch,
                   core::PlanUsage usage);
@@ -235,6 +275,8 @@ class Module {
   torch::jit::Module module_;
   ModuleOptions options_;
   std::shared_ptr<comm::Backend> backend_;
+  JobSpec job_;                              // Note [Resolving the job]
+  std::unique_ptr<AutoPlanner> autoPlanner_;  // when options_.planner is unset
   // Shared with the autograd node of forward()'s outputs, which may run backward after the
   // Module is gone (the executors refer to it).
   std::shared_ptr<torchscript::ImportedModel> model_;
@@ -259,7 +301,4 @@ class Module {
   c10::DeviceType stageDevice_ = c10::DeviceType::CPU;  // where the stages run
 };
 
-// The `[DPStaging] Deployment: ...` lines: stages, micro-batches, schedule, usage, replicas, ranks.
-void logDeployment(const core::Deployment& deployment);
-
-}  // namespace autostage::staging
+}  // namespace autostage::driver

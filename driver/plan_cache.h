@@ -3,22 +3,24 @@
 // plan depends on, so a later launch of the same job skips profiling and planning.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/deployment.h"
 #include "core/plan_usage.h"
+#include "driver/job.h"
 
-namespace autostage::staging {
+namespace autostage::driver {
 
 // The cache file for this job's plan for `usage` ("" when plan_cache_dir is not set).
-std::string planCachePath(const std::string& graphHash, int worldSize, int64_t globalBatch,
+std::string planCachePath(const std::string& graphHash, const JobSpec& job, int64_t globalBatch,
                           core::PlanUsage usage);
 
-// Reads the cached plan at `path` into *bytes (encoded); false (with a warning when the file
-// exists but cannot be read) when there is none to use.
-bool readCachedPlan(const std::string& path, std::string* bytes);
+// The cached plan at `path`; none (with a warning when the file exists but cannot be read) when
+// there is none to use.
+std::optional<core::Deployment> readCachedPlan(const std::string& path);
 
 // Saves `deployment` at `path`; a failure is logged, never thrown (a cache must not fail a job).
 void writeCachedPlan(const core::Deployment& deployment, const std::string& path);
 
-}  // namespace autostage::staging
+}  // namespace autostage::driver

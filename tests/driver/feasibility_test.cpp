@@ -1,14 +1,15 @@
 // A node that failed during profiling makes plans that run it at a larger micro-batch fail with
-// a PlanError naming the node and its input shapes (bindings/cpp/auto_planner.h).
+// a PlanError naming the node and its input shapes (driver/auto_planner.h).
 #include "catch_torch.h"
 
-#include "bindings/cpp/auto_planner.h"
+#include "driver/auto_planner.h"
 #include "core/error.h"
 #include "profiler/profiler.h"
 #include "test_models.h"
 
 using namespace autostage;
 using namespace autostage::profiler;
+using autostage::driver::checkProfiledFeasibility;
 
 namespace {
 

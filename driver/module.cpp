@@ -1,4 +1,4 @@
-#include "staging/module.h"
+#include "driver/module.h"
 
 #include <algorithm>
 #include <sstream>
@@ -13,13 +13,19 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/torchscript/autocast.h"
+#include "driver/auto_planner.h"
+#include "driver/plan_sources.h"
 #include "staging/call_inputs.h"
 #include "staging/checkpoint.h"
 #include "staging/sample_range.h"
 #include "staging/state_dict_load.h"
 
-namespace autostage::staging {
+namespace autostage::driver {
+
+using namespace staging;  // the runtime this module drives (this file only)
+
 namespace {
+
 
 // "rank 2, stage 1 (STAGE_3_5)" or "rank 2 (no stage)".
 std::string whereOf(const Executor& executor, int rank) {
@@ -111,12 +117,9 @@ ModuleOptions ModuleOptions::fromConfig() {
 }
 
 void ModuleOptions::validate() const {
-  AUTOSTAGE_CHECK_AS(ConfigError, planner || !deploymentPath.empty(),
-                     "autostage::Module needs a planner callback or a deployment path; set "
-                     "ModuleOptions::planner or ModuleOptions::deploymentPath");
-  AUTOSTAGE_CHECK_AS(ConfigError, dryRunWorldSize <= 0 || (planner && !saveDeploymentPath.empty()),
-                     "a dry run (partitioning_dry_run_np) needs a planner and a path to save "
-                     "the deployment to (deployment_file)");
+  AUTOSTAGE_CHECK_AS(ConfigError, dryRunWorldSize <= 0 || !saveDeploymentPath.empty(),
+                     "a dry run (partitioning_dry_run_np) needs a path to save the deployment to "
+                     "(deployment_file)");
   AUTOSTAGE_CHECK_AS(ConfigError, gradientBucketBytes >= 1,
                      "gradient_bucket_bytes must be >= 1, got ", gradientBucketBytes);
 }
@@ -124,12 +127,12 @@ void ModuleOptions::validate() const {
 std::string ModuleOptions::toString() const {
   std::ostringstream out;
   out << "backend=" << (backend ? backend->name() : std::string("mpi"))
-      << " planner=" << (planner ? "callback" : "none") << " tracer="
+      << " planner=" << (planner ? "callback" : "auto") << " tracer="
       << (tracer ? "callback" : "none") << " deployment_path='" << deploymentPath
       << "' gradient_bucket_bytes=" << gradientBucketBytes
       << " allow_replan=" << (allowReplan ? "true" : "false") << " save_deployment_path='"
       << saveDeploymentPath << "' dry_run_world_size=" << dryRunWorldSize
-      << " device_memory=" << deviceMemory << " precision=" << core::precisionName(precision);
+      << " precision=" << core::precisionName(precision);
   return out.str();
 }
 
@@ -143,18 +146,22 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
     backend_ = comm::sharedBackend("mpi");
   }
   // Stages run on CPU tensors unless the backend is NCCL (CUDA): fp16 autocast needs CUDA.
-  stageDevice_ = backend_->name() == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+  stageDevice_ = stageDeviceOf(*backend_);
   torchscript::checkAutocastSupported(options_.precision, stageDevice_);
+  job_ = resolveJob(*backend_, core::globalConfig());
+  if (!options_.planner) autoPlanner_ = std::make_unique<AutoPlanner>(backend_);
   anchor_ = at::zeros({}, at::kFloat).requires_grad_(true);
-  core::logger("Module")->debug("options: {}", options_.toString());
+  auto log = core::logger("Module");
+  log->debug("options: {}", options_.toString());
+  if (backend_->rank() == 0) log->info("Job: {}", job_.toString());
 }
 
 Module::~Module() = default;
 
-std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs) {
+std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs, bool agreed) {
   const core::PlanUsage usage = at::GradMode::is_enabled() ? core::PlanUsage::ForwardBackward
                                                            : core::PlanUsage::Inference;
-  std::vector<at::Tensor> tensors = prepareStep(inputs, usage);
+  std::vector<at::Tensor> tensors = prepareStep(inputs, usage, agreed);
   auto step = c10::make_intrusive<PipelineStep>();
   step->model = model_;
   step->executor = executor_;
@@ -169,8 +176,8 @@ std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs) 
   return outputs;
 }
 
-std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs) {
-  std::vector<at::Tensor> tensors = prepareStep(inputs, core::PlanUsage::TrainStep);
+std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs, bool agreed) {
+  std::vector<at::Tensor> tensors = prepareStep(inputs, core::PlanUsage::TrainStep, agreed);
   try {
     return executor_->trainStep(tensors);
   } catch (...) {
@@ -180,23 +187,28 @@ std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs
 
 void Module::rethrowWithContext() const { rethrowAt(whereOf(*executor_, backend_->rank())); }
 
-std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inputs,
-                                            core::PlanUsage usage) {
+c10::DeviceType stageDeviceOf(const comm::Backend& backend) {
+  return backend.name() == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+}
+
+std::vector<at::Tensor> agreeOnCall(comm::Backend& backend, const std::vector<c10::IValue>& inputs,
+                                    const std::string& how, comm::StepStatus problem,
+                                    const std::string& step) {
   std::vector<at::Tensor> tensors;
-  comm::StepStatus local;
   std::string summary;
-  try {
-    tensors = tensorsOf(inputs);
-    checkDevices(tensors, stageDevice_);
-    checkBatchDims(tensors);
-    summary = inputSummary(tensors);
-  } catch (...) {
-    local = comm::StepStatus::fromCurrentException();
+  if (problem.ok()) {
+    try {
+      tensors = tensorsOf(inputs);
+      checkDevices(tensors, stageDeviceOf(backend));
+      checkBatchDims(tensors);
+      summary = inputSummary(tensors);
+    } catch (...) {
+      problem = comm::StepStatus::fromCurrentException();
+    }
   }
-  // One exchange agrees on the call (Note [Calls in different modes]) and on the inputs: each
-  // rank's description is its first line.
-  std::vector<std::string> gathered = comm::agreeAndGather(
-      *backend_, "checking the inputs", local, callDescription(usage) + "\n" + summary);
+  // Each rank's description of its call is the first line of what it sends.
+  std::vector<std::string> gathered =
+      comm::agreeAndGather(backend, step, problem, how + "\n" + summary);
   std::vector<std::string> hows;
   for (std::string& text : gathered) {
     size_t end = text.find('\n');
@@ -205,6 +217,14 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
   }
   checkCalledAlike(hows);
   checkSameAcrossRanks(gathered);
+  return tensors;
+}
+
+std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inputs,
+                                            core::PlanUsage usage, bool agreed) {
+  // Note [One agreement per call].
+  std::vector<at::Tensor> tensors =
+      agreed ? tensorsOf(inputs) : agreeOnCall(*backend_, inputs, callDescription(usage));
   const bool training = module_.is_training();
   if (!options_.tracer && training != importedTraining_ && (model_ || parked_.count(training)))
     switchMode(training);  // also back to a parked mode after a failed import of the other
@@ -330,11 +350,7 @@ void Module::followTraining(const std::shared_ptr<Executor>& executor) {
 void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage) {
   std::vector<c10::IValue> examples(inputs.begin(), inputs.end());
   int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
-  core::Deployment deployment = obtainDeployment(examples, globalBatch, usage);
-  if (backend_->rank() == 0) logDeployment(deployment);
-  comm::runAgreed(*backend_, "validating the deployment",
-                  [&] { validateDeployment(deployment, globalBatch, usage); });
-  core::logger("DPStaging")->info("Routes verification passed.");
+  staging::VerifiedDeployment deployment = obtainDeployment(examples, globalBatch, usage);
   ExecutorOptions executorOptions;
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;
   executorOptions.traceDirectory = options_.traceDirectory;
@@ -441,4 +457,4 @@ core::PlanUsage Module::usage() const {
   return core::PlanUsage::TrainStep;
 }
 
-}  // namespace autostage::staging
+}  // namespace autostage::driver

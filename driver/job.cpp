@@ -1,0 +1,58 @@
+#include "driver/job.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace autostage::driver {
+
+int64_t JobSpec::memoryPerDevice(int perNode) const {
+  if (memoryLimit > 0) return memoryLimit;
+  return nodeMemory / std::max(1, perNode);
+}
+
+core::ClusterSpec JobSpec::cluster(int devices, int perNode) const {
+  core::ClusterSpec spec;
+  spec.deviceKind = deviceKind;
+  spec.devices = devices;
+  spec.devicesPerNode = std::clamp(perNode > 0 ? perNode : ranksPerNode, 1, std::max(devices, 1));
+  spec.memoryPerDevice = memoryPerDevice(spec.devicesPerNode);
+  spec.intraNodeBandwidth = bandwidth;
+  spec.interNodeBandwidth = bandwidth;
+  spec.latencySeconds = latency;
+  spec.validate();
+  return spec;
+}
+
+std::string JobSpec::toString() const {
+  std::ostringstream out;
+  out << worldSize << " rank(s), " << ranksPerNode << " per node, " << deviceKind << ", "
+      << core::formatBytes(static_cast<double>(deviceMemory())) << " per device ("
+      << (memoryLimit > 0 ? std::string("mem_limit_gb")
+                          : "this node's " + core::formatBytes(static_cast<double>(nodeMemory)) +
+                                " over " + std::to_string(ranksPerNode) + " rank(s)")
+      << ")";
+  return out.str();
+}
+
+JobSpec resolveJob(const comm::Backend& backend, const core::Config& config) {
+  JobSpec job;
+  job.worldSize = backend.worldSize();
+  job.ranksPerNode = std::clamp(backend.localSize(), 1, std::max(job.worldSize, 1));
+  job.deviceKind = backend.name() == "nccl" ? "cuda" : "cpu";
+  job.nodeMemory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  const double limitGb = config.getFloat("mem_limit_gb");
+  AUTOSTAGE_CHECK_AS(ConfigError, limitGb >= 0,
+                     "mem_limit_gb must be >= 0 (0: the device's own "
+                     "memory), got ",
+                     limitGb);
+  job.memoryLimit = static_cast<int64_t>(core::gibToBytes(limitGb));
+  job.bandwidth = config.getFloat("comm_bandwidth");
+  job.latency = config.getFloat("comm_latency");
+  return job;
+}
+
+}  // namespace autostage::driver

@@ -1,0 +1,44 @@
+#pragma once
+// What this job runs on, resolved once (Note [Resolving the job]).
+
+#include <cstdint>
+#include <string>
+
+#include "comm/backend.h"
+#include "core/cluster_spec.h"
+#include "core/config.h"
+
+namespace autostage::driver {
+
+// Note [Resolving the job]
+// A Module resolves the job it runs in once, when it is made, on every rank alike: the world
+// size, the ranks sharing this node (from the comm backend: MPI's shared-memory split, not a
+// launcher's environment variables), the device kind, and the memory of one device: mem_limit_gb
+// when set, else this node's physical memory shared by the ranks on it. Everything that depends
+// on them reads them from here: the cluster the local planner and the planning service plan for,
+// the plan cache key, the memory check of a loaded deployment and the measured-memory record.
+// A dry run (partitioning_dry_run_np=N) plans for N ranks on this node: cluster(N, N).
+struct JobSpec {
+  int worldSize = 1;
+  int ranksPerNode = 1;
+  std::string deviceKind = "cpu";
+  int64_t nodeMemory = 0;   // physical bytes of this node
+  int64_t memoryLimit = 0;  // mem_limit_gb in bytes; 0: not set
+  double bandwidth = 10e9;  // comm_bandwidth (bytes/s), intra and inter node
+  double latency = 20e-6;   // comm_latency (s)
+
+  // Bytes one device has when `ranksPerNode` ranks share a node.
+  int64_t memoryPerDevice(int ranksPerNode) const;
+  // This job's device memory: what a plan made now assumes (Deployment::deviceMemory).
+  int64_t deviceMemory() const { return memoryPerDevice(ranksPerNode); }
+  // The cluster to plan for: `devices` devices, `perNode` of them per node (0: this job's).
+  core::ClusterSpec cluster(int devices, int perNode = 0) const;
+  // "4 rank(s), 2 per node, cpu, 5.80 GiB per device (this node's memory over 2 ranks)".
+  std::string toString() const;
+};
+
+// Reads the world and node layout from `backend` and the memory and link options from `config`.
+// Local (no communication); the same on every rank of a node.
+JobSpec resolveJob(const comm::Backend& backend, const core::Config& config);
+
+}  // namespace autostage::driver

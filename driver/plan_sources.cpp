@@ -1,0 +1,142 @@
+// How a Module obtains a deployment (Note [Where a plan comes from]) and checks it once (Note [One
+// verification]).
+#include "driver/plan_sources.h"
+
+#include <optional>
+#include <sstream>
+
+#include "comm/agreement.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/proto/deployment_file.h"
+#include "driver/auto_planner.h"
+#include "driver/module.h"
+#include "driver/plan_cache.h"
+#include "staging/route_check.h"
+
+namespace autostage::driver {
+
+void logDeployment(const core::Deployment& d) {
+  auto log = core::logger("DPStaging");
+  const std::string usage = core::recordedUsage(d);
+  log->info("Deployment: {} stage(s), {} micro-batch(es), schedule {}, world size {}, for {}",
+            d.stages.size(), d.microBatchCount, d.schedule, d.worldSize,
+            usage.empty() ? "(usage not recorded)" : usage);
+  for (const core::StageDeployment& s : d.stages) {
+    std::ostringstream ranks;
+    for (size_t i = 0; i < s.ranks.size(); ++i) ranks << (i ? "," : "") << s.ranks[i];
+    log->info("{}: {} nodes, replicas={} ranks={{{}}} recompute={}", s.name, s.nodes.size(),
+              s.replicaCount(), ranks.str(), s.recompute);
+  }
+}
+
+staging::VerifiedDeployment Module::obtainDeployment(const std::vector<c10::IValue>& examples,
+                                                     int64_t globalBatch, core::PlanUsage usage) {
+  if (options_.dryRunWorldSize > 0) {
+    comm::runAgreed(*backend_, "planning (dry run)", [&] {
+      if (backend_->rank() == 0) planDryRun(examples, globalBatch, usage);
+    });
+    const std::string message =
+        "The dry run for partitioning finished: the deployment for " +
+        std::to_string(options_.dryRunWorldSize) + " ranks is in " + options_.saveDeploymentPath +
+        "; launch " + std::to_string(options_.dryRunWorldSize) +
+        " ranks with load_deployment=true and deployment_file=" + options_.saveDeploymentPath;
+    if (backend_->rank() == 0) core::logger("DPStaging")->info("{}. Exiting ...", message);
+    throw DryRunFinished(message);
+  }
+  core::Deployment deployment;
+  bool elsewhere = false;
+  if (!options_.deploymentPath.empty() && deploymentCount_ == 0) {
+    // 1. A saved deployment is for the first usage this module runs (Note [One deployment per
+    // usage]); every rank reads it (the file must be where every rank sees it).
+    core::logger("Module")->info("Loading deployment from {}", options_.deploymentPath);
+    comm::runAgreed(*backend_, "loading the saved deployment",
+                    [&] { deployment = core::loadDeployment(options_.deploymentPath); });
+    elsewhere = true;
+  } else {
+    std::string bytes;
+    comm::runAgreed(*backend_, "planning", [&] {
+      if (backend_->rank() != 0) return;
+      bytes = core::encodeDeployment(firstPlan(examples, globalBatch, usage, &elsewhere));
+    });
+    if (backend_->worldSize() > 1) {
+      bytes.push_back(elsewhere ? '1' : '0');
+      backend_->broadcastBytes(bytes, 0, backend_->world());
+      elsewhere = bytes.back() == '1';
+      bytes.pop_back();
+    }
+    deployment = core::decodeDeployment(bytes, "deployment broadcast from rank 0");
+  }
+  if (backend_->rank() == 0) logDeployment(deployment);
+  staging::DeploymentFit fit;
+  fit.worldSize = backend_->worldSize();
+  fit.usage = usage;
+  fit.plannedElsewhere = elsewhere;
+  fit.graphHash = model_->graph.hash();
+  fit.globalBatch = globalBatch;
+  fit.deviceMemory = job_.deviceMemory();
+  std::optional<staging::VerifiedDeployment> verified;
+  comm::runAgreed(*backend_, "validating the deployment", [&] {
+    verified = staging::verifyDeployment(model_->graph, std::move(deployment), fit);
+  });
+  core::logger("DPStaging")->info("Routes verification passed.");
+  return std::move(*verified);
+}
+
+core::Deployment Module::firstPlan(const std::vector<c10::IValue>& examples, int64_t globalBatch,
+                                   core::PlanUsage usage, bool* elsewhere) {
+  auto log = core::logger("DPStaging");
+  // 2. The plan cache (1, the deployment file, is read on every rank: obtainDeployment).
+  const std::string cached = planCachePath(model_->graph.hash(), job_, globalBatch, usage);
+  if (!cached.empty()) {
+    if (std::optional<core::Deployment> plan = readCachedPlan(cached)) {
+      *elsewhere = true;
+      return std::move(*plan);
+    }
+  }
+  // 3. The planner.
+  log->info("Planning on rank 0 for {} (world size {}, batch size {}) ...", core::usageName(usage),
+            backend_->worldSize(), globalBatch);
+  PlanningInput input{*model_, examples, backend_->worldSize(), globalBatch,
+                      job_.cluster(backend_->worldSize())};
+  input.usage = usage;
+  core::Deployment planned = plan(input);
+  if (!cached.empty()) writeCachedPlan(planned, cached);
+  if (!options_.saveDeploymentPath.empty()) {
+    core::saveDeployment(planned, options_.saveDeploymentPath);
+    log->info("Saved the deployment to {} (save_deployment)", options_.saveDeploymentPath);
+  }
+  return planned;
+}
+
+core::Deployment Module::plan(const PlanningInput& input) {
+  if (options_.planner) return options_.planner(input);
+  AUTOSTAGE_INTERNAL_ASSERT(autoPlanner_ != nullptr, "a module without a planner planned");
+  return autoPlanner_->plan(input);
+}
+
+// Note [Saved deployments]. The global batch of a dry run is what the later job on
+// dryRunWorldSize ranks will feed: this rank's local batch times that many ranks, all on this
+// node.
+void Module::planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch,
+                        core::PlanUsage usage) {
+  const int ranks = options_.dryRunWorldSize;
+  const int64_t batch = globalBatch / backend_->worldSize() * ranks;
+  core::logger("DPStaging")
+      ->info(
+          "Starting dry run of partitioning for {} ranks on {} rank(s) "
+          "(batch size {}) ...",
+          ranks, backend_->worldSize(), batch);
+  PlanningInput input{*model_, examples, ranks, batch, job_.cluster(ranks, ranks)};
+  input.usage = usage;
+  core::Deployment planned = plan(input);
+  staging::DeploymentFit fit;
+  fit.worldSize = ranks;
+  fit.usage = usage;
+  staging::verifyDeployment(model_->graph, planned, fit);
+  logDeployment(planned);
+  core::saveDeployment(planned, options_.saveDeploymentPath);
+  core::logger("DPStaging")->info("Saved the deployment to {}", options_.saveDeploymentPath);
+}
+
+}  // namespace autostage::driver
