@@ -23,6 +23,10 @@ struct ServerOptions {
   std::string storeDirectory;  // empty: in memory only
   int workers = 0;             // request threads; 0: the machine's cores
   int64_t maxRequestBytes = int64_t{256} << 20;
+  // Note [Call deadlines]: a Plan or WhatIf call fails with DEADLINE_EXCEEDED after this (or its
+  // caller's deadline, when sooner); a plan goes on and is stored.
+  double maxPlanSeconds = 300;
+  int64_t storeMaxBytes = 0;  // Note [Store eviction]; 0: no limit
 };
 
 class PlannerServer {
