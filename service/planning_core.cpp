@@ -357,29 +357,39 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call,
           point->set_schedule_option(schedule);
         }
   // The points are independent plans: plan them on the machine's cores, each thread taking the
-  // next unplanned point, unless the caller left or the limit passed (Note [Call deadlines]).
+  // next unplanned point. This thread watches the caller and the limit meanwhile (it alone asks
+  // the caller: a gRPC context is not asked from several threads) and, when the caller left or
+  // the limit passed, lets no thread take another point (Note [Call deadlines]).
   std::atomic<int> next{0}, planned{0};
-  std::mutex stopMutex;
-  std::exception_ptr stop;
+  const int threads =
+      std::min<int>(answer.points_size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::mutex doneMutex;
+  std::condition_variable done;
+  int working = threads;
   auto work = [&] {
     for (int i = next++; i < answer.points_size(); i = next++) {
-      try {
-        checkCaller(caller, limit, "WhatIf", "the sweep stopped");
-      } catch (const Error&) {
-        std::lock_guard<std::mutex> lock(stopMutex);
-        if (!stop) stop = std::current_exception();
-        next = answer.points_size();  // the other threads stop too
-        return;
-      }
       planPoint(base, answer.mutable_points(i));
       ++planned;
     }
+    std::lock_guard<std::mutex> lock(doneMutex);
+    --working;
+    done.notify_all();
   };
-  const int threads =
-      std::min<int>(answer.points_size(), std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
+  for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+  std::exception_ptr stop;
+  {
+    std::unique_lock<std::mutex> lock(doneMutex);
+    while (!done.wait_for(lock, kCallerPoll, [&] { return working == 0; })) {
+      if (stop) continue;
+      try {
+        checkCaller(caller, limit, "WhatIf", "the sweep stopped");
+      } catch (const Error&) {
+        stop = std::current_exception();
+        next = answer.points_size();  // no thread takes another point
+      }
+    }
+  }
   for (std::thread& t : pool) t.join();
   if (stop) {
     core::logger("Service")->info("WhatIf stopped after {} of {} point(s)", planned.load(),
