@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -29,7 +30,17 @@ bool isHexKey(const std::string& key) {
          key.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
-double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+// "512 bytes", "3.6 KiB", "12.0 MiB": for the eviction log line.
+std::string sizeText(int64_t bytes) {
+  char text[32];
+  if (bytes < 1024)
+    std::snprintf(text, sizeof text, "%lld bytes", static_cast<long long>(bytes));
+  else if (bytes < (1 << 20))
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024);
+  else
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
 
 }  // namespace
 
@@ -158,10 +169,11 @@ void PlanStore::evictLocked(const std::string& keep) {
   }
   evictions_ += removed;
   core::logger("Service")->info(
-      "store above its limit of {:.1f} MiB ({:.1f} MiB): evicted {} least recently used "
-      "entr{} ({:.1f} MiB); now {:.1f} MiB in {} entries",
-      mib(maxBytes_), mib(before), removed, removed == 1 ? "y" : "ies", mib(before - totalBytes_),
-      mib(totalBytes_), entries_.size());
+      "store above its limit of {} ({}): evicted {} least recently used entr{} ({}); now {} in "
+      "{} entr{}",
+      sizeText(maxBytes_), sizeText(before), removed, removed == 1 ? "y" : "ies",
+      sizeText(before - totalBytes_), sizeText(totalBytes_), entries_.size(),
+      entries_.size() == 1 ? "y" : "ies");
 }
 
 int64_t PlanStore::entries() const {

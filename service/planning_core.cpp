@@ -258,12 +258,14 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
     auto found = planning_.find(planKey);
     if (found != planning_.end()) {
       state = found->second;  // Note [Planning service]: the same plan is being made
+      ++state->waiters;
     } else {
       AUTOSTAGE_CHECK_AS(Busy, !counted || countedPlans_ < maxConcurrentPlans_,
                          "the planning service is making ", countedPlans_,
                          " plans already (at most its --workers at once, including plans whose "
                          "callers left); ask again later or plan locally");
       state = std::make_shared<InFlight>();
+      state->waiters = 1;  // before its thread starts
       planning_.emplace(planKey, state);
       mine = true;
       countedPlans_ += counted ? 1 : 0;
@@ -275,15 +277,11 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
       const uint64_t id = nextPlanThread_++;
       planThreads_.emplace(id, std::thread([this, state, id, counted, batchSize,
                                             r = std::move(r)]() mutable {
-        makePlan(*state, r, batchSize);
+        makePlan(state, r, batchSize, counted);
         std::lock_guard<std::mutex> lock(mutex_);
-        auto found = planning_.find(r.planKey);
-        if (found != planning_.end() && found->second == state) planning_.erase(found);
-        countedPlans_ -= counted ? 1 : 0;
         finishedPlanThreads_.push_back(id);
       }));
     }
-    ++state->waiters;
   }
   struct Leave {  // a waiter less, however the wait ends
     InFlight& state;
@@ -301,26 +299,46 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
   return answer;
 }
 
-void PlanningCore::makePlan(InFlight& state, Resolved& r, int64_t batchSize) {
+void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r,
+                            int64_t batchSize, bool counted) {
+  std::optional<proto::PlanAnswer> answer;
+  std::exception_ptr error;
   try {
     if (planHook_) planHook_();
     r.decode(store_);
-    proto::PlanAnswer answer = answerPlan(*r.graph, *r.profile, r.cluster, batchSize, r.options);
-    answer.set_graph_hash(r.graphHash);
-    answer.set_profile_hash(r.profileHash);
-    answer.set_plan_key(r.planKey);
-    store_.put("plans", r.planKey,
-               core::encodeFramed(kAnswerKind, kAnswerVersion, answer.SerializeAsString()));
-    ++plansMade_;
-    if (state.waiters == 0)
-      core::logger("Service")->info("plan {} made after its caller(s) left: stored", r.planKey);
-    state.promise.set_value(std::move(answer));
+    answer = answerPlan(*r.graph, *r.profile, r.cluster, batchSize, r.options);
+    answer->set_graph_hash(r.graphHash);
+    answer->set_profile_hash(r.profileHash);
+    answer->set_plan_key(r.planKey);
   } catch (const std::exception& e) {
-    if (state.waiters == 0)
+    error = std::current_exception();
+    if (state->waiters == 0)
       core::logger("Service")->info("plan {} not made, after its caller(s) left: {}", r.planKey,
                                     e.what());
-    state.promise.set_exception(std::current_exception());
   }
+  {
+    // The slot is free before anyone can see the answer (in the store or from the future), so
+    // that a caller's next plan is not refused as busy because of this one.
+    std::lock_guard<std::mutex> lock(mutex_);
+    countedPlans_ -= counted ? 1 : 0;
+  }
+  if (answer) {
+    store_.put("plans", r.planKey,
+               core::encodeFramed(kAnswerKind, kAnswerVersion, answer->SerializeAsString()));
+    ++plansMade_;
+    if (state->waiters == 0)
+      core::logger("Service")->info("plan {} made after its caller(s) left: stored", r.planKey);
+  }
+  {
+    // Stored first, then no longer in planning_: a call looking meanwhile finds one or the other.
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = planning_.find(r.planKey);
+    if (found != planning_.end() && found->second == state) planning_.erase(found);
+  }
+  if (answer)
+    state->promise.set_value(std::move(*answer));
+  else
+    state->promise.set_exception(error);
 }
 
 proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call,

@@ -104,7 +104,9 @@ class PlanningCore {
   // counted: a call's plan (limited by maxConcurrentPlans), not a background one.
   proto::PlanAnswer planResolved(Resolved r, int64_t batchSize, const CallerCheck& caller,
                                  std::chrono::steady_clock::time_point limit, bool counted);
-  void makePlan(InFlight& state, Resolved& r, int64_t batchSize);  // on a plan thread
+  // On a plan thread: plans, stores, frees the slot, then answers the waiting calls.
+  void makePlan(const std::shared_ptr<InFlight>& state, Resolved& r, int64_t batchSize,
+                bool counted);
   void planPoint(const Resolved& base, proto::WhatIfPoint* point);  // one point of a WhatIf
   std::optional<proto::PlanAnswer> fromStore(const std::string& planKey);
   // Throws when the caller left or the limit passed; what: the call, for the message.
