@@ -260,27 +260,8 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
       state = found->second;  // Note [Planning service]: the same plan is being made
       ++state->waiters;
     } else {
-      AUTOSTAGE_CHECK_AS(Busy, !counted || countedPlans_ < maxConcurrentPlans_,
-                         "the planning service is making ", countedPlans_,
-                         " plans already (at most its --workers at once, including plans whose "
-                         "callers left); ask again later or plan locally");
-      state = std::make_shared<InFlight>();
-      state->waiters = 1;  // before its thread starts
-      planning_.emplace(planKey, state);
+      state = startPlanLocked(std::move(r), batchSize, counted);
       mine = true;
-      countedPlans_ += counted ? 1 : 0;
-      for (uint64_t id : finishedPlanThreads_) {  // threads done since the last plan
-        planThreads_.at(id).join();
-        planThreads_.erase(id);
-      }
-      finishedPlanThreads_.clear();
-      const uint64_t id = nextPlanThread_++;
-      planThreads_.emplace(id, std::thread([this, state, id, counted, batchSize,
-                                            r = std::move(r)]() mutable {
-        makePlan(state, r, batchSize, counted);
-        std::lock_guard<std::mutex> lock(mutex_);
-        finishedPlanThreads_.push_back(id);
-      }));
     }
   }
   struct Leave {  // a waiter less, however the wait ends
@@ -297,6 +278,33 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
     answer.set_from_store(true);
   }
   return answer;
+}
+
+std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r,
+                                                                     int64_t batchSize,
+                                                                     bool counted) {
+  AUTOSTAGE_CHECK_AS(Busy, !counted || countedPlans_ < maxConcurrentPlans_,
+                     "the planning service is making ", countedPlans_,
+                     " plans already (at most its --workers at once, including plans whose "
+                     "callers left); ask again later or plan locally");
+  for (uint64_t id : finishedPlanThreads_) {  // threads done since the last plan
+    planThreads_.at(id).join();
+    planThreads_.erase(id);
+  }
+  finishedPlanThreads_.clear();
+  auto state = std::make_shared<InFlight>();
+  state->waiters = 1;  // the caller, before the thread starts
+  const std::string planKey = r.planKey;
+  const uint64_t id = nextPlanThread_++;
+  planThreads_.emplace(id, std::thread([this, state, id, counted, batchSize,
+                                        r = std::move(r)]() mutable {
+    makePlan(state, r, batchSize, counted);
+    std::lock_guard<std::mutex> lock(mutex_);
+    finishedPlanThreads_.push_back(id);
+  }));  // a thread that cannot start throws here, before anything waits for it
+  planning_.emplace(planKey, state);
+  countedPlans_ += counted ? 1 : 0;
+  return state;
 }
 
 void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r,

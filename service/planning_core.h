@@ -104,6 +104,8 @@ class PlanningCore {
   // counted: a call's plan (limited by maxConcurrentPlans), not a background one.
   proto::PlanAnswer planResolved(Resolved r, int64_t batchSize, const CallerCheck& caller,
                                  std::chrono::steady_clock::time_point limit, bool counted);
+  // Starts a plan thread for r (under mutex_); throws Busy beyond maxConcurrentPlans.
+  std::shared_ptr<InFlight> startPlanLocked(Resolved r, int64_t batchSize, bool counted);
   // On a plan thread: plans, stores, frees the slot, then answers the waiting calls.
   void makePlan(const std::shared_ptr<InFlight>& state, Resolved& r, int64_t batchSize,
                 bool counted);
