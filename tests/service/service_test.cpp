@@ -396,9 +396,7 @@ TEST_CASE("a Plan call whose deadline passes returns; its plan goes on and is st
   const std::string local = core::encodeDeployment(
       decomposer::planGraph(m.graph, m.profile, cluster(4), 32, options()).deployment);
   Gate gate(/*held=*/1);  // the first plan waits until the gate opens
-  ServerOptions o = serverOptions(place);
-  o.workers = 2;
-  PlannerServer server(o);
+  PlannerServer server(serverOptions(place));
   OpenAtExit openAtExit{gate};
   server.core().setPlanHookForTesting([&] { gate.pass(); });
   PlannerClient client(place.listen);
@@ -413,7 +411,7 @@ TEST_CASE("a Plan call whose deadline passes returns; its plan goes on and is st
   // An identical call waits for the same plan, and returns at its own deadline.
   CHECK_THROWS_AS(client.plan(call, 0.3), ServiceUnavailable);
   REQUIRE(eventually([&] { return client.status(30).failed() == 2; }));
-  // Meanwhile the service answers other calls, on its two workers.
+  // Meanwhile the service answers other calls.
   proto::PlanCall other = call;
   other.set_batch_size(64);
   CHECK_FALSE(client.plan(other, 120).from_store());
