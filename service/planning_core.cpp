@@ -96,6 +96,9 @@ PlanningCore::~PlanningCore() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     threads.swap(planThreads_);
+    if (!planning_.empty())
+      core::logger("Service")->info("waiting for {} plan(s) still being made; they are stored",
+                                    planning_.size());
   }
   for (auto& [id, thread] : threads) thread.join();
 }

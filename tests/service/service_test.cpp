@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -424,6 +425,26 @@ TEST_CASE("a Plan call whose deadline passes returns; its plan goes on and is st
   CHECK(again.deployment() == local);
   CHECK(gate.arrived() == 2);  // the held plan was made once, for both calls that left
   CHECK(server.core().plansMade() == 2);
+}
+
+TEST_CASE("a service stopped while a plan whose caller left is made stores it before it exits",
+          "[service]") {
+  Place place("stop_while_planning");
+  Model m = syntheticModel();
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  Gate gate;
+  {
+    auto server = std::make_unique<PlannerServer>(serverOptions(place));
+    OpenAtExit openAtExit{gate};
+    server->core().setPlanHookForTesting([&] { gate.pass(); });
+    CHECK_THROWS_AS(PlannerClient(place.listen).plan(call, 0.5), ServiceUnavailable);
+    REQUIRE(gate.waitArrived(1));
+    std::thread stopping([&] { server.reset(); });  // waits for the held plan
+    gate.open();
+    stopping.join();
+  }
+  PlannerServer server(serverOptions(place));
+  CHECK(PlannerClient(place.listen).plan(call, 60).from_store());
 }
 
 TEST_CASE("--max-plan-s fails a call that plans longer, naming the flag; the plan is stored",
