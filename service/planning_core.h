@@ -21,10 +21,12 @@
 // plan goes on: when it is made it is stored, so the next identical call is answered from the
 // store, and an identical call arriving meanwhile waits for it (still planned once). A new plan
 // beyond maxConcurrentPlans is refused (Busy) rather than queued, so callers that left cannot
-// exhaust the machine. A WhatIf sweep is not stored: its threads look at the caller and the limit
-// before each point and stop; the call returns when the points being planned at that moment are
-// done (one planGraph each at most). The core's destructor waits for the plans being made, so
-// everything a plan thread touches (the core, its store) outlives it.
+// exhaust the machine (Neighbours' background plans, one at a time, are not counted). A WhatIf
+// sweep is not stored: the calling thread watches the caller and the limit while the sweep's
+// threads plan, and when either ends the wait no thread takes another point; the call returns
+// when the points being planned at that moment are done (one planGraph each at most). Only the
+// calling thread asks the CallerCheck. The core's destructor waits for the plans being made, so
+// everything a plan thread touches (the core, its store, the test hook) outlives it.
 
 #include <atomic>
 #include <chrono>
