@@ -66,12 +66,13 @@ constexpr auto kCallerPoll = std::chrono::milliseconds(20);
 }  // namespace
 
 void PlanningOptions::validate() const {
-  AUTOSTAGE_CHECK_AS(ConfigError, storeMaxBytes >= 0, "the store's size limit must be >= 0 MiB "
-                     "(0: no limit), got ", storeMaxBytes, " bytes");
+  AUTOSTAGE_CHECK_AS(ConfigError, storeMaxBytes >= 0,
+                     "the store's size limit must be >= 0 (0: no limit), got ", storeMaxBytes,
+                     " bytes");
   AUTOSTAGE_CHECK_AS(ConfigError, maxConcurrentPlans >= 0,
                      "plans made at once must be >= 0 (0: one per core), got ", maxConcurrentPlans);
-  AUTOSTAGE_CHECK_AS(ConfigError, maxPlanSeconds > 0,
-                     "--max-plan-s must be > 0 seconds, got ", maxPlanSeconds);
+  AUTOSTAGE_CHECK_AS(ConfigError, maxPlanSeconds > 0, "--max-plan-s must be > 0 seconds, got ",
+                     maxPlanSeconds);
 }
 
 PlanningCore::PlanningCore(PlanningOptions options)
@@ -227,8 +228,8 @@ std::optional<proto::PlanAnswer> PlanningCore::fromStore(const std::string& plan
 }
 
 void PlanningCore::checkCaller(const CallerCheck& caller,
-                               std::chrono::steady_clock::time_point limit,
-                               const std::string& what, const std::string& after) const {
+                               std::chrono::steady_clock::time_point limit, const std::string& what,
+                               const std::string& after) const {
   const CallerState state = caller ? caller() : CallerState::kWaiting;
   if (state == CallerState::kDeadlinePassed)
     throw DeadlineExceeded(what + ": the caller's deadline passed; " + after);
@@ -283,9 +284,8 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
   return answer;
 }
 
-std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r,
-                                                                     int64_t batchSize,
-                                                                     bool counted) {
+std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r, int64_t batchSize,
+                                                                      bool counted) {
   AUTOSTAGE_CHECK_AS(Busy, !counted || countedPlans_ < maxConcurrentPlans_,
                      "the planning service is making ", countedPlans_,
                      " plans already (at most its --workers at once, including plans whose "
@@ -299,19 +299,19 @@ std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r
   state->waiters = 1;  // the caller, before the thread starts
   const std::string planKey = r.planKey;
   const uint64_t id = nextPlanThread_++;
-  planThreads_.emplace(id, std::thread([this, state, id, counted, batchSize,
-                                        r = std::move(r)]() mutable {
-    makePlan(state, r, batchSize, counted);
-    std::lock_guard<std::mutex> lock(mutex_);
-    finishedPlanThreads_.push_back(id);
-  }));  // a thread that cannot start throws here, before anything waits for it
+  planThreads_.emplace(
+      id, std::thread([this, state, id, counted, batchSize, r = std::move(r)]() mutable {
+        makePlan(state, r, batchSize, counted);
+        std::lock_guard<std::mutex> lock(mutex_);
+        finishedPlanThreads_.push_back(id);
+      }));  // a thread that cannot start throws here, before anything waits for it
   planning_.emplace(planKey, state);
   countedPlans_ += counted ? 1 : 0;
   return state;
 }
 
-void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r,
-                            int64_t batchSize, bool counted) {
+void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r, int64_t batchSize,
+                            bool counted) {
   std::optional<proto::PlanAnswer> answer;
   std::exception_ptr error;
   try {
@@ -352,8 +352,7 @@ void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r,
     state->promise.set_exception(error);
 }
 
-proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call,
-                                         const CallerCheck& caller) {
+proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call, const CallerCheck& caller) {
   const auto limit = std::chrono::steady_clock::now() +
                      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                          std::chrono::duration<double>(options_.maxPlanSeconds));

@@ -66,10 +66,10 @@ enum class CallerState { kWaiting, kDeadlinePassed, kCancelled };
 using CallerCheck = std::function<CallerState()>;
 
 struct PlanningOptions {
-  std::string storeDirectory;  // empty: in memory only
-  int64_t storeMaxBytes = 0;   // Note [Store eviction]; 0: no limit
-  int maxConcurrentPlans = 0;  // plans made at once for calls; 0: the machine's cores
-  double maxPlanSeconds = 300; // a Plan or WhatIf call fails with DeadlineExceeded after this
+  std::string storeDirectory;   // empty: in memory only
+  int64_t storeMaxBytes = 0;    // Note [Store eviction]; 0: no limit
+  int maxConcurrentPlans = 0;   // plans made at once for calls; 0: the machine's cores
+  double maxPlanSeconds = 300;  // a Plan or WhatIf call fails with DeadlineExceeded after this
   void validate() const;
 };
 

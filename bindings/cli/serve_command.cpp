@@ -27,7 +27,8 @@ std::string serveUsage() {
 }
 
 int runServeCommand(const std::vector<std::string>& args, std::ostream& out) {
-  Arguments a(args, {"listen", "store", "workers", "max-request-mib", "max-plan-s", "store-max-mib"},
+  Arguments a(args,
+              {"listen", "store", "workers", "max-request-mib", "max-plan-s", "store-max-mib"},
               {"help"});
   if (a.has("help")) {
     out << serveUsage();

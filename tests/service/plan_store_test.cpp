@@ -55,8 +55,8 @@ TEST_CASE("the store's size and use order survive a reopen", "[service]") {
   // The last uses as the files' modification times say: c3 oldest, then c1, c4, c2.
   const auto now = fs::file_time_type::clock::now();
   int age = 4;
-  for (const char* path : {"plans/c3.answer", "plans/c1.answer", "profile-keys/c4.key",
-                           "plans/c2.answer"})
+  for (const char* path :
+       {"plans/c3.answer", "plans/c1.answer", "profile-keys/c4.key", "plans/c2.answer"})
     fs::last_write_time(fs::path(dir) / path, now - std::chrono::hours(age--));
   {
     PlanStore store(dir, 0);

@@ -388,7 +388,6 @@ TEST_CASE("Neighbours plans the other device counts in the background", "[servic
   CHECK_THROWS_WITH(client.neighbours(call, 30), Catch::Contains("spread must be in [1, 64]"));
 }
 
-
 TEST_CASE("a Plan call whose deadline passes returns; its plan goes on and is stored",
           "[service]") {
   Place place("deadline");
@@ -582,7 +581,7 @@ TEST_CASE("above --store-max-mib the least recently used plans go, and are plann
     CHECK(status.store_bytes() <= o.storeMaxBytes);
     CHECK(status.store_max_bytes() == o.storeMaxBytes);
     CHECK(client.plan(callFor(32), 60).from_store());
-    CHECK(client.plan(callFor(128), 60).from_store());  // the one just written stayed
+    CHECK(client.plan(callFor(128), 60).from_store());       // the one just written stayed
     proto::PlanAnswer again = client.plan(callFor(64), 60);  // evicted: planned again
     CHECK_FALSE(again.from_store());
     CHECK(again.deployment() == deploymentB);
@@ -628,7 +627,7 @@ TEST_CASE("a profile or graph evicted from the store is asked for again, not dan
   CHECK_THROWS_AS(client.plan(keyOnly, 60), NotStored);  // the job profiles and sends it
   CHECK_THROWS_WITH(client.plan(keyOnly, 60), Catch::Contains("evicted"));
   proto::PlanAnswer sent = client.plan(call, 60);  // the files sent again: stored again
-  CHECK(sent.from_store());                      // the answer itself did not need them
+  CHECK(sent.from_store());                        // the answer itself did not need them
   CHECK(client.plan(keyOnly, 60).from_store());
   proto::PlanCall byHash = keyOnly;
   byHash.clear_profile_key();
