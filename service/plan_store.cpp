@@ -1,8 +1,14 @@
 #include "service/plan_store.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -24,74 +30,165 @@ bool isHexKey(const std::string& key) {
          key.find_first_not_of("0123456789abcdef") == std::string::npos;
 }
 
+// "512 bytes", "3.6 KiB", "12.0 MiB": for the eviction log line.
+std::string sizeText(int64_t bytes) {
+  char text[32];
+  if (bytes < 1024)
+    std::snprintf(text, sizeof text, "%lld bytes", static_cast<long long>(bytes));
+  else if (bytes < (1 << 20))
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024);
+  else
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
 }  // namespace
 
-PlanStore::PlanStore(std::string directory) : directory_(std::move(directory)) {
+PlanStore::PlanStore(std::string directory, int64_t maxBytes)
+    : directory_(std::move(directory)), maxBytes_(maxBytes) {
+  AUTOSTAGE_CHECK_AS(ConfigError, maxBytes_ >= 0, "the store's size limit must be >= 0 (0: none)");
   if (directory_.empty()) return;
   namespace fs = std::filesystem;
   std::error_code error;
+  // Note [Store eviction]: the entries in the order of their last use before the restart.
+  std::vector<std::tuple<fs::file_time_type, std::string, int64_t>> found;
   for (const char* kind : kKinds) {
     fs::path dir = fs::path(directory_) / kind;
     fs::create_directories(dir, error);
     AUTOSTAGE_CHECK_AS(ConfigError, !error, "cannot create the store directory ", dir.string(),
                        ": ", error.message(), "; pass --store a directory this user can write");
     for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string name = entry.path().filename().string();
       if (entry.path().extension() != extensionOf(kind) || !entry.is_regular_file()) continue;
-      sizes_[std::string(kind) + "/" + entry.path().stem().string()] =
-          static_cast<int64_t>(entry.file_size());
+      found.emplace_back(entry.last_write_time(error),
+                         std::string(kind) + "/" + entry.path().stem().string(),
+                         static_cast<int64_t>(entry.file_size()));
     }
   }
+  std::sort(found.begin(), found.end());
+  for (const auto& [time, id, size] : found) {
+    entries_[id] = Entry{size, ++useClock_};
+    totalBytes_ += size;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (maxBytes_ > 0 && totalBytes_ > maxBytes_) evictLocked("");
 }
 
 std::string PlanStore::pathOf(const std::string& kind, const std::string& key) const {
   return directory_ + "/" + kind + "/" + key + extensionOf(kind);
 }
 
+std::string PlanStore::pathOf(const std::string& id) const {
+  const size_t slash = id.find('/');
+  return pathOf(id.substr(0, slash), id.substr(slash + 1));
+}
+
+void PlanStore::touch(const std::string& id, Entry& entry) {
+  entry.lastUse = ++useClock_;
+  // The file's mtime carries the order across a restart; a failure only loses that order.
+  if (!directory_.empty()) ::utimensat(AT_FDCWD, pathOf(id).c_str(), nullptr, 0);
+}
+
+void PlanStore::erase(const std::string& id) {
+  auto found = entries_.find(id);
+  if (found == entries_.end()) return;
+  totalBytes_ -= found->second.bytes;
+  entries_.erase(found);
+  memory_.erase(id);
+}
+
 std::optional<std::string> PlanStore::get(const std::string& kind, const std::string& key) {
   AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
   std::lock_guard<std::mutex> lock(mutex_);
   const std::string id = kind + "/" + key;
+  auto found = entries_.find(id);
+  if (found == entries_.end()) return std::nullopt;
   if (directory_.empty()) {
-    auto found = memory_.find(id);
-    return found == memory_.end() ? std::nullopt : std::optional<std::string>(found->second);
+    touch(id, found->second);
+    return memory_.at(id);
   }
-  if (!sizes_.count(id)) return std::nullopt;
   std::ifstream in(pathOf(kind, key), std::ios::binary);
   if (!in) {
     core::logger("Service")->warn("store entry {} cannot be read: treated as missing", id);
-    sizes_.erase(id);
+    erase(id);
     return std::nullopt;
   }
+  touch(id, found->second);
   return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+bool PlanStore::contains(const std::string& kind, const std::string& key) {
+  AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::string id = kind + "/" + key;
+  auto found = entries_.find(id);
+  if (found == entries_.end()) return false;
+  touch(id, found->second);
+  return true;
 }
 
 void PlanStore::put(const std::string& kind, const std::string& key, const std::string& bytes) {
   AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
   std::lock_guard<std::mutex> lock(mutex_);
   const std::string id = kind + "/" + key;
-  sizes_[id] = static_cast<int64_t>(bytes.size());
+  erase(id);
+  entries_[id] = Entry{static_cast<int64_t>(bytes.size()), ++useClock_};
+  totalBytes_ += static_cast<int64_t>(bytes.size());
   if (directory_.empty()) {
     memory_[id] = bytes;
-    return;
+  } else {
+    try {
+      core::writeFileAtomically(pathOf(kind, key), bytes, "store entry");
+    } catch (const Error& e) {  // a store that cannot write still answers what it has
+      core::logger("Service")->warn("store entry {} not written: {}", id, e.what());
+      erase(id);
+      return;
+    }
   }
-  try {
-    core::writeFileAtomically(pathOf(kind, key), bytes, "store entry");
-  } catch (const Error& e) {  // a store that cannot write still answers from memory
-    core::logger("Service")->warn("store entry {} not written: {}", id, e.what());
+  if (maxBytes_ > 0 && totalBytes_ > maxBytes_) evictLocked(id);
+}
+
+void PlanStore::evictLocked(const std::string& keep) {
+  const int64_t before = totalBytes_, target = maxBytes_ / 10 * 9;
+  std::vector<std::pair<uint64_t, std::string>> byUse;
+  for (const auto& [id, entry] : entries_)
+    if (id != keep) byUse.emplace_back(entry.lastUse, id);
+  std::sort(byUse.begin(), byUse.end());
+  int64_t removed = 0;
+  for (const auto& [lastUse, id] : byUse) {
+    if (totalBytes_ <= target) break;
+    if (!directory_.empty()) {
+      std::error_code error;
+      std::filesystem::remove(pathOf(id), error);
+      if (error) {  // still there: still counted, and still served
+        core::logger("Service")->warn("store entry {} not evicted: {}", id, error.message());
+        continue;
+      }
+    }
+    erase(id);
+    ++removed;
   }
+  evictions_ += removed;
+  core::logger("Service")->info(
+      "store above its limit of {} ({}): evicted {} least recently used entr{} ({}); now {} in "
+      "{} entr{}",
+      sizeText(maxBytes_), sizeText(before), removed, removed == 1 ? "y" : "ies",
+      sizeText(before - totalBytes_), sizeText(totalBytes_), entries_.size(),
+      entries_.size() == 1 ? "y" : "ies");
 }
 
 int64_t PlanStore::entries() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<int64_t>(sizes_.size());
+  return static_cast<int64_t>(entries_.size());
 }
 
 int64_t PlanStore::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  int64_t total = 0;
-  for (const auto& [id, size] : sizes_) total += size;
-  return total;
+  return totalBytes_;
+}
+
+int64_t PlanStore::evictions() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return evictions_;
 }
 
 }  // namespace autostage::service

@@ -34,6 +34,15 @@ namespace {
 grpc::Status errorStatus(grpc::ServerContext* context) {
   try {
     throw;
+  } catch (const DeadlineExceeded& e) {
+    context->AddTrailingMetadata("autostage-error-class", "DeadlineExceeded");
+    return {grpc::StatusCode::DEADLINE_EXCEEDED, e.what()};
+  } catch (const CallCancelled& e) {
+    context->AddTrailingMetadata("autostage-error-class", "CallCancelled");
+    return {grpc::StatusCode::CANCELLED, e.what()};
+  } catch (const Busy& e) {
+    context->AddTrailingMetadata("autostage-error-class", "Busy");
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED, e.what()};
   } catch (const NotStored& e) {
     context->AddTrailingMetadata("autostage-error-class", "NotStored");
     return {grpc::StatusCode::NOT_FOUND, e.what()};
@@ -55,6 +64,16 @@ grpc::Status errorStatus(grpc::ServerContext* context) {
   }
 }
 
+// Note [Call deadlines]: whether the client still waits. IsCancelled() turns true when the
+// client's deadline passes or it cancels (or goes away); the deadline tells which.
+CallerCheck callerOf(grpc::ServerContext* context) {
+  return [context] {
+    if (!context->IsCancelled()) return CallerState::kWaiting;
+    return std::chrono::system_clock::now() >= context->deadline() ? CallerState::kDeadlinePassed
+                                                                   : CallerState::kCancelled;
+  };
+}
+
 }  // namespace
 
 class PlannerServer::Service final : public proto::Planner::Service {
@@ -64,7 +83,7 @@ class PlannerServer::Service final : public proto::Planner::Service {
   grpc::Status Plan(grpc::ServerContext* context, const proto::PlanCall* call,
                     proto::PlanAnswer* answer) override {
     return run(context, "Plan", [&] {
-      *answer = core_.plan(*call);
+      *answer = core_.plan(*call, callerOf(context));
       return answer->from_store() ? "answered from the store (plan " + answer->plan_key() + ")"
                                   : "planned " + std::to_string(answer->stages()) +
                                         " stage(s) in " + std::to_string(answer->plan_seconds()) +
@@ -74,7 +93,7 @@ class PlannerServer::Service final : public proto::Planner::Service {
   grpc::Status WhatIf(grpc::ServerContext* context, const proto::WhatIfCall* call,
                       proto::WhatIfAnswer* answer) override {
     return run(context, "WhatIf", [&] {
-      *answer = core_.whatIf(*call);
+      *answer = core_.whatIf(*call, callerOf(context));
       return std::to_string(answer->points_size()) + " point(s)";
     });
   }
@@ -138,7 +157,15 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
       ::unlink(path.c_str());
     }
   }
-  core_ = std::make_unique<PlanningCore>(options_.storeDirectory);
+  const int workers = options_.workers > 0
+                          ? options_.workers
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  PlanningOptions planning;
+  planning.storeDirectory = options_.storeDirectory;
+  planning.storeMaxBytes = options_.storeMaxBytes;
+  planning.maxConcurrentPlans = workers;
+  planning.maxPlanSeconds = options_.maxPlanSeconds;
+  core_ = std::make_unique<PlanningCore>(planning);
   service_ = std::make_unique<Service>(*core_, options_.listen);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -147,9 +174,6 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(options_.maxRequestBytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(INT32_MAX);
-  const int workers = options_.workers > 0
-                          ? options_.workers
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   grpc::ResourceQuota quota("autostage-planner");
   quota.SetMaxThreads(workers + 1);  // gRPC's own poller needs one
   builder.SetResourceQuota(quota);
@@ -159,11 +183,15 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
                      " (address in use, or a directory that "
                      "does not exist or is not writable)");
   core::logger("Service")->info(
-      "Planning service listening on {} ({} worker(s), store {}, "
-      "requests up to {} bytes)",
+      "Planning service listening on {} ({} worker(s), store {} ({} entries, {:.1f} MiB, {}), "
+      "requests up to {} bytes, calls up to {} s)",
       options_.listen, workers,
       options_.storeDirectory.empty() ? "in memory only" : options_.storeDirectory,
-      options_.maxRequestBytes);
+      core_->store().entries(), core_->store().bytes() / 1048576.0,
+      options_.storeMaxBytes > 0
+          ? fmt::format("evicting above {:.1f} MiB", options_.storeMaxBytes / 1048576.0)
+          : std::string("no size limit"),
+      options_.maxRequestBytes, options_.maxPlanSeconds);
 }
 
 PlannerServer::~PlannerServer() {

@@ -1,5 +1,6 @@
 #include "service/planning_core.h"
 
+#include <algorithm>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -26,21 +27,61 @@ constexpr uint32_t kAnswerVersion = 1;
 // A call's files, decoded only when a plan is made (Note [Planning service]: an answer from the
 // store needs the hashes only, and decoding a large graph costs more than the rest of the call).
 struct PlanningCore::Resolved {
-  std::string graphBytes, profileBytes;  // set when not decoded yet
+  std::string graphBytes, profileBytes;  // set when not decoded yet; empty: read from the store
   std::optional<core::Graph> graph;
   std::optional<core::GraphProfile> profile;
   core::ClusterSpec cluster;
   decomposer::PlanOptions options;
   std::string graphHash, profileHash, planKey;
 
-  void decode() {
-    if (!graph) graph = core::decodeGraph(graphBytes, "graph " + graphHash);
-    if (!profile) profile = core::decodeProfile(profileBytes, "profile " + profileHash);
+  void decode(PlanStore& store) {
+    if (!graph) {
+      if (graphBytes.empty()) graphBytes = stored(store, "graphs", graphHash, "graph");
+      graph = core::decodeGraph(graphBytes, "graph " + graphHash);
+    }
+    if (!profile) {
+      if (profileBytes.empty()) profileBytes = stored(store, "profiles", profileHash, "profile");
+      profile = core::decodeProfile(profileBytes, "profile " + profileHash);
+    }
+  }
+  // A file named by hash, evicted (Note [Store eviction]) since the call was resolved.
+  static std::string stored(PlanStore& store, const std::string& kind, const std::string& hash,
+                            const std::string& what) {
+    auto bytes = store.get(kind, hash);
+    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), what, " ", hash,
+                       " is no longer in the service's store: send the ", what, " file's bytes");
+    return std::move(*bytes);
   }
 };
 
-PlanningCore::PlanningCore(std::string storeDirectory)
-    : store_(std::move(storeDirectory)), background_([this] { backgroundLoop(); }) {}
+struct PlanningCore::InFlight {
+  std::promise<proto::PlanAnswer> promise;
+  std::shared_future<proto::PlanAnswer> result = promise.get_future().share();
+  std::atomic<int> waiters{0};  // calls waiting for it now
+};
+
+namespace {
+// How often a waiting call looks at its caller and the limit (Note [Call deadlines]).
+constexpr auto kCallerPoll = std::chrono::milliseconds(20);
+}  // namespace
+
+void PlanningOptions::validate() const {
+  AUTOSTAGE_CHECK_AS(ConfigError, storeMaxBytes >= 0,
+                     "the store's size limit must be >= 0 (0: no limit), got ", storeMaxBytes,
+                     " bytes");
+  AUTOSTAGE_CHECK_AS(ConfigError, maxConcurrentPlans >= 0,
+                     "plans made at once must be >= 0 (0: one per core), got ", maxConcurrentPlans);
+  AUTOSTAGE_CHECK_AS(ConfigError, maxPlanSeconds > 0, "--max-plan-s must be > 0 seconds, got ",
+                     maxPlanSeconds);
+}
+
+PlanningCore::PlanningCore(PlanningOptions options)
+    : options_((options.validate(), std::move(options))),
+      maxConcurrentPlans_(options_.maxConcurrentPlans > 0
+                              ? options_.maxConcurrentPlans
+                              : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
+      store_(options_.storeDirectory, options_.storeMaxBytes),
+      background_([this] { backgroundLoop(); }) {}
 
 PlanningCore::~PlanningCore() {
   {
@@ -50,6 +91,17 @@ PlanningCore::~PlanningCore() {
   }
   backgroundWake_.notify_all();
   background_.join();
+  // Note [Call deadlines]: plans whose callers left are finished (and stored) before the store
+  // and the core go away.
+  std::map<uint64_t, std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    threads.swap(planThreads_);
+    if (!planning_.empty())
+      core::logger("Service")->info("waiting for {} plan(s) still being made; they are stored",
+                                    planning_.size());
+  }
+  for (auto& [id, thread] : threads) thread.join();
 }
 
 std::optional<std::string> PlanningCore::remembered(const std::string& bytesKey) {
@@ -74,6 +126,8 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
     if (auto known = remembered(bytesKey)) {  // these exact bytes were decoded before
       r.graphHash = *known;
       r.graphBytes = call.graph();
+      // Stored again when it was evicted (Note [Store eviction]), for calls by hash.
+      if (!store_.contains("graphs", r.graphHash)) store_.put("graphs", r.graphHash, r.graphBytes);
     } else {
       r.graph = core::decodeGraph(call.graph(), "the call's graph");
       r.graphHash = r.graph->hash();
@@ -84,11 +138,10 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
     AUTOSTAGE_CHECK_AS(FormatError, !call.graph_hash().empty(),
                        "planning call without a graph: "
                        "send the graph file's bytes, or graph_hash of one the service stored");
-    auto bytes = store_.get("graphs", call.graph_hash());
-    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "graph ", call.graph_hash(),
-                       " is not in "
-                       "the service's store: send the graph file's bytes");
-    r.graphBytes = std::move(*bytes);
+    // Read when a plan is made (Resolved::decode): an answer from the store needs the hash only.
+    AUTOSTAGE_CHECK_AS(FormatError, store_.contains("graphs", call.graph_hash()), "graph ",
+                       call.graph_hash(),
+                       " is not in the service's store: send the graph file's bytes");
     r.graphHash = call.graph_hash();
   }
   if (!call.profile().empty()) {
@@ -96,6 +149,10 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
     if (auto known = remembered(bytesKey)) {
       r.profileHash = *known;
       r.profileBytes = call.profile();
+      if (!store_.contains("profiles", r.profileHash)) {  // evicted: stored again, canonical
+        r.profile = core::decodeProfile(call.profile(), "the call's profile");
+        store_.put("profiles", r.profileHash, core::encodeProfile(*r.profile));
+      }
     } else {
       r.profile = core::decodeProfile(call.profile(), "the call's profile");
       std::string canonical = core::encodeProfile(*r.profile);  // the writer's version aside
@@ -112,19 +169,22 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
       auto known = store_.get("profile-keys", core::fnv1aHex(call.profile_key()));
       if (!known) throw NotStored("the service has no profile for this profile_key yet: send one");
       hash = *known;
+      // Note [Store eviction]: a key whose profile was evicted is a key without a profile.
+      if (!store_.contains("profiles", hash))
+        throw NotStored("the service's profile for this profile_key (" + hash +
+                        ") was evicted from its store: send one");
     }
     AUTOSTAGE_CHECK_AS(FormatError, !hash.empty(),
                        "planning call without a profile: send the "
                        "profile file's bytes, its profile_hash or a profile_key");
-    auto bytes = store_.get("profiles", hash);
-    AUTOSTAGE_CHECK_AS(FormatError, bytes.has_value(), "profile ", hash,
-                       " is not in the "
-                       "service's store: send the profile file's bytes");
-    r.profileBytes = std::move(*bytes);
+    AUTOSTAGE_CHECK_AS(FormatError, store_.contains("profiles", hash), "profile ", hash,
+                       " is not in the service's store: send the profile file's bytes");
     r.profileHash = hash;
   }
   auto profileGraph = remembered("graph of profile " + r.profileHash);
   if (!profileGraph) {  // a stored profile not decoded since the service started
+    if (r.profileBytes.empty())
+      r.profileBytes = Resolved::stored(store_, "profiles", r.profileHash, "profile");
     r.profile = core::decodeProfile(r.profileBytes, "stored profile " + r.profileHash);
     profileGraph = r.profile->graphHash;
     remember("graph of profile " + r.profileHash, *profileGraph);
@@ -144,75 +204,160 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
   return r;
 }
 
-proto::PlanAnswer PlanningCore::plan(const proto::PlanCall& call) {
+proto::PlanAnswer PlanningCore::plan(const proto::PlanCall& call, const CallerCheck& caller) {
+  const auto limit = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(options_.maxPlanSeconds));
   ++planCalls_;
-  return planResolved(resolve(call), call.batch_size());
+  return planResolved(resolve(call), call.batch_size(), caller, limit, /*counted=*/true);
 }
 
-proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize) {
-  auto fromStore = [&]() -> std::optional<proto::PlanAnswer> {
-    auto stored = store_.get("plans", r.planKey);
-    if (!stored) return std::nullopt;
-    try {
-      proto::PlanAnswer answer = core::parsePayload<proto::PlanAnswer>(
-          core::decodeFramed(*stored, kAnswerKind, kAnswerVersion, "stored plan " + r.planKey),
-          "stored plan " + r.planKey);
-      answer.set_from_store(true);
-      return answer;
-    } catch (const FormatError& e) {
-      core::logger("Service")->warn("{}: planning again", e.what());
-      return std::nullopt;
-    }
-  };
-  std::shared_future<proto::PlanAnswer> result;
-  std::promise<proto::PlanAnswer> promise;
+std::optional<proto::PlanAnswer> PlanningCore::fromStore(const std::string& planKey) {
+  auto stored = store_.get("plans", planKey);
+  if (!stored) return std::nullopt;
+  try {
+    proto::PlanAnswer answer = core::parsePayload<proto::PlanAnswer>(
+        core::decodeFramed(*stored, kAnswerKind, kAnswerVersion, "stored plan " + planKey),
+        "stored plan " + planKey);
+    answer.set_from_store(true);
+    return answer;
+  } catch (const FormatError& e) {
+    core::logger("Service")->warn("{}: planning again", e.what());
+    return std::nullopt;
+  }
+}
+
+void PlanningCore::checkCaller(const CallerCheck& caller,
+                               std::chrono::steady_clock::time_point limit, const std::string& what,
+                               const std::string& after) const {
+  const CallerState state = caller ? caller() : CallerState::kWaiting;
+  if (state == CallerState::kDeadlinePassed)
+    throw DeadlineExceeded(what + ": the caller's deadline passed; " + after);
+  if (state == CallerState::kCancelled) throw CallCancelled(what + ": the caller left; " + after);
+  if (std::chrono::steady_clock::now() >= limit) {
+    std::ostringstream seconds;
+    seconds << options_.maxPlanSeconds;
+    throw DeadlineExceeded(what + " took longer than the service's limit of " + seconds.str() +
+                           " s per call (its --max-plan-s); " + after);
+  }
+}
+
+// Note [Call deadlines]: a plan is made on a plan thread; the call waits for it while its caller
+// does and the limit allows.
+proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
+                                             const CallerCheck& caller,
+                                             std::chrono::steady_clock::time_point limit,
+                                             bool counted) {
+  std::shared_ptr<InFlight> state;
   bool mine = false;
+  const std::string planKey = r.planKey;
   {
     // Under the lock, so that a plan finished (stored, and no longer in planning_) between a
     // first look at the store and here is found, not planned again.
     std::lock_guard<std::mutex> lock(mutex_);
-    if (auto answer = fromStore()) {
+    if (auto answer = fromStore(planKey)) {
       ++storeHits_;
       return *answer;
     }
-    auto found = planning_.find(r.planKey);
+    auto found = planning_.find(planKey);
     if (found != planning_.end()) {
-      result = found->second;
+      state = found->second;  // Note [Planning service]: the same plan is being made
+      ++state->waiters;
     } else {
-      result = promise.get_future().share();
-      planning_.emplace(r.planKey, result);
+      state = startPlanLocked(std::move(r), batchSize, counted);
       mine = true;
     }
   }
-  if (!mine) {  // Note [Planning service]: the same plan is being made; wait for it
-    proto::PlanAnswer answer = result.get();
+  struct Leave {  // a waiter less, however the wait ends
+    InFlight& state;
+    ~Leave() { --state.waiters; }
+  } leave{*state};
+  while (state->result.wait_for(kCallerPoll) != std::future_status::ready)
+    checkCaller(caller, limit, "plan " + planKey,
+                "it goes on and is stored when made, so asking again then is answered from "
+                "the store");
+  proto::PlanAnswer answer = state->result.get();  // rethrows the planning error
+  if (!mine) {
     ++storeHits_;
     answer.set_from_store(true);
-    return answer;
   }
-  try {
-    r.decode();
-    proto::PlanAnswer answer = answerPlan(*r.graph, *r.profile, r.cluster, batchSize, r.options);
-    answer.set_graph_hash(r.graphHash);
-    answer.set_profile_hash(r.profileHash);
-    answer.set_plan_key(r.planKey);
-    store_.put("plans", r.planKey,
-               core::encodeFramed(kAnswerKind, kAnswerVersion, answer.SerializeAsString()));
-    ++plansMade_;
-    promise.set_value(answer);
-  } catch (...) {
-    promise.set_exception(std::current_exception());
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    planning_.erase(r.planKey);
-  }
-  return result.get();  // rethrows the planning error
+  return answer;
 }
 
-proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call) {
+std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r, int64_t batchSize,
+                                                                      bool counted) {
+  AUTOSTAGE_CHECK_AS(Busy, !counted || countedPlans_ < maxConcurrentPlans_,
+                     "the planning service is making ", countedPlans_,
+                     " plans already (at most its --workers at once, including plans whose "
+                     "callers left); ask again later or plan locally");
+  for (uint64_t id : finishedPlanThreads_) {  // threads done since the last plan
+    planThreads_.at(id).join();
+    planThreads_.erase(id);
+  }
+  finishedPlanThreads_.clear();
+  auto state = std::make_shared<InFlight>();
+  state->waiters = 1;  // the caller, before the thread starts
+  const std::string planKey = r.planKey;
+  const uint64_t id = nextPlanThread_++;
+  planThreads_.emplace(
+      id, std::thread([this, state, id, counted, batchSize, r = std::move(r)]() mutable {
+        makePlan(state, r, batchSize, counted);
+        std::lock_guard<std::mutex> lock(mutex_);
+        finishedPlanThreads_.push_back(id);
+      }));  // a thread that cannot start throws here, before anything waits for it
+  planning_.emplace(planKey, state);
+  countedPlans_ += counted ? 1 : 0;
+  return state;
+}
+
+void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r, int64_t batchSize,
+                            bool counted) {
+  std::optional<proto::PlanAnswer> answer;
+  std::exception_ptr error;
+  try {
+    if (planHook_) planHook_();
+    r.decode(store_);
+    answer = answerPlan(*r.graph, *r.profile, r.cluster, batchSize, r.options);
+    answer->set_graph_hash(r.graphHash);
+    answer->set_profile_hash(r.profileHash);
+    answer->set_plan_key(r.planKey);
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    if (state->waiters == 0)
+      core::logger("Service")->info("plan {} not made, after its caller(s) left: {}", r.planKey,
+                                    e.what());
+  }
+  {
+    // The slot is free before anyone can see the answer (in the store or from the future), so
+    // that a caller's next plan is not refused as busy because of this one.
+    std::lock_guard<std::mutex> lock(mutex_);
+    countedPlans_ -= counted ? 1 : 0;
+  }
+  if (answer) {
+    store_.put("plans", r.planKey,
+               core::encodeFramed(kAnswerKind, kAnswerVersion, answer->SerializeAsString()));
+    ++plansMade_;
+    if (state->waiters == 0)
+      core::logger("Service")->info("plan {} made after its caller(s) left: stored", r.planKey);
+  }
+  {
+    // Stored first, then no longer in planning_: a call looking meanwhile finds one or the other.
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = planning_.find(r.planKey);
+    if (found != planning_.end() && found->second == state) planning_.erase(found);
+  }
+  if (answer)
+    state->promise.set_value(std::move(*answer));
+  else
+    state->promise.set_exception(error);
+}
+
+proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call, const CallerCheck& caller) {
+  const auto limit = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(options_.maxPlanSeconds));
   Resolved base = resolve(call.base());
-  base.decode();
+  base.decode(store_);
   auto orBase = [](auto list, auto value) {
     using T = decltype(value);
     std::vector<T> values(list.begin(), list.end());
@@ -240,43 +385,72 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call) {
           point->set_schedule_option(schedule);
         }
   // The points are independent plans: plan them on the machine's cores, each thread taking the
-  // next unplanned point.
-  std::atomic<int> next{0};
-  auto work = [&] {
-    for (int i = next++; i < answer.points_size(); i = next++) {
-      proto::WhatIfPoint* point = answer.mutable_points(i);
-      try {
-        core::ClusterSpec cluster = base.cluster;
-        cluster.devices = point->devices();
-        cluster.devicesPerNode = std::min(std::max(1, cluster.devicesPerNode), point->devices());
-        cluster.memoryPerDevice =
-            static_cast<int64_t>(core::gibToBytes(point->device_memory_gib()));
-        cluster.validate();
-        decomposer::PlanOptions options = base.options;
-        options.schedule = point->schedule_option();
-        options.validate();
-        proto::PlanAnswer plan =
-            answerPlan(*base.graph, *base.profile, cluster, point->batch_size(), options);
-        point->set_feasible(true);
-        point->set_iteration_seconds(plan.iteration_seconds());
-        point->set_peak_bytes(plan.peak_bytes());
-        point->set_stages(plan.stages());
-        point->set_micro_batches(plan.micro_batches());
-        point->set_schedule(plan.schedule());
-        point->set_replicas(replicasOf(plan.deployment()));
-      } catch (const Error& e) {
-        point->set_feasible(false);
-        point->set_error(e.what());
-      }
-    }
-  };
+  // next unplanned point. This thread watches the caller and the limit meanwhile (it alone asks
+  // the caller: a gRPC context is not asked from several threads) and, when the caller left or
+  // the limit passed, lets no thread take another point (Note [Call deadlines]).
+  std::atomic<int> next{0}, planned{0};
   const int threads =
       std::min<int>(answer.points_size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::mutex doneMutex;
+  std::condition_variable done;
+  int working = threads;
+  auto work = [&] {
+    for (int i = next++; i < answer.points_size(); i = next++) {
+      planPoint(base, answer.mutable_points(i));
+      ++planned;
+    }
+    std::lock_guard<std::mutex> lock(doneMutex);
+    --working;
+    done.notify_all();
+  };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
+  for (int t = 0; t < threads; ++t) pool.emplace_back(work);
+  std::exception_ptr stop;
+  {
+    std::unique_lock<std::mutex> lock(doneMutex);
+    while (!done.wait_for(lock, kCallerPoll, [&] { return working == 0; })) {
+      if (stop) continue;
+      try {
+        checkCaller(caller, limit, "WhatIf", "the sweep stopped");
+      } catch (const Error&) {
+        stop = std::current_exception();
+        next = answer.points_size();  // no thread takes another point
+      }
+    }
+  }
   for (std::thread& t : pool) t.join();
+  if (stop) {
+    core::logger("Service")->info("WhatIf stopped after {} of {} point(s)", planned.load(),
+                                  answer.points_size());
+    std::rethrow_exception(stop);
+  }
   return answer;
+}
+
+void PlanningCore::planPoint(const Resolved& base, proto::WhatIfPoint* point) {
+  try {
+    if (planHook_) planHook_();
+    core::ClusterSpec cluster = base.cluster;
+    cluster.devices = point->devices();
+    cluster.devicesPerNode = std::min(std::max(1, cluster.devicesPerNode), point->devices());
+    cluster.memoryPerDevice = static_cast<int64_t>(core::gibToBytes(point->device_memory_gib()));
+    cluster.validate();
+    decomposer::PlanOptions options = base.options;
+    options.schedule = point->schedule_option();
+    options.validate();
+    proto::PlanAnswer plan =
+        answerPlan(*base.graph, *base.profile, cluster, point->batch_size(), options);
+    point->set_feasible(true);
+    point->set_iteration_seconds(plan.iteration_seconds());
+    point->set_peak_bytes(plan.peak_bytes());
+    point->set_stages(plan.stages());
+    point->set_micro_batches(plan.micro_batches());
+    point->set_schedule(plan.schedule());
+    point->set_replicas(replicasOf(plan.deployment()));
+  } catch (const Error& e) {
+    point->set_feasible(false);
+    point->set_error(e.what());
+  }
 }
 
 proto::NeighboursAnswer PlanningCore::neighbours(const proto::NeighboursCall& call) {
@@ -316,7 +490,9 @@ void PlanningCore::backgroundLoop() {
     backgroundQueue_.pop_front();
     lock.unlock();
     try {
-      planResolved(resolve(call), call.batch_size());  // not a client's call: not counted
+      // Not a client's call: not counted, and not limited.
+      planResolved(resolve(call), call.batch_size(), {},
+                   std::chrono::steady_clock::time_point::max(), /*counted=*/false);
     } catch (const std::exception& e) {  // a neighbour that does not fit is not an error
       core::logger("Service")->info("background plan not made: {}", e.what());
     }
@@ -346,6 +522,8 @@ proto::StatusAnswer PlanningCore::status() const {
     s.set_background_queued(static_cast<int64_t>(backgroundQueue_.size()));
   }
   s.set_store_dir(store_.directory());
+  s.set_store_evictions(store_.evictions());
+  s.set_store_max_bytes(store_.maxBytes());
   return s;
 }
 

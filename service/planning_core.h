@@ -11,18 +11,37 @@
 // asking the service prints what a local plan would have printed. Neighbours queues plans for
 // other device counts on one background thread; WhatIf plans every point of a sweep and reports
 // each point's prediction or why it does not fit, without storing them.
+//
+// Note [Call deadlines]
+// planGraph cannot be interrupted, so a call never plans on its own thread: a plan is made on a
+// thread of the core (one per plan being made, at most maxConcurrentPlans of them for calls), and
+// the call waits for it, asking its CallerCheck and the service's limit (maxPlanSeconds, from the
+// call's start) every few milliseconds. When the caller's deadline passes or it goes away, or the
+// limit is reached, the call stops waiting and fails (DeadlineExceeded, CallCancelled) while the
+// plan goes on: when it is made it is stored, so the next identical call is answered from the
+// store, and an identical call arriving meanwhile waits for it (still planned once). A new plan
+// beyond maxConcurrentPlans is refused (Busy) rather than queued, so callers that left cannot
+// exhaust the machine (Neighbours' background plans, one at a time, are not counted). A WhatIf
+// sweep is not stored: the calling thread watches the caller and the limit while the sweep's
+// threads plan, and when either ends the wait no thread takes another point; the call returns
+// when the points being planned at that moment are done (one planGraph each at most). Only the
+// calling thread asks the CallerCheck. The core's destructor waits for the plans being made, so
+// everything a plan thread touches (the core, its store, the test hook) outlives it.
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/proto/planner_service.pb.h"
 #include "service/plan_call.h"
@@ -30,14 +49,41 @@
 
 namespace autostage::service {
 
+// Why a call stopped being waited for (Note [Call deadlines]).
+class DeadlineExceeded : public Error {  // the caller's deadline, or the service's limit
+  using Error::Error;
+};
+class CallCancelled : public Error {  // the caller went away
+  using Error::Error;
+};
+// A new plan beyond the plans the core makes at once.
+class Busy : public Error {
+  using Error::Error;
+};
+
+enum class CallerState { kWaiting, kDeadlinePassed, kCancelled };
+// Asked (from the call's threads) while a call is answered; empty: the caller always waits.
+using CallerCheck = std::function<CallerState()>;
+
+struct PlanningOptions {
+  std::string storeDirectory;   // empty: in memory only
+  int64_t storeMaxBytes = 0;    // Note [Store eviction]; 0: no limit
+  int maxConcurrentPlans = 0;   // plans made at once for calls; 0: the machine's cores
+  double maxPlanSeconds = 300;  // a Plan or WhatIf call fails with DeadlineExceeded after this
+  void validate() const;
+};
+
 class PlanningCore {
  public:
-  explicit PlanningCore(std::string storeDirectory);
-  ~PlanningCore();  // finishes the background plan being made, drops the queued ones
+  explicit PlanningCore(PlanningOptions options);
+  explicit PlanningCore(std::string storeDirectory)
+      : PlanningCore(PlanningOptions{std::move(storeDirectory)}) {}
+  ~PlanningCore();  // waits for the plans being made, drops the queued background ones
 
-  // Throws FormatError (bad files or unknown hashes), ConfigError (options), PlanError.
-  proto::PlanAnswer plan(const proto::PlanCall& call);
-  proto::WhatIfAnswer whatIf(const proto::WhatIfCall& call);
+  // Throws FormatError (bad files or unknown hashes), ConfigError (options), PlanError, and
+  // (Note [Call deadlines]) DeadlineExceeded, CallCancelled or Busy.
+  proto::PlanAnswer plan(const proto::PlanCall& call, const CallerCheck& caller = {});
+  proto::WhatIfAnswer whatIf(const proto::WhatIfCall& call, const CallerCheck& caller = {});
   proto::NeighboursAnswer neighbours(const proto::NeighboursCall& call);
   proto::StatusAnswer status() const;
 
@@ -48,24 +94,49 @@ class PlanningCore {
   void leave() { --inFlight_; }
   const PlanStore& store() const { return store_; }
   int64_t plansMade() const { return plansMade_; }
+  const PlanningOptions& options() const { return options_; }
+  // Tests: called on the planning thread before every planGraph (a plan, each WhatIf point), so
+  // a test can hold planning on a latch. Set before any call.
+  void setPlanHookForTesting(std::function<void()> hook) { planHook_ = std::move(hook); }
 
  private:
   struct Resolved;  // a call's decoded files and its plan key
+  struct InFlight;  // a plan being made: its answer to come and who waits for it
   Resolved resolve(const proto::PlanCall& call);
-  proto::PlanAnswer planResolved(Resolved r, int64_t batchSize);
+  // counted: a call's plan (limited by maxConcurrentPlans), not a background one.
+  proto::PlanAnswer planResolved(Resolved r, int64_t batchSize, const CallerCheck& caller,
+                                 std::chrono::steady_clock::time_point limit, bool counted);
+  // Starts a plan thread for r (under mutex_); throws Busy beyond maxConcurrentPlans.
+  std::shared_ptr<InFlight> startPlanLocked(Resolved r, int64_t batchSize, bool counted);
+  // On a plan thread: plans, stores, frees the slot, then answers the waiting calls.
+  void makePlan(const std::shared_ptr<InFlight>& state, Resolved& r, int64_t batchSize,
+                bool counted);
+  void planPoint(const Resolved& base, proto::WhatIfPoint* point);  // one point of a WhatIf
+  std::optional<proto::PlanAnswer> fromStore(const std::string& planKey);
+  // Throws when the caller left or the limit passed; what: the call, for the message.
+  void checkCaller(const CallerCheck& caller, std::chrono::steady_clock::time_point limit,
+                   const std::string& what, const std::string& after) const;
   // Hashes of file bytes decoded before ("graph bytes <fnv>" -> graph hash, "profile bytes
   // <fnv>" -> profile hash, "graph of profile <hash>" -> its graph hash).
   std::optional<std::string> remembered(const std::string& bytesKey);
   void remember(const std::string& bytesKey, const std::string& hash);
   void backgroundLoop();
 
+  const PlanningOptions options_;
+  const int maxConcurrentPlans_;
   PlanStore store_;
+  std::function<void()> planHook_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<int64_t> requests_{0}, failed_{0}, planCalls_{0}, storeHits_{0}, plansMade_{0},
       inFlight_{0};
   mutable std::mutex mutex_;
-  std::map<std::string, std::shared_future<proto::PlanAnswer>> planning_;  // by plan key
-  std::map<std::string, std::string> hashOfBytes_;                         // remembered()
+  std::map<std::string, std::shared_ptr<InFlight>> planning_;  // by plan key
+  std::map<std::string, std::string> hashOfBytes_;             // remembered()
+  // Note [Call deadlines]: the plan threads (joined when finished or at destruction).
+  std::map<uint64_t, std::thread> planThreads_;
+  std::vector<uint64_t> finishedPlanThreads_;
+  uint64_t nextPlanThread_ = 0;
+  int countedPlans_ = 0;  // plans being made for calls (not background ones)
   std::condition_variable backgroundWake_;
   std::deque<proto::PlanCall> backgroundQueue_;
   bool stopping_ = false;

@@ -14,17 +14,22 @@ namespace autostage::cli {
 
 std::string serveUsage() {
   return "usage: autostage serve [--listen unix:PATH|tcp:PORT|tcp:HOST:PORT] [--store DIR]\n"
-         "         [--workers N] [--max-request-mib M]\n"
+         "         [--workers N] [--max-request-mib M] [--max-plan-s S] [--store-max-mib N]\n"
          "  The planning service: jobs (planner_address), `autostage plan --server` and\n"
          "  `autostage whatif --server` ask it. --listen defaults to\n"
          "  unix:/tmp/autostage-planner.sock (tcp:PORT listens on 127.0.0.1 only); --store keeps\n"
          "  graphs, profiles and plans across restarts (default: in memory). SIGTERM or SIGINT\n"
-         "  stops it after the calls in progress.\n"
+         "  stops it after the calls in progress. A Plan or WhatIf call fails with\n"
+         "  DEADLINE_EXCEEDED after --max-plan-s (default 300; the plan goes on and is stored);\n"
+         "  --store-max-mib evicts the least recently used entries above N MiB (default 0: no\n"
+         "  limit).\n"
          "       autostage status [--server ADDR] [--json]   a running service's counters\n";
 }
 
 int runServeCommand(const std::vector<std::string>& args, std::ostream& out) {
-  Arguments a(args, {"listen", "store", "workers", "max-request-mib"}, {"help"});
+  Arguments a(args,
+              {"listen", "store", "workers", "max-request-mib", "max-plan-s", "store-max-mib"},
+              {"help"});
   if (a.has("help")) {
     out << serveUsage();
     return 0;
@@ -40,6 +45,13 @@ int runServeCommand(const std::vector<std::string>& args, std::ostream& out) {
                      mib);
   options.maxRequestBytes = mib << 20;
   AUTOSTAGE_CHECK_AS(ConfigError, options.workers >= 0, "--workers must be >= 0 (0: one per core)");
+  options.maxPlanSeconds = a.getFloat("max-plan-s", options.maxPlanSeconds);
+  AUTOSTAGE_CHECK_AS(ConfigError, options.maxPlanSeconds > 0, "--max-plan-s must be > 0, got ",
+                     options.maxPlanSeconds);
+  const int64_t storeMib = a.getInt("store-max-mib", 0);
+  AUTOSTAGE_CHECK_AS(ConfigError, storeMib >= 0 && storeMib <= (int64_t{1} << 30),
+                     "--store-max-mib must be >= 0 (0: no limit), got ", storeMib);
+  options.storeMaxBytes = storeMib << 20;
   // Block SIGTERM and SIGINT before any thread starts, so that only the waiting thread below
   // receives them (gRPC's threads inherit the mask).
   sigset_t stopSignals;
@@ -74,7 +86,9 @@ int runStatusCommand(const std::vector<std::string>& args, std::ostream& out) {
         << ", \"plans_made\": " << s.plans_made() << ", \"store_hits\": " << s.store_hits()
         << ", \"hit_rate\": " << s.hit_rate() << ", \"in_flight\": " << s.in_flight()
         << ", \"store_entries\": " << s.store_entries() << ", \"store_bytes\": " << s.store_bytes()
-        << ", \"background_queued\": " << s.background_queued() << "}\n";
+        << ", \"background_queued\": " << s.background_queued()
+        << ", \"store_evictions\": " << s.store_evictions()
+        << ", \"store_max_bytes\": " << s.store_max_bytes() << "}\n";
     return 0;
   }
   out << std::fixed << std::setprecision(1) << "planning service at " << address << "\n"
@@ -84,7 +98,11 @@ int runStatusCommand(const std::vector<std::string>& args, std::ostream& out) {
       << " (hit rate " << s.hit_rate() * 100 << "%), " << s.background_queued()
       << " background plan(s) queued\n"
       << "  store " << (s.store_dir().empty() ? "in memory" : s.store_dir()) << ": "
-      << s.store_entries() << " entries, " << s.store_bytes() << " bytes\n";
+      << s.store_entries() << " entries, " << s.store_bytes() << " bytes"
+      << (s.store_max_bytes() > 0 ? " (limit " + std::to_string(s.store_max_bytes()) + " bytes, " +
+                                        std::to_string(s.store_evictions()) + " evicted)"
+                                  : std::string(" (no size limit)"))
+      << "\n";
   return 0;
 }
 

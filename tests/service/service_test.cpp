@@ -7,9 +7,13 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <climits>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -70,6 +74,58 @@ ServerOptions serverOptions(const Place& place, bool store = true) {
   o.storeDirectory = store ? place.dir + "/store" : "";
   o.workers = 4;
   return o;
+}
+
+// Holds planning (PlanningCore::setPlanHookForTesting) until opened: the first `held` plans
+// to arrive wait, later ones pass. Planning made slow by a latch, not by a large model.
+class Gate {
+ public:
+  explicit Gate(int held = INT_MAX) : held_(held) {}
+  void pass() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int me = arrived_++;
+    changed_.notify_all();
+    if (me < held_) changed_.wait(lock, [&] { return open_; });
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  // Waits until n plans arrived; the bound only keeps a failing test from hanging.
+  bool waitArrived(int n) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_for(lock, std::chrono::minutes(5), [&] { return arrived_ >= n; });
+  }
+  int arrived() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return arrived_;
+  }
+
+ private:
+  const int held_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int arrived_ = 0;
+  bool open_ = false;
+};
+
+// Opens a gate when the test leaves, so that a failing test does not leave a plan held while the
+// service (declared between the gate and this) waits for it.
+struct OpenAtExit {
+  Gate& gate;
+  ~OpenAtExit() { gate.open(); }
+};
+
+// Polls until done() (logic, not speed: the bound only keeps a failing test from hanging).
+template <typename F>
+bool eventually(F&& done) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 TEST_CASE("the service's plan is the local plan, and the second ask comes from the store",
@@ -330,6 +386,255 @@ TEST_CASE("Neighbours plans the other device counts in the background", "[servic
   CHECK(client.plan(five, 60).from_store());
   call.set_spread(0);
   CHECK_THROWS_WITH(client.neighbours(call, 30), Catch::Contains("spread must be in [1, 64]"));
+}
+
+TEST_CASE("a Plan call whose deadline passes returns; its plan goes on and is stored",
+          "[service]") {
+  Place place("deadline");
+  Model m = syntheticModel();
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  const std::string local = core::encodeDeployment(
+      decomposer::planGraph(m.graph, m.profile, cluster(4), 32, options()).deployment);
+  Gate gate(/*held=*/1);  // the first plan waits until the gate opens
+  PlannerServer server(serverOptions(place));
+  OpenAtExit openAtExit{gate};
+  server.core().setPlanHookForTesting([&] { gate.pass(); });
+  PlannerClient client(place.listen);
+
+  CHECK_THROWS_AS(client.plan(call, 0.5), ServiceUnavailable);  // the client's deadline
+  REQUIRE(gate.waitArrived(1));
+  // The server's handler returned too (a failed request, none in flight) while the plan is held.
+  REQUIRE(eventually([&] { return client.status(30).failed() == 1; }));
+  proto::StatusAnswer status = client.status(30);
+  CHECK(status.in_flight() == 0);
+  CHECK(status.plans_made() == 0);
+  // An identical call waits for the same plan, and returns at its own deadline.
+  CHECK_THROWS_AS(client.plan(call, 0.3), ServiceUnavailable);
+  REQUIRE(eventually([&] { return client.status(30).failed() == 2; }));
+  // Meanwhile the service answers other calls.
+  proto::PlanCall other = call;
+  other.set_batch_size(64);
+  CHECK_FALSE(client.plan(other, 120).from_store());
+  CHECK(client.plan(other, 120).from_store());
+
+  gate.open();
+  REQUIRE(eventually([&] { return server.core().plansMade() == 2; }));
+  proto::PlanAnswer again = client.plan(call, 120);
+  CHECK(again.from_store());
+  CHECK(again.deployment() == local);
+  CHECK(gate.arrived() == 2);  // the held plan was made once, for both calls that left
+  CHECK(server.core().plansMade() == 2);
+}
+
+TEST_CASE("a service stopped while a plan whose caller left is made stores it before it exits",
+          "[service]") {
+  Place place("stop_while_planning");
+  Model m = syntheticModel();
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  Gate gate;
+  {
+    auto server = std::make_unique<PlannerServer>(serverOptions(place));
+    OpenAtExit openAtExit{gate};
+    server->core().setPlanHookForTesting([&] { gate.pass(); });
+    CHECK_THROWS_AS(PlannerClient(place.listen).plan(call, 0.5), ServiceUnavailable);
+    REQUIRE(gate.waitArrived(1));
+    std::thread stopping([&] { server.reset(); });  // waits for the held plan
+    gate.open();
+    stopping.join();
+  }
+  PlannerServer server(serverOptions(place));
+  CHECK(PlannerClient(place.listen).plan(call, 60).from_store());
+}
+
+TEST_CASE("--max-plan-s fails a call that plans longer, naming the flag; the plan is stored",
+          "[service]") {
+  Place place("max_plan_s");
+  Model m = syntheticModel();
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  Gate gate;
+  ServerOptions o = serverOptions(place);
+  o.maxPlanSeconds = 0.2;  // far below the client's 120 s: the service's limit comes first
+  PlannerServer server(o);
+  OpenAtExit openAtExit{gate};
+  server.core().setPlanHookForTesting([&] { gate.pass(); });
+  PlannerClient client(place.listen);
+  CHECK_THROWS_AS(client.plan(call, 120), ServiceUnavailable);
+  CHECK_THROWS_WITH(client.plan(call, 120),
+                    Catch::Contains("--max-plan-s") && Catch::Contains("0.2 s"));
+  gate.open();
+  REQUIRE(eventually([&] { return server.core().plansMade() == 1; }));
+  CHECK(client.plan(call, 120).from_store());
+  CHECK(gate.arrived() == 1);
+}
+
+TEST_CASE("a caller that leaves stops its wait; plans beyond the limit are refused as busy",
+          "[service]") {
+  Model m = syntheticModel();
+  Gate gate(/*held=*/1);
+  PlanningOptions o;
+  o.maxConcurrentPlans = 1;
+  PlanningCore core(o);
+  OpenAtExit openAtExit{gate};
+  core.setPlanHookForTesting([&] { gate.pass(); });
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  std::atomic<bool> gone{false};
+  auto caller = [&] { return gone ? CallerState::kCancelled : CallerState::kWaiting; };
+  std::exception_ptr error;
+  std::thread waiting([&] {
+    try {
+      core.plan(call, caller);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  REQUIRE(gate.waitArrived(1));
+  gone = true;
+  waiting.join();  // returns although the plan is held
+  REQUIRE(error);
+  CHECK_THROWS_AS(std::rethrow_exception(error), CallCancelled);
+  // The held plan takes the one slot: another plan is refused, an identical call waits for it.
+  proto::PlanCall other = call;
+  other.set_batch_size(64);
+  CHECK_THROWS_AS(core.plan(other), Busy);
+  CHECK_THROWS_WITH(core.plan(other), Catch::Contains("--workers"));
+  gate.open();
+  CHECK(core.plan(call).from_store());
+  CHECK(core.plansMade() == 1);
+  // The slot was freed before the answer was given: the next plan is not refused.
+  CHECK_FALSE(core.plan(other).from_store());
+  CHECK(core.plansMade() == 2);
+}
+
+TEST_CASE("a WhatIf sweep whose caller left stops between points", "[service]") {
+  Model m = syntheticModel();
+  Gate gate;  // every point waits
+  PlanningCore core("");
+  OpenAtExit openAtExit{gate};
+  core.setPlanHookForTesting([&] { gate.pass(); });
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  proto::WhatIfCall call;
+  *call.mutable_base() = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  const int points = 4 * threads + 8;
+  for (int i = 1; i <= points; ++i) call.add_batch_sizes(8 * i);
+  std::atomic<bool> gone{false};
+  std::atomic<int> toldGone{0};
+  auto caller = [&] {
+    if (!gone) return CallerState::kWaiting;
+    ++toldGone;
+    return CallerState::kDeadlinePassed;
+  };
+  std::exception_ptr error;
+  std::thread sweeping([&] {
+    try {
+      core.whatIf(call, caller);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  REQUIRE(gate.waitArrived(threads));  // every thread holds a point
+  gone = true;
+  REQUIRE(eventually([&] { return toldGone > 0; }));  // the sweep was told; now let points finish
+  gate.open();
+  sweeping.join();
+  REQUIRE(error);
+  CHECK_THROWS_AS(std::rethrow_exception(error), DeadlineExceeded);
+  // The points being planned finished; at most one more per thread was taken before the stop.
+  CHECK(gate.arrived() <= 2 * threads);
+  CHECK(gate.arrived() < points);
+}
+
+TEST_CASE("above --store-max-mib the least recently used plans go, and are planned again",
+          "[service]") {
+  Place place("eviction");
+  Model m = syntheticModel();
+  auto callFor = [&](int64_t batch) {
+    return makePlanCall(m.graph, m.profile, cluster(4), batch, options());
+  };
+  // The sizes of this model's entries: graph and profile, and one plan answer.
+  int64_t base = 0, plan = 0;
+  std::string deploymentB;
+  {
+    PlannerServer server(serverOptions(place));
+    proto::PlanAnswer a = PlannerClient(place.listen).plan(callFor(32), 60);
+    base = server.core().store().bytes();
+    plan = static_cast<int64_t>(
+        std::filesystem::file_size(place.dir + "/store/plans/" + a.plan_key() + ".answer"));
+    REQUIRE(base > plan);
+  }
+  // Room for the graph, the profile and 3.5 plans (Note [Store eviction]: a put above it goes
+  // down to 90%, which holds them and 2 plans, as the sizes of this model are).
+  ServerOptions o = serverOptions(place);
+  o.storeMaxBytes = base + plan * 5 / 2;
+  proto::StatusAnswer reopened;
+  {
+    PlannerServer server(o);
+    PlannerClient client(place.listen);
+    CHECK(client.status(30).store_bytes() == base);  // measured again at start
+    proto::PlanAnswer b = client.plan(callFor(64), 60);
+    deploymentB = b.deployment();
+    CHECK_FALSE(client.plan(callFor(96), 60).from_store());
+    CHECK(client.status(30).store_evictions() == 0);
+    CHECK(client.plan(callFor(32), 60).from_store());  // a use: 32 is now more recent than 64, 96
+    CHECK_FALSE(client.plan(callFor(128), 60).from_store());  // above the limit
+    proto::StatusAnswer status = client.status(30);
+    CHECK(status.store_evictions() == 2);  // the plans for 64 and 96, the least recently used
+    CHECK(status.store_bytes() <= o.storeMaxBytes);
+    CHECK(status.store_max_bytes() == o.storeMaxBytes);
+    CHECK(client.plan(callFor(32), 60).from_store());
+    CHECK(client.plan(callFor(128), 60).from_store());       // the one just written stayed
+    proto::PlanAnswer again = client.plan(callFor(64), 60);  // evicted: planned again
+    CHECK_FALSE(again.from_store());
+    CHECK(again.deployment() == deploymentB);
+    CHECK(client.plan(callFor(64), 60).from_store());
+    // The graph and profile were used by every call: still there, for calls by hash.
+    proto::PlanCall byHash = callFor(32);
+    byHash.clear_graph();
+    byHash.set_graph_hash(again.graph_hash());
+    byHash.clear_profile();
+    byHash.set_profile_hash(again.profile_hash());
+    CHECK(client.plan(byHash, 60).from_store());
+    reopened = client.status(30);
+  }
+  // A restarted service measures the store again and reports the same size.
+  PlannerServer server(o);
+  PlannerClient client(place.listen);
+  proto::StatusAnswer status = client.status(30);
+  CHECK(status.store_bytes() == reopened.store_bytes());
+  CHECK(status.store_entries() == reopened.store_entries());
+  CHECK(status.store_evictions() == 0);
+  CHECK(client.plan(callFor(64), 60).from_store());
+}
+
+TEST_CASE("a profile or graph evicted from the store is asked for again, not dangling",
+          "[service]") {
+  Place place("evicted_inputs");
+  Model m = syntheticModel();
+  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
+  call.set_profile_key("evicted profile key");
+  ServerOptions o = serverOptions(place);
+  {
+    PlannerServer server(o);
+    PlannerClient(place.listen).plan(call, 60);
+  }
+  // The graph and profile files go (as an eviction removes them), the answer and the key stay.
+  for (const char* kind : {"graphs", "profiles"})
+    for (const auto& entry : std::filesystem::directory_iterator(place.dir + "/store/" + kind))
+      std::filesystem::remove(entry.path());
+  PlannerServer server(o);
+  PlannerClient client(place.listen);
+  proto::PlanCall keyOnly = call;
+  keyOnly.clear_profile();
+  CHECK_THROWS_AS(client.plan(keyOnly, 60), NotStored);  // the job profiles and sends it
+  CHECK_THROWS_WITH(client.plan(keyOnly, 60), Catch::Contains("evicted"));
+  proto::PlanAnswer sent = client.plan(call, 60);  // the files sent again: stored again
+  CHECK(sent.from_store());                        // the answer itself did not need them
+  CHECK(client.plan(keyOnly, 60).from_store());
+  proto::PlanCall byHash = keyOnly;
+  byHash.clear_profile_key();
+  byHash.clear_graph();
+  byHash.set_graph_hash(sent.graph_hash());
+  byHash.set_profile_hash(sent.profile_hash());
+  CHECK(client.plan(byHash, 60).from_store());
 }
 
 }  // namespace

@@ -1,0 +1,81 @@
+// The planning service's store (Note [Planner store], Note [Store eviction]): least recently used
+// entries evicted above the limit, the order and size kept across a reopen.
+#include "service/plan_store.h"
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+
+#include "scratch_files.h"
+
+namespace autostage::service {
+namespace {
+
+std::string freshDirectory(const std::string& name) {
+  std::filesystem::path d = testing::scratchPath("plan_store_tests", name);
+  std::filesystem::remove_all(d);
+  return d.string();
+}
+
+TEST_CASE("the store evicts the least recently used entries above its limit", "[service]") {
+  for (bool onDisk : {true, false}) {
+    INFO((onDisk ? "on disk" : "in memory"));
+    PlanStore store(onDisk ? freshDirectory("lru") : "", 1000);
+    const std::string bytes(300, 'x');
+    store.put("plans", "a1", bytes);
+    store.put("plans", "a2", bytes);
+    store.put("plans", "a3", bytes);
+    CHECK(store.bytes() == 900);
+    CHECK(store.get("plans", "a1"));  // used: now the most recent but for a4 below
+    store.put("plans", "a4", bytes);  // 1200 > 1000: down to 900 (90%), the oldest first
+    CHECK(store.evictions() == 1);
+    CHECK(store.bytes() == 900);
+    CHECK(store.entries() == 3);
+    CHECK_FALSE(store.get("plans", "a2"));
+    CHECK(store.contains("plans", "a1"));
+    CHECK(store.contains("plans", "a3"));
+    CHECK(store.contains("plans", "a4"));
+    // An entry above the limit on its own is kept (never the one just put); the others go.
+    store.put("graphs", "b1", std::string(2000, 'y'));
+    CHECK(store.entries() == 1);
+    CHECK(store.get("graphs", "b1")->size() == 2000);
+    CHECK(store.evictions() == 4);
+  }
+}
+
+TEST_CASE("the store's size and use order survive a reopen", "[service]") {
+  namespace fs = std::filesystem;
+  const std::string dir = freshDirectory("reopen");
+  {
+    PlanStore store(dir, 0);  // no limit
+    for (const char* key : {"c1", "c2", "c3"}) store.put("plans", key, std::string(300, 'x'));
+    store.put("profile-keys", "c4", std::string(16, 'h'));
+    CHECK(store.evictions() == 0);
+  }
+  // The last uses as the files' modification times say: c3 oldest, then c1, c4, c2.
+  const auto now = fs::file_time_type::clock::now();
+  int age = 4;
+  for (const char* path :
+       {"plans/c3.answer", "plans/c1.answer", "profile-keys/c4.key", "plans/c2.answer"})
+    fs::last_write_time(fs::path(dir) / path, now - std::chrono::hours(age--));
+  {
+    PlanStore store(dir, 0);
+    CHECK(store.bytes() == 916);
+    CHECK(store.entries() == 4);
+    // A use sets the modification time, so that the order survives the next reopen.
+    REQUIRE(store.get("plans", "c3"));
+    CHECK(fs::last_write_time(fs::path(dir) / "plans/c3.answer") > now - std::chrono::hours(1));
+    fs::last_write_time(fs::path(dir) / "plans/c3.answer", now - std::chrono::hours(4));
+  }
+  // Reopened with a limit below its size: it evicts at once, the least recently used first.
+  PlanStore store(dir, 500);  // down to 450 bytes: c3 and c1 go
+  CHECK(store.evictions() == 2);
+  CHECK(store.bytes() == 316);
+  CHECK_FALSE(fs::exists(fs::path(dir) / "plans/c3.answer"));
+  CHECK_FALSE(fs::exists(fs::path(dir) / "plans/c1.answer"));
+  CHECK(store.contains("plans", "c2"));
+  CHECK(store.contains("profile-keys", "c4"));
+}
+
+}  // namespace
+}  // namespace autostage::service
