@@ -446,7 +446,7 @@ TEST_CASE("a service stopped while a plan whose caller left is made stores it be
   CHECK(PlannerClient(place.listen).plan(call, 60).from_store());
 }
 
-TEST_CASE("--max-plan-s fails a call that plans longer, naming the flag; the plan is stored",
+TEST_CASE("a call planning longer than --max-plan-s fails, naming the flag; the plan is stored",
           "[service]") {
   Place place("max_plan_s");
   Model m = syntheticModel();
