@@ -16,6 +16,7 @@
 #include "core/proto/graph_file.h"
 #include "core/proto/profile_file.h"
 #include "decomposer/plan.h"
+#include "service/planning_core.h"
 
 namespace autostage::fuzz {
 namespace {
@@ -98,6 +99,25 @@ void loadPlanRequest(const std::string& text) {
          "planStages returned a plan its evaluator rejects: " + evaluation.problem);
 }
 
+// A planning service call: the bytes of a gRPC Plan request, through the service's decoding
+// (Note [Planning service]: graph and profile by bytes or hash, profile key, cluster, options,
+// the store). A call whose cluster and batch are small is planned; others stop before planning.
+void loadPlanCall(const std::string& bytes) {
+  proto::PlanCall call;
+  if (!call.ParseFromString(bytes)) throw FormatError("not a PlanCall message");
+  bool small = call.batch_size() <= 4096 && call.graph().size() <= (1 << 16);
+  if (small) {
+    core::ClusterSpec cluster = core::decodeClusterSpec(call.cluster(), "the call's cluster");
+    small = cluster.devices <= 16;
+  }
+  service::PlanningCore core(service::PlanningOptions{});  // store in memory
+  if (!small) core.setPlanHookForTesting([] { throw PlanError("fuzz: not planned (too big)"); });
+  proto::PlanAnswer answer = core.plan(call);
+  core::Deployment d = core::decodeDeployment(answer.deployment(), "the answer");
+  expect(d.batchSize == call.batch_size(), "the answer's deployment is for another batch");
+  expect(core.plan(call).from_store(), "a repeated call was not answered from the store");
+}
+
 using Loader = std::function<void(const std::string&)>;
 
 const std::map<std::string, Loader>& loaders() {
@@ -106,7 +126,7 @@ const std::map<std::string, Loader>& loaders() {
       {"graph_file", loadGraphFile},     {"profile_file", loadProfileFile},
       {"deployment_file", loadDeploymentFile}, {"cluster_proto", loadClusterProto},
       {"cluster_toml", loadClusterToml}, {"config_toml", loadConfigToml},
-      {"plan_request", loadPlanRequest},
+      {"plan_request", loadPlanRequest}, {"plan_call", loadPlanCall},
   };
   return table;
 }

@@ -15,6 +15,7 @@
 #include "core/proto/profile_file.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
+#include "service/plan_call.h"
 #include "tests/fuzz/fuzz_loaders.h"
 
 namespace fs = std::filesystem;
@@ -68,6 +69,11 @@ void writeModel(const fs::path& root, const std::string& name,
       decomposer::planGraph(m.graph, m.profile, smallCluster(), 16, options);
   write(root, "deployment_file", name, core::toProto(result.deployment).SerializeAsString());
   write(root, "plan_request", name, result.blocking.request.toText());
+  proto::PlanCall call = service::makePlanCall(m.graph, m.profile, smallCluster(), 16, options);
+  write(root, "plan_call", name, call.SerializeAsString());
+  call.clear_profile();  // by profile key: the service has none yet
+  call.set_profile_key(name + " profile key");
+  write(root, "plan_call", name + "-by-key", call.SerializeAsString());
 }
 
 }  // namespace

@@ -23,18 +23,23 @@ def mpi_env(**extra):
     return env
 
 
-def mpirun(args, env=None, recovery=False, timeout=600, ranks=4, cwd=None):
-    """Runs `args` on `ranks` ranks (2 cores: oversubscribed), exporting the autostage, OpenMP and
-    Python path variables; returns the CompletedProcess with text output."""
-    env = env if env is not None else mpi_env()
+def mpirun_command(args, env, recovery=False, ranks=4):
+    """The mpirun command line running `args` on `ranks` ranks (2 cores: oversubscribed),
+    exporting the autostage, OpenMP and Python path variables of `env`."""
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
     if recovery:
         cmd.append("--enable-recovery")  # else mpirun kills every rank when one dies
     for name in env:
         if name.startswith(("AUTOSTAGE_", "RANNC_")) or name in ("OMP_NUM_THREADS", "PYTHONPATH"):
             cmd += ["-x", name]
-    return subprocess.run(cmd + args, env=env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return cmd + args
+
+
+def mpirun(args, env=None, recovery=False, timeout=600, ranks=4, cwd=None):
+    """Runs `args` under mpirun_command; returns the CompletedProcess with text output."""
+    env = env if env is not None else mpi_env()
+    return subprocess.run(mpirun_command(args, env, recovery, ranks), env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def run_driver(script, *args, ranks=4, timeout=600, **env):

@@ -7,11 +7,13 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from mpi_launch import HERE, run_driver
+from mpi_launch import HERE, mpi_env, mpirun_command, run_driver
 
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 CLI = os.environ.get("AUTOSTAGE_CLI", os.path.join(ROOT, "build", "bindings", "cli", "autostage"))
@@ -70,6 +72,49 @@ def test_jobs_get_their_plan_from_the_service_and_plan_locally_without_it(tmp_pa
     alone = launch(address)  # the service is gone: plan here
     assert "did not answer" in alone and "planning locally" in alone, alone
     assert "Assigned subgraph" in alone, alone
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None or not os.path.exists(CLI),
+                    reason="mpirun or the autostage CLI missing")
+def test_two_jobs_at_once_then_a_service_killed_while_a_job_waits(tmp_path):
+    address = f"unix:{tmp_path}/planner.sock"
+    server = subprocess.Popen([CLI, "serve", "--listen", address, "--store",
+                               str(tmp_path / "store")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(address, server)
+        with ThreadPoolExecutor(2) as pool:  # two 2-rank jobs planning through it at once
+            logs = list(pool.map(lambda _: launch(address), range(2)))
+        for log in logs:
+            assert "from the planning service at " + address in log, log
+            assert "planning locally" not in log, log
+
+        # A job asks a service that stops answering (frozen), which is then killed (SIGKILL)
+        # while the job waits: the job plans here and says why.
+        server.send_signal(signal.SIGSTOP)
+        log_path = tmp_path / "job.log"
+        env = mpi_env()
+        script = os.path.join(HERE, "planner_service_check.py")
+        with open(log_path, "w") as out:
+            job = subprocess.Popen(mpirun_command([sys.executable, script, address], env,
+                                                  ranks=2),
+                                   env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+            for _ in range(3000):  # bounded wait for the job's call (not a speed check)
+                if "Asking the planning service" in log_path.read_text() or \
+                        job.poll() is not None:
+                    break
+                time.sleep(0.1)
+            server.send_signal(signal.SIGKILL)
+            job.wait(timeout=600)
+        log = log_path.read_text()
+        assert job.returncode == 0, log
+        assert "Asking the planning service" in log, log
+        assert "planning locally" in log, log
+        for rank in range(2):
+            assert f"rank {rank}: planner service run ok" in log, log
+    finally:
+        server.kill()
+        server.communicate(timeout=120)
 
 
 @pytest.mark.skipif(not os.path.exists(CLI), reason="the autostage CLI missing")
