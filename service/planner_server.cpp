@@ -174,8 +174,12 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(options_.maxRequestBytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(INT32_MAX);
+  // Calls wait for plans made on the core's threads (Note [Call deadlines]), and answers from the
+  // store take a millisecond or two, so many more calls than plans can be in flight: a burst of
+  // clients must not be refused while plans are made. gRPC's own poller needs one more thread.
+  const int callThreads = std::max(16, 4 * workers);
   grpc::ResourceQuota quota("autostage-planner");
-  quota.SetMaxThreads(workers + 1);  // gRPC's own poller needs one
+  quota.SetMaxThreads(callThreads + 1);
   builder.SetResourceQuota(quota);
   server_ = builder.BuildAndStart();
   AUTOSTAGE_CHECK_AS(ConfigError, server_ != nullptr && (target.rfind("unix:", 0) == 0 || port > 0),
@@ -183,9 +187,9 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
                      " (address in use, or a directory that "
                      "does not exist or is not writable)");
   core::logger("Service")->info(
-      "Planning service listening on {} ({} worker(s), store {} ({} entries, {:.1f} MiB, {}), "
-      "requests up to {} bytes, calls up to {} s)",
-      options_.listen, workers,
+      "Planning service listening on {} ({} plan(s) at once, {} call threads, store {} ({} "
+      "entries, {:.1f} MiB, {}), requests up to {} bytes, calls up to {} s)",
+      options_.listen, workers, callThreads,
       options_.storeDirectory.empty() ? "in memory only" : options_.storeDirectory,
       core_->store().entries(), core_->store().bytes() / 1048576.0,
       options_.storeMaxBytes > 0

@@ -251,9 +251,14 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
   std::shared_ptr<InFlight> state;
   bool mine = false;
   const std::string planKey = r.planKey;
+  // The store is thread-safe: answers from it do not wait for the core's lock.
+  if (auto answer = fromStore(planKey)) {
+    ++storeHits_;
+    return *answer;
+  }
   {
-    // Under the lock, so that a plan finished (stored, and no longer in planning_) between a
-    // first look at the store and here is found, not planned again.
+    // Again under the lock, so that a plan finished (stored, and no longer in planning_) since
+    // the first look is found, not planned again.
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto answer = fromStore(planKey)) {
       ++storeHits_;
@@ -280,6 +285,7 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
   if (!mine) {
     ++storeHits_;
     answer.set_from_store(true);
+    answer.set_joined_in_flight(true);
   }
   return answer;
 }

@@ -323,13 +323,20 @@ TEST_CASE("concurrent identical calls are planned once", "[service]") {
   Model m = syntheticModel("bert:layers=8,hidden=512,heads=8,seq=128");
   PlanningCore core("");
   proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(8), 64, options());
-  std::vector<std::string> deployments(6);
+  std::vector<proto::PlanAnswer> answers(6);
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < deployments.size(); ++i)
-    threads.emplace_back([&, i] { deployments[i] = core.plan(call).deployment(); });
+  for (size_t i = 0; i < answers.size(); ++i)
+    threads.emplace_back([&, i] { answers[i] = core.plan(call); });
   for (std::thread& t : threads) t.join();
   CHECK(core.plansMade() == 1);
-  for (const std::string& d : deployments) CHECK(d == deployments[0]);
+  int planned = 0;
+  for (const proto::PlanAnswer& a : answers) {
+    CHECK(a.deployment() == answers[0].deployment());
+    planned += !a.from_store();
+    // A call that waited for the plan made for another is not planned for, and says so.
+    CHECK((!a.joined_in_flight() || a.from_store()));
+  }
+  CHECK(planned == 1);
   CHECK(core.status().store_hits() == 5);
 }
 
