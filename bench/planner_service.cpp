@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/comm_costs.h"
+#include "core/config.h"
 #include "core/log.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
@@ -65,11 +67,17 @@ int main(int argc, char** argv) {
   const int clients = argc > 5 ? std::atoi(argv[5]) : 8;
   const int callsPerClient = argc > 6 ? std::atoi(argv[6]) : 200;
   const int newPlans = argc > 7 ? std::max(1, std::atoi(argv[7])) : 8;
-  decomposer::SyntheticModel model = decomposer::syntheticFromSpec(spec, decomposer::DeviceModel());
+  // A100-class devices (312 TFLOP/s, 40 GiB), 8 per node: what `autostage plan --synthetic`
+  // assumes by default too.
+  decomposer::DeviceModel device;
+  device.peakFlops = 312e12;
+  decomposer::SyntheticModel model = decomposer::syntheticFromSpec(spec, device);
+  model.profile.comm = core::configuredCommProfile(core::globalConfig());  // as the CLI plans
   core::ClusterSpec cluster;
   cluster.devices = devices;
   cluster.devicesPerNode = std::min(devices, 8);
   cluster.memoryPerDevice = int64_t{40} << 30;
+  cluster.peakFlops = device.peakFlops;
   decomposer::PlanOptions options;
 
   core::LogCapture quiet(/*echo=*/false);  // the partition logs are not the point here
@@ -142,9 +150,11 @@ int main(int argc, char** argv) {
   for (const auto& l : planned) waited.insert(waited.end(), l.begin(), l.end());
   const double rssAfter = residentMib();
 
-  std::printf("model %s (%d nodes, call %.2f MiB), %d devices x 40 GiB, batch %lld, %d stages\n",
-              spec.c_str(), model.graph.nodeCount(), call.ByteSizeLong() / 1048576.0, devices,
-              static_cast<long long>(batch), first.stages());
+  std::printf(
+      "model %s (%d nodes, call %.2f MiB), %d devices x 40 GiB at 312 TFLOP/s, batch %lld, "
+      "%d stages\n",
+      spec.c_str(), model.graph.nodeCount(), call.ByteSizeLong() / 1048576.0, devices,
+      static_cast<long long>(batch), first.stages());
   std::printf("plan in this process            %9.3f ms\n", local * 1e3);
   std::printf("first Plan call (service plans) %9.3f ms\n", firstCall * 1e3);
   std::printf("Plan from the store, files sent %9.3f ms median, %.3f ms max (%d calls)\n",

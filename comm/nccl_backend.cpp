@@ -41,10 +41,10 @@ ncclDataType_t ncclTypeOf(const at::Tensor& tensor) {
 }
 
 namespace {
-// Rank i on a node takes local GPU i.
+// Rank i on a node takes local GPU i; the node's ranks come from MPI's shared-memory split (the
+// same layout the job resolves: Note [Resolving the job] in driver/job.h), whatever launched them.
 int pickDevice(const MpiBackend& control) {
-  int localRank = control.localRank();
-  if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK")) localRank = std::atoi(env);
+  const int localRank = control.localRank();
   int count = 0;
   AUTOSTAGE_CUDA_CHECK(cudaGetDeviceCount(&count), "counting GPUs on rank ", control.rank());
   AUTOSTAGE_CHECK_AS(CommError, localRank < count, "rank ", control.rank(), " is local rank ",

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "core/comm_costs.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -164,14 +165,7 @@ core::LinkCost fitLink(const std::vector<double>& bytes, const std::vector<doubl
 }
 
 core::CommProfile configuredCommProfile() {
-  const core::Config& config = core::globalConfig();
-  core::LinkCost p2p{config.getFloat("comm_latency"), config.getFloat("comm_bandwidth")};
-  core::LinkCost allreduce{config.getFloat("comm_latency"), config.getFloat("allreduce_bandwidth")};
-  core::CommProfile profile;
-  profile.p2pIntraNode = profile.p2pInterNode = p2p;
-  profile.allreduceIntraNode = profile.allreduceInterNode = allreduce;
-  profile.measured = false;
-  return profile;
+  return core::configuredCommProfile(core::globalConfig());
 }
 
 core::CommProfile profileComm(comm::Backend* backend, const CommProfileOptions& options) {

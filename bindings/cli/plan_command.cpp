@@ -7,6 +7,7 @@
 
 #include "bindings/cli/cli_args.h"
 #include "bindings/cli/saved_files.h"
+#include "core/comm_costs.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/proto/deployment_file.h"
@@ -49,14 +50,14 @@ PlanOptions planOptions(const Arguments& a) {
 // Communication model from the config fallbacks (comm_bandwidth, allreduce_bandwidth,
 // comm_latency), with per-level overrides from the command line.
 core::CommProfile commProfile(const Arguments& a) {
-  const core::Config& c = core::globalConfig();
-  const double latency = a.getFloat("latency", c.getFloat("comm_latency"));
-  const double p2p = c.getFloat("comm_bandwidth"), allreduce = c.getFloat("allreduce_bandwidth");
-  core::CommProfile comm;
-  comm.p2pIntraNode = {latency, a.getFloat("intra-node-bandwidth", p2p)};
-  comm.p2pInterNode = {latency, a.getFloat("inter-node-bandwidth", p2p)};
-  comm.allreduceIntraNode = {latency, a.getFloat("intra-node-bandwidth", allreduce)};
-  comm.allreduceInterNode = {latency, a.getFloat("inter-node-bandwidth", allreduce)};
+  core::CommProfile comm = core::configuredCommProfile(core::globalConfig());
+  const double latency = a.getFloat("latency", comm.p2pIntraNode.latencySeconds);
+  comm.p2pIntraNode = {latency, a.getFloat("intra-node-bandwidth", comm.p2pIntraNode.bytesPerSecond)};
+  comm.p2pInterNode = {latency, a.getFloat("inter-node-bandwidth", comm.p2pInterNode.bytesPerSecond)};
+  comm.allreduceIntraNode = {latency, a.getFloat("intra-node-bandwidth",
+                                                 comm.allreduceIntraNode.bytesPerSecond)};
+  comm.allreduceInterNode = {latency, a.getFloat("inter-node-bandwidth",
+                                                 comm.allreduceInterNode.bytesPerSecond)};
   return comm;
 }
 
