@@ -62,6 +62,12 @@ const std::vector<OptionSpec>& optionTable() {
        "measure point-to-point and allreduce costs between the ranks before planning (false: "
        "plan with comm_bandwidth, allreduce_bandwidth and comm_latency)"},
       {"comm_timeout_s", T::Float, "60", "seconds a blocking receive or collective waits before failing with the peer named"},
+      {"device", T::String, "auto",
+       "where the stages run: auto (CUDA when autostage was built with it and a GPU is visible), "
+       "cpu or cuda; rank r uses cuda:(local rank mod GPU count)"},
+      {"comm_backend", T::String, "auto",
+       "how tensors travel between ranks: auto (nccl for a CUDA job with a GPU per rank, else "
+       "mpi), nccl or mpi; MPI is always the control plane"},
       // Plan reuse
       {"save_deployment", T::Bool, "false",
        "rank 0 writes the deployment it planned to deployment_file"},

@@ -29,8 +29,9 @@ core::ClusterSpec JobSpec::cluster(int devices, int perNode) const {
 
 std::string JobSpec::toString() const {
   std::ostringstream out;
-  out << worldSize << " rank(s), " << ranksPerNode << " per node, " << deviceKind << ", "
-      << core::formatBytes(static_cast<double>(deviceMemory())) << " per device ("
+  out << worldSize << " rank(s), " << ranksPerNode << " per node, " << placement.toString() << " ("
+      << placement.why << "), " << core::formatBytes(static_cast<double>(deviceMemory()))
+      << " per device ("
       << (memoryLimit > 0 ? std::string("mem_limit_gb")
                           : "this node's " + core::formatBytes(static_cast<double>(nodeMemory)) +
                                 " over " + std::to_string(ranksPerNode) + " rank(s)")
@@ -38,11 +39,27 @@ std::string JobSpec::toString() const {
   return out.str();
 }
 
-JobSpec resolveJob(const comm::Backend& backend, const core::Config& config) {
+JobSpec resolveJob(const comm::Backend& backend, const core::Config& config,
+                   const DeviceFacts& facts) {
   JobSpec job;
   job.worldSize = backend.worldSize();
   job.ranksPerNode = std::clamp(backend.localSize(), 1, std::max(job.worldSize, 1));
-  job.deviceKind = backend.name() == "nccl" ? "cuda" : "cpu";
+  const std::string device = config.getString("device");
+  if (backend.name() == "mpi") {
+    job.placement = choosePlacement(device, config.getString("comm_backend"), facts,
+                                    backend.localRank(), job.ranksPerNode);
+  } else {  // the caller chose the transport
+    const bool cuda = backend.name() == "nccl";
+    AUTOSTAGE_CHECK_AS(ConfigError, device == "auto" || device == (cuda ? "cuda" : "cpu"),
+                       "device=", device, ", but the transport given (", backend.name(),
+                       ") carries ", cuda ? "CUDA" : "CPU", " tensors: use device=auto");
+    job.placement.device = cuda ? "cuda" : "cpu";
+    job.placement.deviceIndex =
+        cuda && facts.gpuCount > 0 ? backend.localRank() % facts.gpuCount : -1;
+    job.placement.commBackend = backend.name();
+    job.placement.why = "the transport the caller gave";
+  }
+  job.deviceKind = job.placement.device;
   job.nodeMemory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   const double limitGb = config.getFloat("mem_limit_gb");
   AUTOSTAGE_CHECK_AS(ConfigError, limitGb >= 0,

@@ -7,6 +7,7 @@
 #include "comm/backend.h"
 #include "core/cluster_spec.h"
 #include "core/config.h"
+#include "driver/placement.h"
 
 namespace autostage::driver {
 
@@ -21,11 +22,12 @@ namespace autostage::driver {
 struct JobSpec {
   int worldSize = 1;
   int ranksPerNode = 1;
-  std::string deviceKind = "cpu";
-  int64_t nodeMemory = 0;   // physical bytes of this node
-  int64_t memoryLimit = 0;  // mem_limit_gb in bytes; 0: not set
-  double bandwidth = 10e9;  // comm_bandwidth (bytes/s), intra and inter node
-  double latency = 20e-6;   // comm_latency (s)
+  std::string deviceKind = "cpu";  // placement.device
+  Placement placement;             // Note [Device and transport]
+  int64_t nodeMemory = 0;          // physical bytes of this node
+  int64_t memoryLimit = 0;         // mem_limit_gb in bytes; 0: not set
+  double bandwidth = 10e9;         // comm_bandwidth (bytes/s), intra and inter node
+  double latency = 20e-6;          // comm_latency (s)
 
   // Bytes one device has when `ranksPerNode` ranks share a node.
   int64_t memoryPerDevice(int ranksPerNode) const;
@@ -37,8 +39,12 @@ struct JobSpec {
   std::string toString() const;
 };
 
-// Reads the world and node layout from `backend` and the memory and link options from `config`.
-// Local (no communication); the same on every rank of a node.
-JobSpec resolveJob(const comm::Backend& backend, const core::Config& config);
+// Reads the world and node layout from `backend`, the device and transport from the options
+// device and comm_backend and `facts` (Note [Device and transport]; over a backend other than
+// the default "mpi", the transport is the one given: "nccl" runs on CUDA, any other on the CPU),
+// and the memory and link options from `config`. Local (no communication); the same on every
+// rank of a node. Throws ConfigError / UnsupportedError naming what does not fit.
+JobSpec resolveJob(const comm::Backend& backend, const core::Config& config,
+                   const DeviceFacts& facts = {});
 
 }  // namespace autostage::driver

@@ -139,16 +139,20 @@ std::string ModuleOptions::toString() const {
 Module::Module(torch::jit::Module module, ModuleOptions options)
     : module_(std::move(module)), options_(std::move(options)) {
   options_.validate();
-  if (options_.backend) {
-    backend_ = options_.backend;
-  } else {
-    comm::registerBuiltinBackends();
-    backend_ = comm::sharedBackend("mpi");
-  }
+  comm::registerBuiltinBackends();
+  // MPI is the control plane (Note [Device and transport]); the ranks agree on the placement,
+  // which depends on each node's GPUs.
+  std::shared_ptr<comm::Backend> control =
+      options_.backend ? options_.backend : comm::sharedBackend("mpi");
+  comm::runAgreed(*control, "choosing the device", [&] {
+    job_ = resolveJob(*control, core::globalConfig(), DeviceFacts::ofThisProcess());
+  });
+  backend_ = options_.backend || job_.placement.commBackend == "mpi"
+                 ? control
+                 : comm::sharedBackend(job_.placement.commBackend);
   // Stages run on CPU tensors unless the backend is NCCL (CUDA): fp16 autocast needs CUDA.
   stageDevice_ = stageDeviceOf(*backend_);
   torchscript::checkAutocastSupported(options_.precision, stageDevice_);
-  job_ = resolveJob(*backend_, core::globalConfig());
   if (!options_.planner) autoPlanner_ = std::make_unique<AutoPlanner>(backend_);
   anchor_ = at::zeros({}, at::kFloat).requires_grad_(true);
   auto log = core::logger("Module");

@@ -36,7 +36,8 @@ const std::map<std::string, std::set<std::string>> kAllowed = {
     {"profiler", {"core", "core/torchscript", "comm"}},
     {"staging", {"core", "core/torchscript", "comm"}},
     {"driver",
-     {"core", "core/torchscript", "comm", "profiler", "decomposer", "service", "staging"}},
+     {"autostage", "core", "core/torchscript", "comm", "profiler", "decomposer", "service",
+      "staging"}},
 };
 const std::set<std::string> kTorchFree = {"core", "decomposer", "service"};
 

@@ -9,6 +9,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "driver/module.h"
+#include "driver/placement.h"
 #include "driver/plan_cache.h"
 #include "test_support.h"
 
@@ -45,6 +46,62 @@ TEST_CASE("the job: ranks per node from the backend, memory resolved once", "[dr
   CHECK(jobs[0].cluster(8, 8).memoryPerDevice == int64_t{3} << 29);  // the limit, not a share
   CHECK(jobs[0].cluster(2).intraNodeBandwidth == 2e9);
   CHECK(jobs[0].toString().find("(mem_limit_gb)") != std::string::npos);
+}
+
+// Note [Device and transport], over the facts of a CPU build, a GPU node and a shared GPU.
+TEST_CASE("device and transport: auto, explicit choices, and each refusal", "[driver]") {
+  const DeviceFacts cpuBuild{false, 0}, noGpu{true, 0}, fourGpus{true, 4}, oneGpu{true, 1};
+  auto text = [](const Placement& p) { return p.toString() + " / " + p.why; };
+  CHECK(text(choosePlacement("auto", "auto", cpuBuild, 0, 2)) ==
+        "cpu over mpi / device=auto: this build has no CUDA");
+  CHECK(text(choosePlacement("auto", "auto", noGpu, 0, 2)) ==
+        "cpu over mpi / device=auto: no GPU visible");
+  CHECK(text(choosePlacement("cpu", "mpi", fourGpus, 0, 2)) == "cpu over mpi / device=cpu");
+  // One GPU per rank: NCCL; rank r takes cuda:(local rank mod GPUs).
+  CHECK(choosePlacement("auto", "auto", fourGpus, 3, 4).toString() == "cuda:3 over nccl");
+  CHECK(choosePlacement("cuda", "nccl", fourGpus, 1, 2).toString() == "cuda:1 over nccl");
+  CHECK(choosePlacement("auto", "auto", fourGpus, 0, 4).why ==
+        "comm_backend=auto: one GPU per rank (4 ranks on this node, 4 GPU(s))");
+
+  using Catch::Contains;
+  CHECK_THROWS_AS(choosePlacement("gpu", "auto", fourGpus, 0, 1), ConfigError);
+  CHECK_THROWS_WITH(choosePlacement("auto", "gloo", fourGpus, 0, 1),
+                    Contains("comm_backend=gloo is not a transport: use auto, mpi or nccl"));
+  CHECK_THROWS_WITH(choosePlacement("cuda", "auto", cpuBuild, 0, 1),
+                    Contains("device=cuda, but this build of autostage has no CUDA") &&
+                        Contains("-DAUTOSTAGE_WITH_CUDA=ON"));
+  CHECK_THROWS_WITH(choosePlacement("cuda", "auto", noGpu, 0, 1),
+                    Contains("torch sees no GPU") && Contains("CUDA_VISIBLE_DEVICES"));
+  CHECK_THROWS_WITH(choosePlacement("cpu", "nccl", fourGpus, 0, 1),
+                    Contains("comm_backend=nccl carries CUDA tensors, but this job runs on the "
+                             "cpu"));
+  // More ranks than GPUs on a node: NCCL refuses two ranks on one GPU.
+  CHECK_THROWS_AS(choosePlacement("cuda", "nccl", oneGpu, 0, 2), ConfigError);
+  CHECK_THROWS_WITH(choosePlacement("cuda", "nccl", oneGpu, 0, 2),
+                    Contains("comm_backend=nccl with 2 ranks on this node, 1 GPU(s)") &&
+                        Contains("start at most 1 rank(s) per node"));
+  // auto picks MPI there and says why; CUDA over MPI is refused for now, naming the way out.
+  CHECK_THROWS_AS(choosePlacement("auto", "auto", oneGpu, 1, 2), UnsupportedError);
+  CHECK_THROWS_WITH(choosePlacement("auto", "auto", oneGpu, 1, 2),
+                    Contains("NCCL refuses two ranks on one GPU, so CUDA tensors go over MPI") &&
+                        Contains("start one rank per GPU"));
+}
+
+TEST_CASE("a transport given by the caller decides the device; device= must agree", "[driver]") {
+  core::Config config;
+  std::vector<std::string> errors(2);
+  staging::testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& b) {
+    JobSpec job = resolveJob(b, config, DeviceFacts{true, 2});
+    if (job.placement.toString() != "cpu over thread") errors[b.rank()] = job.placement.toString();
+    core::Config cuda;
+    cuda.set("device", "cuda", "test");
+    errors[b.rank()] += staging::testing::errorOf([&] {
+      resolveJob(b, cuda, DeviceFacts{true, 2});
+    });
+  }));
+  for (const std::string& e : errors)
+    CHECK(e ==
+          "device=cuda, but the transport given (thread) carries CPU tensors: use device=auto");
 }
 
 TEST_CASE("the plan cache key names the job's layout and memory", "[driver]") {

@@ -240,6 +240,13 @@ def main_cases(one_rank_deployment, results_dir):
         if sorted(held) != sorted(local):
             raise AssertionError("optimizer does not hold exactly the replanned local parameters")
     run_case("allow_replan_shape_changed", replan)
+
+    def cuda_without_cuda():  # this build and machine have no CUDA (the options are global)
+        try:
+            autostage.Module(make(), device="cuda")(x, s)
+        finally:
+            autostage.Module(make(), device="auto")
+    run_case("device_cuda_without_cuda", cuda_without_cuda)
     autostage.barrier()
     if rank == 0:
         for name in (path, corrupted, path + ".pt", path + ".pt.wide", path + ".pt.damaged"):

@@ -88,6 +88,9 @@ EXPECTED = {
     "complex_dtype": ("UnsupportedError", ["tracing and importing the model failed on ranks"]),
     "no_feasible_plan": ("PlanError", ["planning failed on rank 0:"]),
     "allow_replan_shape_changed": ("OK", []),
+    "device_cuda_without_cuda": ("ConfigError", [
+        "choosing the device failed on ranks 0,1,2,3: device=cuda, but this build of autostage "
+        "has no CUDA (it was configured without -DAUTOSTAGE_WITH_CUDA=ON)"]),
 }
 
 

@@ -1,0 +1,75 @@
+#include "driver/placement.h"
+
+#include <string>
+
+#include "autostage/build_config.h"
+#include "core/error.h"
+
+namespace autostage::driver {
+
+std::string Placement::toString() const {
+  return (deviceIndex >= 0 ? device + ":" + std::to_string(deviceIndex) : device) + " over " +
+         commBackend;
+}
+
+Placement choosePlacement(const std::string& device, const std::string& commBackend,
+                          const DeviceFacts& facts, int localRank, int ranksPerNode) {
+  AUTOSTAGE_CHECK_AS(ConfigError, device == "auto" || device == "cpu" || device == "cuda",
+                     "device=", device, " is not a device: use auto, cpu or cuda");
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     commBackend == "auto" || commBackend == "mpi" || commBackend == "nccl",
+                     "comm_backend=", commBackend, " is not a transport: use auto, mpi or nccl");
+  Placement p;
+  if (device == "cuda") {
+    AUTOSTAGE_CHECK_AS(ConfigError, facts.cudaBuilt,
+                       "device=cuda, but this build of autostage "
+                       "has no CUDA (it was configured without -DAUTOSTAGE_WITH_CUDA=ON): build "
+                       "it with CUDA against a CUDA LibTorch, or use device=cpu");
+    AUTOSTAGE_CHECK_AS(ConfigError, facts.gpuCount > 0,
+                       "device=cuda, but torch sees no GPU in "
+                       "this process (check CUDA_VISIBLE_DEVICES and the driver with nvidia-smi), "
+                       "or use device=cpu");
+  }
+  const bool cuda = device == "cuda" || (device == "auto" && facts.cudaBuilt && facts.gpuCount > 0);
+  if (!cuda) {
+    AUTOSTAGE_CHECK_AS(ConfigError, commBackend != "nccl",
+                       "comm_backend=nccl carries CUDA "
+                       "tensors, but this job runs on the cpu (device=",
+                       device, facts.cudaBuilt ? ", no GPU visible" : ", a build without CUDA",
+                       "): use comm_backend=mpi or auto, or device=cuda on a GPU node");
+    p.why = device == "cpu"   ? "device=cpu"
+            : facts.cudaBuilt ? "device=auto: no GPU visible"
+                              : "device=auto: this build has no CUDA";
+    return p;
+  }
+  p.device = "cuda";
+  p.deviceIndex = localRank % facts.gpuCount;
+  const bool sharing = ranksPerNode > facts.gpuCount;
+  const std::string layout = std::to_string(ranksPerNode) + " ranks on this node, " +
+                             std::to_string(facts.gpuCount) + " GPU(s)";
+  if (commBackend == "nccl") {
+    AUTOSTAGE_CHECK_AS(ConfigError, !sharing, "comm_backend=nccl with ", layout,
+                       ": NCCL refuses "
+                       "two ranks on one GPU; start at most ",
+                       facts.gpuCount,
+                       " rank(s) per "
+                       "node, or use comm_backend=mpi (or auto)");
+    p.commBackend = "nccl";
+    p.why = "comm_backend=nccl, " + layout;
+  } else if (commBackend == "mpi" || sharing) {
+    p.commBackend = "mpi";
+    p.why = commBackend == "mpi" ? "comm_backend=mpi"
+                                 : "comm_backend=auto: " + layout +
+                                       ", and NCCL refuses two "
+                                       "ranks on one GPU, so CUDA tensors go over MPI";
+  } else {
+    p.commBackend = "nccl";
+    p.why = "comm_backend=auto: one GPU per rank (" + layout + ")";
+  }
+  AUTOSTAGE_CHECK_AS(UnsupportedError, p.commBackend == "nccl", "CUDA tensors over MPI (", p.why,
+                     ") are not supported by this version: start one rank per GPU (NCCL), or "
+                     "use device=cpu");
+  return p;
+}
+
+}  // namespace autostage::driver

@@ -1,0 +1,40 @@
+#pragma once
+// Where a job's stages run and how their tensors travel between ranks (Note [Device and
+// transport]). Torch-free logic over the facts of this process, so every rule is unit-tested on
+// machines without a GPU.
+
+#include <string>
+
+namespace autostage::driver {
+
+// Note [Device and transport]
+// Resolved once, with the job (Note [Resolving the job] in job.h). Option device = auto | cpu |
+// cuda: auto picks CUDA when this build has it (-DAUTOSTAGE_WITH_CUDA=ON) and torch sees a GPU;
+// rank r then uses cuda:(local rank mod GPU count). Option comm_backend = auto | nccl | mpi says
+// how tensors travel (MPI is always the control plane): a CPU job uses mpi; a CUDA job uses nccl
+// unless the ranks of a node share GPUs (NCCL refuses two ranks on one GPU), where auto picks mpi
+// and says why. Each refusal names what was found and what to do. The facts are per node, so the
+// Module agrees on the outcome across ranks ("choosing the device") and no rank is left waiting.
+// CUDA tensors over MPI (ranks sharing a GPU) are refused for now: the runtime allocates the
+// rows it receives on the CPU.
+struct DeviceFacts {
+  bool cudaBuilt = false;  // this build has the CUDA profiler and the NCCL backend
+  int gpuCount = 0;        // GPUs torch sees in this process
+  // This process: the build flag and torch::cuda::device_count().
+  static DeviceFacts ofThisProcess();
+};
+
+struct Placement {
+  std::string device = "cpu";       // cpu | cuda
+  int deviceIndex = -1;             // cuda:deviceIndex; -1 on the CPU
+  std::string commBackend = "mpi";  // mpi | nccl
+  std::string why;                  // for the log: how auto decided
+  std::string toString() const;     // "cpu over mpi", "cuda:1 over nccl"
+};
+
+// Throws ConfigError for an unknown value, device=cuda without CUDA or without a GPU,
+// comm_backend=nccl for a CPU job or for ranks sharing GPUs; UnsupportedError for CUDA over MPI.
+Placement choosePlacement(const std::string& device, const std::string& commBackend,
+                          const DeviceFacts& facts, int localRank, int ranksPerNode);
+
+}  // namespace autostage::driver
