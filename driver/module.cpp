@@ -26,7 +26,6 @@ using namespace staging;  // the runtime this module drives (this file only)
 
 namespace {
 
-
 // "rank 2, stage 1 (STAGE_3_5)" or "rank 2 (no stage)".
 std::string whereOf(const Executor& executor, int rank) {
   std::ostringstream out;

@@ -10,8 +10,9 @@
 // Note [Getting a plan]
 // One sequence of named steps, each agreed by all ranks (Note [Bad input on one rank]), runs in
 // this folder and nowhere else; nothing below (staging/, profiler/, decomposer/) calls back up:
-//   1. resolve the job, once, when the Module is made (Note [Resolving the job] in job.h);
-//   2. agree on the call and the inputs: one exchange per call (checking the inputs);
+//   1. resolve the job, once, when the Module is made (Note [Resolving the job] in job.h;
+//      device and transport: Note [Device and transport] in placement.h);
+//   2. agree on the call and the inputs: one exchange per call (Note [One agreement per call]);
 //   3. trace/import the model on the first call of a mode, or when the inputs' shapes change
 //      under allow_replan (tracing and importing the model);
 //   4. rank 0 takes the plan from the first source that has one (Note [Where a plan comes from]
@@ -19,9 +20,10 @@
 //      planner, or the planning service and the local profile + plan); then broadcasts it;
 //   5. every rank verifies it once (Note [One verification] in staging/route_check.h);
 //   6. deploy: staging::Executor builds this rank's stage and copies rank 0's parameters.
-// Every call is collective: all ranks call forward/backward/trainStep in the same order. Outputs carry an autograd node, so the caller's backward on each rank runs
-// the pipeline backward and the gradient synchronisation (Note [Gradient scaling]); every rank
-// must call backward once per forward, with gradients for the outputs it used.
+// Every call is collective: all ranks call forward/backward/trainStep in the same order. Outputs
+// carry an autograd node, so the caller's backward on each rank runs the pipeline backward and
+// the gradient synchronisation (Note [Gradient scaling]); every rank must call backward once per
+// forward, with gradients for the outputs it used.
 //
 // Note [Saved deployments]
 // A deployment file records the world size, device memory, global batch and graph hash it was
@@ -118,7 +120,9 @@ using PlanningCallback = std::function<core::Deployment(const PlanningInput& inp
 using TraceCallback = std::function<torch::jit::Module(const std::vector<c10::IValue>& inputs)>;
 
 struct ModuleOptions {
-  std::shared_ptr<comm::Backend> backend;  // null: the shared "mpi" backend
+  // null: MPI, with tensors over "mpi" or "nccl" as device and comm_backend choose (Note
+  // [Device and transport] in placement.h); given: this transport (tests: thread ranks).
+  std::shared_ptr<comm::Backend> backend;
   // Unset: the planning service (planner_address) and the local profile + plan (auto_planner.h).
   PlanningCallback planner;
   std::string deploymentPath;              // load this saved deployment instead of planning
