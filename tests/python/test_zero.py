@@ -1,0 +1,62 @@
+"""ZeRO-1 in replicated stages (issue 19): equal to plain PyTorch with Adam and with SGD momentum,
+gradient accumulation and clipping on 2 and 4 ranks; optimizer state saved on 4 ranks resumes
+on 2 (zero_check.py). Unsupported optimizers are refused before anything is planned."""
+import shutil
+
+import pytest
+import torch
+
+from mpi_launch import run_driver
+
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+
+
+def run(ranks, phase, arg):
+    log = run_driver("zero_check.py", phase, arg, ranks=ranks)
+    for rank in range(ranks):
+        assert f"rank {rank}: zero {phase} checked; 0 failures" in log, log
+    return log
+
+
+@needs_mpirun
+@pytest.mark.parametrize("ranks,optimizer", [(2, "adam"), (4, "adam"), (4, "sgd")])
+def test_zero1_equals_plain_pytorch(ranks, optimizer):
+    log = run(ranks, "train", optimizer)
+    # The partition log line of the sharded stage says so.
+    assert "zero=1" in log, log
+
+
+@needs_mpirun
+def test_zero1_optimizer_state_saved_on_four_ranks_resumes_on_two(tmp_path):
+    path = str(tmp_path / "zero.pt")
+    run(4, "save", path)
+    run(2, "resume", path)
+
+
+@pytest.mark.parametrize("make", [
+    lambda params: torch.optim.LBFGS(params),
+    lambda params: torch.optim.SparseAdam(params),
+], ids=["LBFGS", "SparseAdam"])
+def test_zero1_refuses_optimizers_without_elementwise_state(make):
+    import autostage
+    from autostage import _autostage
+    model = torch.nn.Linear(3, 2)
+    optimizer = make(list(model.parameters()))
+    name = type(optimizer).__name__
+    try:
+        with pytest.raises(autostage.UnsupportedError,
+                           match=rf"torch\.optim\.\w+\.{name} is not known.*zero=0"):
+            autostage.Module(model, optimizer, zero=1)
+    finally:
+        _autostage._set_option("zero", "auto")
+
+
+def test_zero_auto_without_a_shardable_optimizer_plans_without_zero():
+    import autostage
+    from autostage import _autostage
+    model = torch.nn.Linear(3, 2)
+    try:
+        autostage.Module(model, torch.optim.LBFGS(model.parameters()), zero="auto")
+        assert 'zero = "0"' in autostage.show_config()
+    finally:
+        _autostage._set_option("zero", "auto")
