@@ -1,6 +1,7 @@
 """ZeRO-1 in replicated stages (issue 19): equal to plain PyTorch with Adam and with SGD momentum,
 gradient accumulation and clipping on 2 and 4 ranks; optimizer state saved on 4 ranks resumes
 on 2 (zero_check.py). Unsupported optimizers are refused before anything is planned."""
+import re
 import shutil
 
 import pytest
@@ -24,6 +25,13 @@ def test_zero1_equals_plain_pytorch(ranks, optimizer):
     log = run(ranks, "train", optimizer)
     # The partition log line of the sharded stage says so.
     assert "zero=1" in log, log
+
+
+@needs_mpirun
+def test_zero_auto_picks_zero1_where_only_it_fits():
+    log = run(2, "auto", "adam")
+    assert "zero=auto" in log, log  # the planner options line
+    assert re.search(r"\[DPStaging\] \[info\] graph=STAGE_\d+_\d+ repl=2 zero=1 ", log), log
 
 
 @needs_mpirun
