@@ -20,13 +20,13 @@ In a stage planned with ZeRO-1 (staging/gradient_sync.h, Note [ZeRO-1]) each rep
 of the stage's flattened parameters, and after backward only those pieces hold the summed
 gradient. The optimizer then holds, instead of such a parameter, one *shard* per owned piece: a
 tensor that is a view of the parameter's elements [offset, offset + length) (``shards`` maps
-id(shard) to (parameter, offset, length)). So the optimizer's state is per piece, 1/replicas of
-the stage's, and PyTorch's own step updates the parameter in place. ``patch_optimizer`` also
-wraps ``step`` (before: each shard's .grad becomes the view of its parameter's .grad; after: the
-pieces are all-gathered into every replica, collective) and ``zero_grad`` (the whole parameter's
-gradient, not just the shard's view), so the user's loop stays ``loss.backward();
-optimizer.step(); optimizer.zero_grad()``. This needs state that is per parameter element
-(``check_zero_optimizer``). The global state dict puts the pieces of each state tensor back
+id(shard) to (shard, parameter, offset, length)). So the optimizer's state is per piece,
+1/replicas of the stage's, and PyTorch's own step updates the parameter in place.
+``patch_zero_step`` wraps ``step`` (before: each shard's .grad becomes the view of its
+parameter's .grad; after: the pieces are all-gathered into every replica, collective) and
+``zero_grad`` (the whole parameter's gradient, not just the shard's view), so the user's loop
+stays ``loss.backward(); optimizer.step(); optimizer.zero_grad()``. This needs state that is per
+parameter element (``zero_problem``; autostage.Module checks before planning). The global state dict puts the pieces of each state tensor back
 together (and cuts them out again when loading), so it has PyTorch's layout whatever the
 deployment, the rank count or ZeRO.
 """
@@ -58,8 +58,9 @@ def zero_problem(optimizer):
 
 
 def make_shards(pieces):
-    """{id(shard): (parameter, offset, length)} and the shard tensors per parameter data_ptr, for
-    the (parameter, offset, length) pieces this rank owns (Note [ZeRO-1 optimizer])."""
+    """{id(shard): (shard, parameter, offset, length)} and the shard tensors per parameter
+    data_ptr, for the (parameter, offset, length) pieces this rank owns (Note [ZeRO-1
+    optimizer]; pieces of length 0 mark sharded parameters it owns nothing of)."""
     shards, by_param = {}, {}
     for param, offset, length in pieces:
         if length == 0:
