@@ -59,12 +59,24 @@ class Module : public staging::Module {
   void saveDeployment(const std::string& path) const { core::saveDeployment(deployment(), path); }
 
  private:
+  // ZeRO-1 (Note [ZeRO-1] in staging/gradient_sync.h) needs an optimizer that steps only this
+  // rank's pieces and an all-gather after each step: the Python API wraps its optimizer so, the
+  // C++ API does not yet. So plans made here never shard (zero=auto becomes 0; zero=1 throws).
+  static void noZero() {
+    core::Config& config = core::globalConfig();
+    AUTOSTAGE_CHECK_AS(UnsupportedError, config.getString("zero") != "1",
+                       "zero=1 (ZeRO-1) is not supported by the C++ API yet: its torch::optim "
+                       "optimizer steps whole parameters; set zero=0 (or use the Python API)");
+    if (config.getString("zero") == "auto")
+      config.set("zero", "0", "autostage::Module (the C++ API has no ZeRO-1)");
+  }
   static ModuleOptions fromConfig(const ConfigOptions& config) {
     for (const auto& [key, value] : config)
       core::globalConfig().set(key, value, "autostage::Module(" + key + "=...)");
     return ModuleOptions::fromConfig();
   }
   static ModuleOptions withDefaults(ModuleOptions options) {
+    noZero();
     if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner(options.backend);
     if (options.deviceMemory == 0) options.deviceMemory = jobDeviceMemory(core::globalConfig());
     if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))
