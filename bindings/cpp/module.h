@@ -39,8 +39,12 @@ using ConfigOptions = std::map<std::string, std::string>;
 
 class Module : public staging::Module {
  public:
-  explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig())
-      : staging::Module(std::move(module), withDefaults(std::move(options))) {}
+  // `shardsOptimizer`: the caller's optimizer steps only this rank's ZeRO-1 pieces and calls
+  // gatherParams after each step, as the Python API's does (bind_staging.cpp); otherwise plans
+  // never use ZeRO-1 (zero=auto becomes 0, zero=1 throws UnsupportedError).
+  explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig(),
+                  bool shardsOptimizer = false)
+      : staging::Module(std::move(module), withDefaults(std::move(options), shardsOptimizer)) {}
   // Sets each config key (process-wide, like the Python API; an unknown key or a bad value throws
   // ConfigError naming it) and takes the options from the config table.
   Module(torch::jit::Module module, const ConfigOptions& config)
@@ -60,8 +64,8 @@ class Module : public staging::Module {
 
  private:
   // ZeRO-1 (Note [ZeRO-1] in staging/gradient_sync.h) needs an optimizer that steps only this
-  // rank's pieces and an all-gather after each step: the Python API wraps its optimizer so, the
-  // C++ API does not yet. So plans made here never shard (zero=auto becomes 0; zero=1 throws).
+  // rank's pieces and an all-gather after each step: the Python API wraps its optimizer so, a
+  // torch::optim optimizer over parameters() does not. Without it plans never shard.
   static void noZero() {
     core::Config& config = core::globalConfig();
     AUTOSTAGE_CHECK_AS(UnsupportedError, config.getString("zero") != "1",
@@ -75,8 +79,8 @@ class Module : public staging::Module {
       core::globalConfig().set(key, value, "autostage::Module(" + key + "=...)");
     return ModuleOptions::fromConfig();
   }
-  static ModuleOptions withDefaults(ModuleOptions options) {
-    noZero();
+  static ModuleOptions withDefaults(ModuleOptions options, bool shardsOptimizer) {
+    if (!shardsOptimizer) noZero();
     if (!options.planner && options.deploymentPath.empty()) options.planner = autoPlanner(options.backend);
     if (options.deviceMemory == 0) options.deviceMemory = jobDeviceMemory(core::globalConfig());
     if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))

@@ -47,7 +47,9 @@ std::unique_ptr<Module> makeModule(const py::object& tracer, const std::string& 
   ModuleOptions options = ModuleOptions::fromConfig();
   if (!deploymentPath.empty()) options.deploymentPath = deploymentPath;  // else load_deployment
   options.tracer = pythonTracer(tracer);
-  return std::make_unique<Module>(torch::jit::Module("autostage_untraced"), options);
+  // Note [ZeRO-1 optimizer] (autostage/optimizer.py): the Python optimizer steps the pieces.
+  return std::make_unique<Module>(torch::jit::Module("autostage_untraced"), options,
+                                  /*shardsOptimizer=*/true);
 }
 
 template <typename Method>

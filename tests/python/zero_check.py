@@ -146,6 +146,26 @@ def train_phase(kind, rank, world, **options):
     for name, q in reference.state_dict().items():
         if not close(state[name], q):
             failures.append(f"gathered {name} differs")
+    # An eval deployment in between (Note [Train and eval deployments]) and back: the next
+    # training step still equals plain PyTorch.
+    x, y = batch(9, 0, world * LOCAL)
+    wrapped.eval()
+    reference.eval()
+    with torch.no_grad():
+        if not close(wrapped(x[rows]), reference(x)[rows]):
+            failures.append("eval output differs after training")
+    wrapped.train()
+    reference.train()
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    torch.nn.functional.mse_loss(wrapped(x[rows]), y[rows]).backward()
+    optimizer.step()
+    ref_opt.step()
+    gathered = wrapped.state_dict()
+    for name, q in reference.state_dict().items():
+        if not close(gathered[name], q):
+            failures.append(f"after eval and a step: {name} differs")
+    compare_state(optimizer.state_dict(from_global=True), ref_opt.state_dict(),
+                  "after eval and a step: optimizer", failures)
     return failures
 
 
