@@ -84,6 +84,7 @@ def show_deployment(path, batch_size):
         per_replica = -(-batch_size // (micro * replicas))
         lines.append(f"  {stage['name']}: ranks={stage['ranks']} replicas={replicas} "
                      f"nodes={stage['node_count']} recompute={stage['recompute']} "
+                     f"zero={int(stage.get('zero', False))} "
                      f"micro_batch_size={per_replica} "
                      f"fwd={stage['forward_seconds'] * 1e3:.3f}ms "
                      f"bwd={stage['backward_seconds'] * 1e3:.3f}ms "
