@@ -64,7 +64,11 @@ def test_zero_auto_without_a_shardable_optimizer_plans_without_zero():
     from autostage import _autostage
     model = torch.nn.Linear(3, 2)
     try:
-        autostage.Module(model, torch.optim.LBFGS(model.parameters()), zero="auto")
-        assert 'zero = "0"' in autostage.show_config()
+        wrapped = autostage.Module(model, torch.optim.LBFGS(model.parameters()), zero="auto")
+        assert wrapped._zero_off
+        wrapped(torch.randn(4, 3)).sum().backward()  # plans under zero=0 ...
+        assert wrapped._impl.deployment_info()["options"]["zero"] == "0"
+        assert 'zero = "auto"' in autostage.show_config()  # ... and leaves the option alone
+        assert not autostage.Module(model, torch.optim.Adam(model.parameters()))._zero_off
     finally:
         _autostage._set_option("zero", "auto")

@@ -69,7 +69,8 @@ class Module(torch.nn.Module):
         super().__init__()
         for key, value in options.items():
             _autostage._set_option(key, _option_text(value))
-        _choose_zero(optimizer)
+        # zero=auto without an optimizer it can shard: this module plans with zero=0.
+        self._zero_off = _choose_zero(optimizer)
         self.model = model
         self._optimizer = optimizer
         # The optimizer's full parameter lists, to re-select the local ones after a replan.
@@ -213,7 +214,8 @@ class Module(torch.nn.Module):
         self._impl = self._impls[mode]
         self._impl.set_optimizer_state_bytes(self._optimizer_state_bytes())
         try:
-            outputs = getattr(self._impl, method)(list(inputs))
+            with _zero_off(self._zero_off):
+                outputs = getattr(self._impl, method)(list(inputs))
         except _autostage.DryRunFinished:
             # partitioning_dry_run_np: the plan is saved; end the process as RaNNC does (MPI is
             # finalized at interpreter exit). Catch SystemExit to carry on instead.
@@ -387,21 +389,38 @@ def _option_enabled(key):
 
 def _choose_zero(optimizer):
     """Note [ZeRO-1 optimizer]: ZeRO-1 steps the optimizer this Module wraps. zero=1 with an
-    optimizer it cannot shard raises UnsupportedError; zero=auto without one it can shard plans
-    without ZeRO-1 (zero=0)."""
+    optimizer it cannot shard raises UnsupportedError; with zero=auto, returns True when this
+    module must plan without ZeRO-1 (no optimizer, or one it cannot shard)."""
     setting = _option_value("zero")
     problem = ("no optimizer was passed to autostage.Module" if optimizer is None
                else zero_problem(optimizer))
     if not problem or setting == "0":
-        return
+        return False
     if setting == "1":
         if optimizer is None:
             raise _autostage.ConfigError(
                 "zero=1 shards the optimizer state over the replicas, so the optimizer must be "
                 "passed: autostage.Module(model, optimizer, ...); or set zero=0")
         raise _autostage.UnsupportedError(problem)
-    _autostage._set_option("zero", "0")
     _autostage._log_info("Module", "zero=auto plans without ZeRO-1: " + problem.split(";")[0])
+    return True
+
+
+class _zero_off:
+    """While active (and `off`), the process-wide option zero reads 0: the calls of a module that
+    must plan without ZeRO-1 (_choose_zero) leave other modules' zero=auto alone."""
+
+    def __init__(self, off):
+        self.off, self.previous = off, None
+
+    def __enter__(self):
+        if self.off:
+            self.previous = _option_value("zero")
+            _autostage._set_option("zero", "0")
+
+    def __exit__(self, *exc):
+        if self.off:
+            _autostage._set_option("zero", self.previous)
 
 
 _hook_installed = False
