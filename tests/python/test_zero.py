@@ -72,3 +72,31 @@ def test_zero_auto_without_a_shardable_optimizer_plans_without_zero():
         assert not autostage.Module(model, torch.optim.Adam(model.parameters()))._zero_off
     finally:
         _autostage._set_option("zero", "auto")
+
+
+def test_zero_step_wrapper_steps_the_pieces_and_keeps_lr_schedulers_working():
+    """Note [ZeRO-1 optimizer] without MPI: a shard of elements [2, 5) is stepped, gather runs
+    once per step, zero_grad clears the whole gradient, and LR schedulers made before and after
+    the wrapping count steps without warnings."""
+    import warnings
+    from autostage.optimizer import make_shards, patch_zero_step
+    p = torch.nn.Parameter(torch.arange(6.0))
+    optimizer = torch.optim.SGD([p], lr=0.1)
+    before = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.5)
+    shards, _ = make_shards([(p, 2, 3), (p, 0, 0)])
+    optimizer.param_groups[0]["params"] = [shard for shard, *_ in shards.values()]
+    gathers = []
+    patch_zero_step(optimizer, lambda: shards, lambda: gathers.append(1))
+    after = torch.optim.lr_scheduler.ExponentialLR(optimizer, 0.9)
+    p.grad = torch.ones(6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optimizer.step()
+        before.step()
+        after.step()
+    assert gathers == [1]
+    assert torch.allclose(p.detach(), torch.tensor([0.0, 1.0, 1.9, 2.9, 3.9, 5.0]))
+    optimizer.zero_grad()
+    assert torch.equal(p.grad, torch.zeros(6))
+    optimizer.zero_grad(set_to_none=True)
+    assert p.grad is None
