@@ -73,6 +73,20 @@ void Backend::checkMember(const Group& group, const char* operation, int root) c
                     " is not a member of group ", group.toString(), "; pick a member as root");
 }
 
+void Backend::checkShards(const at::Tensor& whole, const at::Tensor& shard, const Group& group,
+                          const char* operation) const {
+  checkMember(group, operation);
+  AUTOSTAGE_CHECK(whole.scalar_type() == shard.scalar_type(), operation, " on rank ", rank(),
+                  ": the whole tensor is ", whole.scalar_type(), " but the shard is ",
+                  shard.scalar_type(), "; pass tensors of one dtype");
+  AUTOSTAGE_CHECK(whole.numel() == shard.numel() * group.size(), operation, " on rank ", rank(),
+                  ": the whole tensor has ", whole.numel(), " elements, expected group size ",
+                  group.size(), " x shard ", shard.numel(),
+                  "; pad it to a multiple of the group size");
+  AUTOSTAGE_CHECK(whole.is_contiguous() && shard.is_contiguous(), operation, " on rank ", rank(),
+                  ": tensors must be contiguous");
+}
+
 void Backend::checkPeer(int peer, int tag, const char* operation) const {
   AUTOSTAGE_CHECK(peer >= 0 && peer < worldSize(), operation, " on rank ", rank(), ": peer rank ",
                   peer, " is outside the world of size ", worldSize());

@@ -66,6 +66,15 @@ class Backend {
   virtual void broadcast(const at::Tensor& tensor, int root, const Group& group) = 0;
   // One tensor per member, in ascending rank order; every member passes the same shape.
   virtual std::vector<at::Tensor> allGather(const at::Tensor& tensor, const Group& group) = 0;
+  // Note [Sharded collectives] (ZeRO-1): `input` holds group.size() equal chunks of
+  // output.numel() elements; the member at index i of the group (ascending ranks) receives in
+  // `output` the reduction over the members of their chunk i. Same dtype, both contiguous.
+  virtual void reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                             const Group& group) = 0;
+  // The inverse layout: chunk i of `output` (group.size() * input.numel() elements) becomes the
+  // `input` of the member at index i. Writes into `output`'s storage (a view may be passed).
+  virtual void allGatherInto(const at::Tensor& input, const at::Tensor& output,
+                             const Group& group) = 0;
   virtual void barrier(const Group& group) = 0;
 
   // Creates the communicator behind `group` now instead of on first use (collective over its
@@ -89,6 +98,10 @@ class Backend {
   static constexpr int kNoRoot = -1000000;
   // Throws Error unless this rank is in `group` (and `root`, when given, is too).
   void checkMember(const Group& group, const char* operation, int root = kNoRoot) const;
+  // Throws Error unless input/output sizes and dtypes fit a reduceScatter (`whole` = input) or an
+  // allGatherInto (`whole` = output) over `group` (Note [Sharded collectives]).
+  void checkShards(const at::Tensor& whole, const at::Tensor& shard, const Group& group,
+                   const char* operation) const;
   // Throws Error unless `peer` is a valid world rank other than this one and `tag` >= 0.
   void checkPeer(int peer, int tag, const char* operation) const;
 };

@@ -308,6 +308,49 @@ std::vector<at::Tensor> MpiBackend::allGather(const at::Tensor& tensor, const Gr
   return out;
 }
 
+// Note [Sharded collectives]. MPI cannot add 16-bit floats: they reduce as float32 copies.
+void MpiBackend::reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                               const Group& group) {
+  checkCommTensor(input, c10::DeviceType::CPU, "reduceScatter");
+  checkCommTensor(output, c10::DeviceType::CPU, "reduceScatter");
+  checkShards(input, output, group, "reduceScatter");
+  if (op == ReduceOp::Average) checkAverageable(input);
+  bool halfWidth = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+  at::Tensor send = halfWidth ? input.to(at::kFloat) : input;
+  at::Tensor receive = halfWidth ? at::empty(output.sizes(), send.options()) : output;
+  if (group.size() == 1) {
+    receive.copy_(send.view(receive.sizes()));
+  } else {
+    MPI_Op mpiOp = send.scalar_type() == at::kBool ? MPI_LOR : MPI_SUM;
+    int count = mpiCount(receive, "reduceScatter");
+    runCollective(*impl_, "reduceScatter", group, describeTensor(input),
+                  [&](MPI_Comm comm, MPI_Request* request) {
+                    return MPI_Ireduce_scatter_block(send.data_ptr(), receive.data_ptr(), count,
+                                                     mpiTypeOf(send), mpiOp, comm, request);
+                  });
+  }
+  if (op == ReduceOp::Average) receive.div_(group.size());
+  if (halfWidth) output.copy_(receive);
+}
+
+void MpiBackend::allGatherInto(const at::Tensor& input, const at::Tensor& output,
+                               const Group& group) {
+  checkCommTensor(input, c10::DeviceType::CPU, "allGatherInto");
+  checkCommTensor(output, c10::DeviceType::CPU, "allGatherInto");
+  checkShards(output, input, group, "allGatherInto");
+  if (group.size() == 1) {
+    output.view(-1).copy_(input.reshape(-1));
+    return;
+  }
+  int count = mpiCount(input, "allGatherInto");
+  MPI_Datatype type = mpiTypeOf(input);
+  runCollective(*impl_, "allGatherInto", group, describeTensor(input),
+                [&](MPI_Comm comm, MPI_Request* request) {
+                  return MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count,
+                                        type, comm, request);
+                });
+}
+
 void MpiBackend::barrier(const Group& group) {
   checkMember(group, "barrier");
   if (group.size() == 1) return;

@@ -41,6 +41,10 @@ class NcclBackend : public Backend {
   void allReduce(const at::Tensor& tensor, ReduceOp op, const Group& group) override;
   void broadcast(const at::Tensor& tensor, int root, const Group& group) override;
   std::vector<at::Tensor> allGather(const at::Tensor& tensor, const Group& group) override;
+  void reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                     const Group& group) override;
+  void allGatherInto(const at::Tensor& input, const at::Tensor& output,
+                     const Group& group) override;
   void barrier(const Group& group) override;
   void createGroup(const Group& group) override;
 

@@ -76,6 +76,53 @@ std::vector<at::Tensor> NcclBackend::allGather(const at::Tensor& tensor, const G
   return out;
 }
 
+// Note [Sharded collectives]. int16 has no NCCL type: it travels as an int32 copy.
+void NcclBackend::reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                                const Group& group) {
+  checkCommTensor(input, c10::DeviceType::CUDA, "reduceScatter");
+  checkCommTensor(output, c10::DeviceType::CUDA, "reduceScatter");
+  checkShards(input, output, group, "reduceScatter");
+  if (op == ReduceOp::Average) checkAverageable(input);
+  bool widen = input.scalar_type() == at::kShort;
+  at::Tensor send = widen ? input.to(at::kInt) : input;
+  at::Tensor receive = widen ? at::empty(output.sizes(), send.options()) : output;
+  if (group.size() == 1) {
+    receive.copy_(send.view(receive.sizes()));
+  } else {
+    ncclRedOp_t ncclOp = send.scalar_type() == at::kBool ? ncclMax
+                         : op == ReduceOp::Average       ? ncclAvg
+                                                         : ncclSum;
+    ncclComm_t comm = impl_->communicator(group);
+    impl_->orderAfterDefaultStream();
+    AUTOSTAGE_NCCL_CHECK(ncclReduceScatter(send.data_ptr(), receive.data_ptr(), receive.numel(),
+                                           ncclTypeOf(send), ncclOp, comm, impl_->stream),
+                         "rank ", rank(), " reduceScatter over group ", group.toString());
+    cudaEvent_t done = impl_->recordDone();
+    impl_->waitDone(done, comm, membersText(group, "reduceScatter", input));
+    cudaEventDestroy(done);
+  }
+  if (widen) output.copy_(receive);
+}
+
+void NcclBackend::allGatherInto(const at::Tensor& input, const at::Tensor& output,
+                                const Group& group) {
+  checkCommTensor(input, c10::DeviceType::CUDA, "allGatherInto");
+  checkCommTensor(output, c10::DeviceType::CUDA, "allGatherInto");
+  checkShards(output, input, group, "allGatherInto");
+  if (group.size() == 1) {
+    output.view(-1).copy_(input.reshape(-1));
+    return;
+  }
+  ncclComm_t comm = impl_->communicator(group);
+  impl_->orderAfterDefaultStream();
+  AUTOSTAGE_NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
+                                     ncclTypeOf(input), comm, impl_->stream),
+                       "rank ", rank(), " allGatherInto over group ", group.toString());
+  cudaEvent_t done = impl_->recordDone();
+  impl_->waitDone(done, comm, membersText(group, "allGatherInto", input));
+  cudaEventDestroy(done);
+}
+
 // NCCL has no barrier: finish this rank's queued work, then meet over MPI.
 void NcclBackend::barrier(const Group& group) {
   checkMember(group, "barrier");

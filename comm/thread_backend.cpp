@@ -185,6 +185,30 @@ std::vector<at::Tensor> ThreadBackend::allGather(const at::Tensor& tensor, const
   return out;
 }
 
+// Note [Sharded collectives] over the thread world: an allreduce of a copy of the whole input,
+// of which this member keeps its chunk (the same sums, in the same ascending rank order).
+void ThreadBackend::reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                                  const Group& group) {
+  checkCommTensor(input, c10::DeviceType::CPU, "reduceScatter");
+  checkCommTensor(output, c10::DeviceType::CPU, "reduceScatter");
+  checkShards(input, output, group, "reduceScatter");
+  at::Tensor whole = input.clone();
+  allReduce(whole, op, group);
+  const int64_t count = output.numel();
+  output.view(-1).copy_(whole.view(-1).narrow(0, group.indexOf(rank_) * count, count));
+}
+
+void ThreadBackend::allGatherInto(const at::Tensor& input, const at::Tensor& output,
+                                  const Group& group) {
+  checkCommTensor(input, c10::DeviceType::CPU, "allGatherInto");
+  checkCommTensor(output, c10::DeviceType::CPU, "allGatherInto");
+  checkShards(output, input, group, "allGatherInto");
+  std::vector<at::Tensor> chunks = allGather(input.reshape(-1), group);
+  const int64_t count = input.numel();
+  for (size_t i = 0; i < chunks.size(); ++i)
+    output.view(-1).narrow(0, static_cast<int64_t>(i) * count, count).copy_(chunks[i]);
+}
+
 void ThreadBackend::barrier(const Group& group) {
   checkMember(group, "barrier");
   at::Tensor token = at::empty({0}, at::kByte);

@@ -13,7 +13,7 @@ bool StageDeployment::operator==(const StageDeployment& o) const {
          commBufferBytes == o.commBufferBytes && totalMemoryBytes == o.totalMemoryBytes &&
          sendForwardSeconds == o.sendForwardSeconds && sendBackwardSeconds == o.sendBackwardSeconds &&
          microBatchPerReplica == o.microBatchPerReplica && gradientBytes == o.gradientBytes &&
-         workingBytes == o.workingBytes;
+         workingBytes == o.workingBytes && zero == o.zero;
 }
 
 bool Route::operator==(const Route& o) const {

@@ -46,6 +46,9 @@ struct StageDeployment {
   int64_t microBatchPerReplica = 0;
   int64_t gradientBytes = 0;
   int64_t workingBytes = 0;
+  // ZeRO-1 (Note [ZeRO-1] in staging/gradient_sync.h): the optimizer state of the stage's
+  // parameters is split over its replicas. False in files written before it was recorded.
+  bool zero = false;
   int replicaCount() const { return static_cast<int>(ranks.size()); }
   bool operator==(const StageDeployment& o) const;
 };

@@ -24,12 +24,14 @@ void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestS
     int r = static_cast<int>(std::min<int64_t>(replicas, request.batchSize / microBatches));
     if (r < 1) continue;
     for (Schedule schedule : request.options.scheduleCandidates()) {
-      for (bool recompute : request.options.recomputeCandidates()) {
+      for (bool recompute : request.options.recomputeCandidates())
+      for (bool zero : request.options.zeroCandidates()) {
+        if (zero && r == 1) continue;  // nothing to shard
         Plan plan;
         plan.microBatchCount = microBatches;
         plan.schedule = schedule;
         for (int s = 0; s < stages; ++s)
-          plan.stages.push_back({cuts[s].first, cuts[s].second, r, s * r, recompute});
+          plan.stages.push_back({cuts[s].first, cuts[s].second, r, s * r, recompute, zero});
         // Chosen by the searched closed form, like the DP (Note [Search objective and reported
         // estimate] in cost_model.h); the reported estimate is computed for the choice only.
         PlanEvaluation e = evaluatePlanWith(model, plan, true);

@@ -157,7 +157,13 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
     const auto& link = sameNode(first, first + r - 1) ? comm.allreduceIntraNode : comm.allreduceInterNode;
     e.allreduceSeconds = link.seconds(2.0 * (r - 1) / r * range.paramBytes);
   }
-  e.optimizerBytes = request_.options.optParamFactor * range.paramBytes;
+  // Note [ZeRO-1 cost]
+  // Under ZeRO-1 each of the r replicas keeps the optimizer state of 1/r of the stage's parameter
+  // elements. Its gradients are reduce-scattered and its parameters all-gathered after the step:
+  // (r-1)/r of the bytes each, the same traffic as the ring allreduce counted above, so the time
+  // is unchanged and only the optimizer bytes shrink. (Gradients stay whole on every replica.)
+  const bool sharded = choice.zero && r > 1;
+  e.optimizerBytes = request_.options.optParamFactor * range.paramBytes / (sharded ? r : 1);
   e.castCacheBytes = castCopyRatio_ * range.paramBytes;
   e.heldMicroBatches = heldMicroBatches(schedule, microBatches, choice.stagesAfter);
   const double act = range.activationBytes.at(mb);

@@ -98,6 +98,7 @@ struct StageChoice {
   int replicaCount = 1, firstRank = 0;
   bool recompute = false;
   int stagesAfter = 0;
+  bool zero = false;  // ZeRO-1 (Note [ZeRO-1 cost]); ignored with one replica
 };
 
 // Holds a reference to the request, which must outlive it.

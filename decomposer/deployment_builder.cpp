@@ -76,6 +76,7 @@ core::StageDeployment makeStage(const core::Graph& graph, const Blocking& blocki
   s.nodes = ownedNodes(graph, blocking.stageNodes(p.firstBlock, p.lastBlock));
   for (int r = 0; r < p.replicaCount; ++r) s.ranks.push_back(p.firstRank + r);
   s.recompute = p.recompute;
+  s.zero = p.zero && p.replicaCount > 1;
   s.forwardSeconds = e.forwardSeconds;
   s.backwardSeconds = e.backwardSeconds;
   s.allreduceSeconds = e.allreduceSeconds;

@@ -21,7 +21,8 @@ double frugalStageTime(const CostModel& model, const RangeTotals& range, int fir
                        int microBatches, Schedule schedule, bool* stop) {
   double best = kInf, growing = kInf;
   for (bool recompute : model.request().options.recomputeCandidates()) {
-    StageChoice choice{first, last, r, 0, recompute, 0};
+    // The smallest memory the options allow: ZeRO-1 when it may be chosen.
+    StageChoice choice{first, last, r, 0, recompute, 0, model.request().options.zeroCandidates().back()};
     StageEstimate e = model.stage(range, choice, microBatches, schedule);
     growing = std::min(growing, e.totalMemoryBytes - e.commBufferBytes -
                                     (recompute ? e.heldMicroBatches * e.bytesPerHeldMicroBatch : 0));

@@ -44,6 +44,7 @@ struct Label {
   int previousCell = -1, previousLabel = -1;
   int replicaUnits = 0;
   bool recompute = false;
+  bool zero = false;
 };
 
 // The closed-form incumbent, and every plan offered to it (Note [Finalists]).
@@ -98,7 +99,12 @@ class SuffixSearch {
         if (cells_[source].empty()) continue;
         for (int r : replicas_) {
           if (u + r > units_) break;
-          for (bool recompute : recomputeCandidates_) extend(ranges, source, a, u, r, recompute);
+          for (bool recompute : recomputeCandidates_)
+            for (bool zero : zeroCandidates_) {
+              // One replica has nothing to shard: its zero=1 label would equal the zero=0 one.
+              if (zero && r * unit_ == 1 && zeroCandidates_.size() > 1) continue;
+              extend(ranges, source, a, u, r, recompute, zero && r * unit_ > 1);
+            }
         }
       }
     }
@@ -123,7 +129,11 @@ class SuffixSearch {
   }
 
   // Prepends stages [first, a-1] for every first < a, with r units, to the labels of `source`.
-  void extend(const std::vector<RangeTotals>& ranges, int source, int a, int u, int r, bool recompute) {
+  // `zero` candidates come false first: an equal-cost zero=1 label is dominated by the zero=0
+  // one already in the cell, so ZeRO-1 survives only where it is needed to fit (Note [ZeRO-1
+  // cost] in cost_model.cpp).
+  void extend(const std::vector<RangeTotals>& ranges, int source, int a, int u, int r, bool recompute,
+              bool zero) {
     const std::vector<Label>& labels = cells_[source];
     int fewestStages = kCap_;
     double smallestSum = kInf;
@@ -132,7 +142,7 @@ class SuffixSearch {
     const double limit = model_.memoryLimit();
     const double globalMaxBound = bounds_->max(blocks_, units_);
     for (int first = a - 1; first >= 0; --first) {
-      StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, fewestStages};
+      StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, fewestStages, zero};
       StageEstimate e = model_.stage(ranges[first], choice, microBatches_, schedule_);
       // Parameters, activations and working memory only grow as the stage grows, and so does its
       // compute time: stop when either rules out every label.
@@ -151,7 +161,7 @@ class SuffixSearch {
         if (e.baseMemoryBytes + held * e.bytesPerHeldMicroBatch > limit) continue;
         Label next{from.sum + e.stageSeconds, std::max(from.maxFirst, parts.first),
                    std::max(from.maxSecond, parts.second), std::max(from.maxAllreduce, e.allreduceSeconds),
-                   std::min(from.stages + 1, kCap_), source, static_cast<int>(i), r, recompute};
+                   std::min(from.stages + 1, kCap_), source, static_cast<int>(i), r, recompute, zero};
         if (forcedStages_ > 0 && from.stages + 1 > forcedStages_) continue;
         double bound = CostModel::iterationSeconds(
             next.sum + prefixSum, std::max(next.maxFirst + next.maxSecond, prefixMax), next.maxAllreduce,
@@ -185,7 +195,7 @@ class SuffixSearch {
     while (cells_[cell][label].previousCell >= 0) {
       const Label& l = cells_[cell][label];
       const int sourceBlock = l.previousCell / (units_ + 1);
-      plan.stages.push_back({block, sourceBlock - 1, l.replicaUnits * unit_, 0, l.recompute});
+      plan.stages.push_back({block, sourceBlock - 1, l.replicaUnits * unit_, 0, l.recompute, l.zero});
       block = sourceBlock;
       cell = l.previousCell;
       label = l.previousLabel;
@@ -204,6 +214,7 @@ class SuffixSearch {
   int blocks_ = 0, unit_ = 1, units_ = 1, forcedStages_ = 0, kCap_ = 0;
   std::vector<int> replicas_;
   const std::vector<bool> recomputeCandidates_ = request_.options.recomputeCandidates();
+  const std::vector<bool> zeroCandidates_ = request_.options.zeroCandidates();
   std::vector<std::vector<Label>> cells_;
   std::unique_ptr<PrefixBounds> bounds_;  // Note [Prefix bounds] in dp_bounds.h
 };

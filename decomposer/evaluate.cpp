@@ -63,7 +63,7 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool s
   for (int s = 0; s < stageCount; ++s) {
     const StagePlan& st = plan.stages[s];
     StageChoice choice{st.firstBlock, st.lastBlock, st.replicaCount, st.firstRank, st.recompute,
-                       stageCount - 1 - s};
+                       stageCount - 1 - s, st.zero};
     StageEstimate e = model.stage(choice, plan.microBatchCount, plan.schedule);
     sum += e.stageSeconds;
     auto [first, second] = CostModel::periodParts(e, plan.schedule);

@@ -17,7 +17,7 @@ double smallestBlockMemory(const CostModel& model, int b) {
     for (int r = 1; r <= request.devices; ++r) {
       if (model.microBatchPerReplica(microBatches, r) == 0) break;
       for (bool recompute : request.options.recomputeCandidates()) {
-        StageChoice choice{b, b, r, 0, recompute, 0};
+        StageChoice choice{b, b, r, 0, recompute, 0, request.options.zeroCandidates().back()};
         double m = model.stage(choice, microBatches, Schedule::OneFOneB).totalMemoryBytes;
         if (best < 0 || m < best) best = m;
       }

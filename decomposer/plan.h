@@ -35,6 +35,7 @@ struct PlanOptions {
   int maxPipeline = 32;
   std::string schedule = "auto";  // gpipe | 1f1b | auto
   std::string recompute = "auto";  // auto | always | never (activation recomputation per stage)
+  std::string zero = "auto";       // auto | 1 | 0: ZeRO-1 in replicated stages (Note [ZeRO-1 cost])
   double memLimitGb = 0;          // 0: the device's own memory
   double memMargin = 0.1;
   double optParamFactor = 2;
@@ -55,6 +56,10 @@ struct PlanOptions {
   // Recompute settings the search tries per stage: {false, true} for auto, else the forced one;
   // {false} for inference (nothing is kept for a backward, so nothing to recompute).
   std::vector<bool> recomputeCandidates() const;
+  // ZeRO-1 settings the search tries per replicated stage: {false, true} for auto (false first,
+  // so true survives only where it fits and false does not; Note [ZeRO-1 cost]), else the forced
+  // one; {false} for inference (no optimizer state). A stage of one replica never shards.
+  std::vector<bool> zeroCandidates() const;
 };
 
 // Costs of one block of the linear block sequence. Times and bytes grow with the per-replica
@@ -107,9 +112,11 @@ struct StagePlan {
   int replicaCount = 1;
   int firstRank = 0;
   bool recompute = false;
+  bool zero = false;  // ZeRO-1: optimizer state split over the replicas (replicaCount > 1)
   bool operator==(const StagePlan& o) const {
     return firstBlock == o.firstBlock && lastBlock == o.lastBlock &&
-           replicaCount == o.replicaCount && firstRank == o.firstRank && recompute == o.recompute;
+           replicaCount == o.replicaCount && firstRank == o.firstRank &&
+           recompute == o.recompute && zero == o.zero;
   }
 };
 

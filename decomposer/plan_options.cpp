@@ -41,6 +41,9 @@ void PlanOptions::validate() const {
                      "schedule=gpipe or auto");
   AUTOSTAGE_CHECK_AS(ConfigError, recompute == "auto" || recompute == "always" || recompute == "never",
                      "option recompute='", recompute, "' is unknown; use auto, always or never");
+  AUTOSTAGE_CHECK_AS(ConfigError, zero == "auto" || zero == "0" || zero == "1", "option zero='",
+                     zero, "' is unknown; use auto (planner chooses), 1 (ZeRO-1 in every replicated "
+                     "stage) or 0 (never)");
   AUTOSTAGE_CHECK_AS(ConfigError, memLimitGb >= 0, "option mem_limit_gb=", memLimitGb,
                      " must be >= 0 (0: use the device's memory)");
   AUTOSTAGE_CHECK_AS(ConfigError, memMargin >= 0 && memMargin < 1, "option mem_margin=", memMargin,
@@ -57,7 +60,8 @@ std::string PlanOptions::toString() const {
   out << "decomposer=" << decomposer << " max_blocks=" << maxBlocks
       << " partition_num=" << partitionNum << " pipeline_num=" << pipelineNum
       << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
-      << " schedule=" << schedule << " recompute=" << recompute << " mem_limit_gb=" << memLimitGb
+      << " schedule=" << schedule << " recompute=" << recompute << " zero=" << zero
+      << " mem_limit_gb=" << memLimitGb
       << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor
       << " gradient_bucket_bytes=" << static_cast<int64_t>(gradientBucketBytes)
       << " precision=" << precision << " usage=" << usageName(usage);
@@ -74,6 +78,7 @@ PlanOptions PlanOptions::fromConfig(const core::Config& config) {
   o.maxPipeline = static_cast<int>(config.getInt("max_pipeline"));
   o.schedule = config.getString("schedule");
   o.recompute = config.getString("recompute");
+  o.zero = config.getString("zero");
   o.memLimitGb = config.getFloat("mem_limit_gb");
   o.memMargin = config.getFloat("mem_margin");
   o.optParamFactor = config.getFloat("opt_param_factor");
@@ -98,6 +103,12 @@ std::vector<bool> PlanOptions::recomputeCandidates() const {
   return {false, true};
 }
 
+std::vector<bool> PlanOptions::zeroCandidates() const {
+  if (usage == PlanUsage::Inference || zero == "0") return {false};
+  if (zero == "1") return {true};
+  return {false, true};
+}
+
 std::vector<Schedule> PlanOptions::scheduleCandidates() const {
   if (usage != PlanUsage::TrainStep) return {Schedule::GPipe};
   if (schedule == "auto") return {Schedule::GPipe, Schedule::OneFOneB};
@@ -111,7 +122,7 @@ std::string Plan::toString() const {
       << "s stages:";
   for (const StagePlan& s : stages)
     out << " [" << s.firstBlock << ".." << s.lastBlock << " x" << s.replicaCount << " @"
-        << s.firstRank << (s.recompute ? " rc" : "") << "]";
+        << s.firstRank << (s.recompute ? " rc" : "") << (s.zero ? " zero" : "") << "]";
   return out.str();
 }
 

@@ -85,6 +85,7 @@ void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
     else if (key == "max_pipeline") o.maxPipeline = integer();
     else if (key == "schedule") o.schedule = v;
     else if (key == "recompute") o.recompute = v;
+    else if (key == "zero") o.zero = v;
     else if (key == "mem_limit_gb") o.memLimitGb = real();
     else if (key == "mem_margin") o.memMargin = real();
     else if (key == "opt_param_factor") o.optParamFactor = real();

@@ -39,10 +39,10 @@ void logPlan(const PlanRequest& request, const Plan& plan, const PlanEvaluation&
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const StagePlan& p = plan.stages[s];
     const StageEstimate& e = evaluation.stages[s];
-    dp->info("graph=STAGE_{}_{} repl={} fwd_time={:.3f} bwd_time={:.3f} ar_time={:.3f} in_size={:.0f} "
+    dp->info("graph=STAGE_{}_{} repl={} zero={} fwd_time={:.3f} bwd_time={:.3f} ar_time={:.3f} in_size={:.0f} "
              "out_size={:.0f} param_size={:.0f} total_mem={:.0f} (fwd+bwd={:.0f} opt={:.0f} comm={:.0f} "
              "cast={:.0f})",
-             p.firstBlock, p.lastBlock, p.replicaCount, e.forwardSeconds * 1e3, e.backwardSeconds * 1e3,
+             p.firstBlock, p.lastBlock, p.replicaCount, p.zero ? 1 : 0, e.forwardSeconds * 1e3, e.backwardSeconds * 1e3,
              e.allreduceSeconds * 1e3, e.inputBytes, e.outputBytes, e.paramBytes, e.totalMemoryBytes,
              e.paramBytes + e.gradientBytes + e.activationBytes + e.workingBytes, e.optimizerBytes,
              e.commBufferBytes, e.castCacheBytes);

@@ -144,7 +144,8 @@ SimulationResult simulatePlan(const PlanRequest& request, const Plan& plan, bool
   std::vector<StageState> stages(count);
   for (int s = 0; s < count; ++s) {
     const StagePlan& p = plan.stages[s];
-    StageChoice choice{p.firstBlock, p.lastBlock, p.replicaCount, p.firstRank, p.recompute, count - 1 - s};
+    StageChoice choice{p.firstBlock, p.lastBlock, p.replicaCount, p.firstRank, p.recompute, count - 1 - s,
+                       p.zero};
     const StageEstimate e = model.stage(choice, plan.microBatchCount, plan.schedule);
     StageState& st = stages[s];
     st.timing = {e.forwardSeconds, e.sendForwardSeconds, e.backwardSeconds, e.sendBackwardSeconds,

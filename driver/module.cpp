@@ -304,7 +304,7 @@ std::string Module::callDescription(core::PlanUsage usage) const {
 
 void Module::train(bool on) {
   AUTOSTAGE_CHECK_AS(UnsupportedError, !options_.tracer,
-                     "train()/eval() of a staging::Module made with a tracer: such a module is "
+                     "train()/eval() of a Module made with a tracer: such a module is "
                      "made for one mode; keep one per mode (autostage.Module in Python does)");
   for (const torch::jit::Module& m : module_.modules()) {
     AUTOSTAGE_CHECK_AS(UnsupportedError, m.type()->hasAttribute("training"),

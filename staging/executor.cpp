@@ -240,6 +240,11 @@ void Executor::allreduceGrads() {
   gradientSync_.run(*backend_, params_);
 }
 
+void Executor::gatherParams() {
+  TraceScope scope(trace_.get(), "allgather", stageId_, -1);
+  gradientSync_.gatherParams(*backend_, params_);
+}
+
 double Executor::clipGradNorm(double maxNorm) {
   AUTOSTAGE_CHECK_AS(ConfigError, maxNorm > 0, "clip_grad_norm: max_norm must be > 0, got ",
                      maxNorm);

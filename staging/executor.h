@@ -78,6 +78,12 @@ class Executor {
   // Scales every local gradient by min(1, maxNorm / (norm + 1e-6)) where norm is the global
   // gradient norm (Note [Global gradient norm]); returns the norm. Collective over the world.
   double clipGradNorm(double maxNorm);
+  // ZeRO-1 (Note [ZeRO-1] in gradient_sync.h): the pieces of parameters this rank's optimizer
+  // steps (length 0: a sharded parameter it owns nothing of), and the all-gather of the stepped pieces into every replica's parameters (collective
+  // over the world: every rank calls it after optimizer.step(); ranks without a sharded stage
+  // return at once). Without ZeRO-1 the pieces are empty and gatherParams does nothing.
+  std::vector<ShardPiece> zeroShards() const { return gradientSync_.shards(rank_, params_); }
+  void gatherParams();
 
   const core::Deployment& deployment() const { return deployment_; }
   const ParamStorage& params() const { return params_; }

@@ -16,14 +16,19 @@ namespace autostage::staging {
 std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
                                           const core::Deployment& deployment) {
   std::map<core::ValueId, std::set<int>> holders;
+  std::map<core::ValueId, bool> allZero;
   for (const core::StageDeployment& stage : deployment.stages)
-    for (core::ValueId p : stageParams(graph, stage))
+    for (core::ValueId p : stageParams(graph, stage)) {
       holders[p].insert(stage.ranks.begin(), stage.ranks.end());
-  std::map<std::vector<int>, std::vector<core::ValueId>> byRanks;
-  for (const auto& [param, ranks] : holders)
-    byRanks[std::vector<int>(ranks.begin(), ranks.end())].push_back(param);
+      allZero.emplace(p, true).first->second &= stage.zero;
+    }
+  std::map<std::pair<std::vector<int>, bool>, std::vector<core::ValueId>> byRanks;
+  for (const auto& [param, ranks] : holders) {
+    bool sharded = ranks.size() >= 2 && allZero[param];
+    byRanks[{std::vector<int>(ranks.begin(), ranks.end()), sharded}].push_back(param);
+  }
   std::vector<GradientGroup> groups;
-  for (auto& [ranks, params] : byRanks) groups.push_back({ranks, params});
+  for (auto& [key, params] : byRanks) groups.push_back({key.first, params, key.second});
   return groups;
 }
 
@@ -47,24 +52,33 @@ int GradientSync::syncBucket(comm::Backend& backend, const comm::Group& group,
   return 1;
 }
 
+std::vector<std::vector<size_t>> GradientSync::buckets(const std::vector<at::Tensor>& tensors) const {
+  std::vector<std::vector<size_t>> result;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
+    bool fits = !result.empty() &&
+                tensors[result.back().front()].scalar_type() == t.scalar_type() &&
+                bytes + size <= bucketBytes_;
+    if (!fits) {
+      result.emplace_back();
+      bytes = 0;
+    }
+    result.back().push_back(i);
+    bytes += size;
+  }
+  return result;
+}
+
 int GradientSync::syncAll(comm::Backend& backend, const comm::Group& group,
                           const std::vector<at::Tensor>& tensors, comm::ReduceOp op) const {
   int calls = 0;
-  std::vector<at::Tensor> bucket;
-  int64_t bytes = 0;
-  for (const at::Tensor& t : tensors) {
-    int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
-    bool fits = bucket.empty() || (bucket.front().scalar_type() == t.scalar_type() &&
-                                   bytes + size <= bucketBytes_);
-    if (!fits) {
-      calls += syncBucket(backend, group, bucket, op);
-      bucket.clear();
-      bytes = 0;
-    }
-    bucket.push_back(t);
-    bytes += size;
+  for (const std::vector<size_t>& indices : buckets(tensors)) {
+    std::vector<at::Tensor> bucket;
+    for (size_t i : indices) bucket.push_back(tensors[i]);
+    calls += syncBucket(backend, group, bucket, op);
   }
-  if (!bucket.empty()) calls += syncBucket(backend, group, bucket, op);
   return calls;
 }
 
@@ -85,7 +99,8 @@ int GradientSync::run(comm::Backend& backend, const ParamStorage& params) const 
         buffers.push_back(p);  // Note [Buffers across replicas]
       }
     }
-    calls += syncAll(backend, commGroup, grads, comm::ReduceOp::Sum);
+    calls += group.sharded ? scatterAll(backend, commGroup, grads)
+                           : syncAll(backend, commGroup, grads, comm::ReduceOp::Sum);
     calls += syncAll(backend, commGroup, buffers, comm::ReduceOp::Average);
   }
   return calls;
@@ -94,8 +109,14 @@ int GradientSync::run(comm::Backend& backend, const ParamStorage& params) const 
 double GradientSync::globalNorm(comm::Backend& backend, const ParamStorage& params) const {
   at::NoGradGuard noGrad;
   double squares = 0;
+  for (const ShardPiece& piece : shards(backend.rank(), params)) {
+    const at::Tensor& p = params.tensor(piece.param);
+    if (p.grad().defined())
+      squares += p.grad().reshape(-1).narrow(0, piece.offset, piece.length).to(at::kDouble)
+                     .pow(2).sum().item<double>();
+  }
   for (const GradientGroup& group : groups_) {
-    if (group.ranks.empty() || group.ranks.front() != backend.rank()) continue;
+    if (group.sharded || group.ranks.empty() || group.ranks.front() != backend.rank()) continue;
     for (core::ValueId id : group.params) {
       const at::Tensor& p = params.tensor(id);
       if (p.requires_grad() && p.grad().defined())
@@ -105,6 +126,130 @@ double GradientSync::globalNorm(comm::Backend& backend, const ParamStorage& para
   at::Tensor total = at::full({1}, squares, at::TensorOptions().dtype(at::kDouble));
   backend.allReduce(total, comm::ReduceOp::Sum, comm::Group::world(backend.worldSize()));
   return std::sqrt(total.item<double>());
+}
+
+std::vector<at::Tensor> GradientSync::trainable(const GradientGroup& group,
+                                                const ParamStorage& params) {
+  std::vector<at::Tensor> result;
+  for (core::ValueId id : group.params)
+    if (params.tensor(id).requires_grad()) result.push_back(params.tensor(id));
+  return result;
+}
+
+bool GradientSync::anySharded() const {
+  for (const GradientGroup& group : groups_)
+    if (group.sharded) return true;
+  return false;
+}
+
+namespace {
+// This member's chunk of a bucket of `total` elements over `size` members (Note [ZeRO-1]):
+// [begin, end) in bucket elements, and the chunk length every member pads to.
+struct Chunk {
+  int64_t begin = 0, end = 0, length = 0;
+};
+Chunk chunkOf(int64_t total, int size, int index) {
+  Chunk c;
+  c.length = (total + size - 1) / size;
+  c.begin = std::min(total, index * c.length);
+  c.end = std::min(total, c.begin + c.length);
+  return c;
+}
+
+// Calls visit(tensor index, offset in tensor, offset in chunk, length) for every overlap of the
+// bucket's tensors (consecutive in bucket order) with [chunk.begin, chunk.end).
+template <typename Visit>
+void forEachOwned(const std::vector<at::Tensor>& bucket, const Chunk& chunk, Visit visit) {
+  int64_t start = 0;
+  for (size_t i = 0; i < bucket.size(); ++i) {
+    const int64_t end = start + bucket[i].numel();
+    const int64_t lo = std::max(start, chunk.begin), hi = std::min(end, chunk.end);
+    if (lo < hi) visit(i, lo - start, lo - chunk.begin, hi - lo);
+    start = end;
+  }
+}
+
+int64_t totalElements(const std::vector<at::Tensor>& bucket) {
+  int64_t total = 0;
+  for (const at::Tensor& t : bucket) total += t.numel();
+  return total;
+}
+}  // namespace
+
+int GradientSync::scatterAll(comm::Backend& backend, const comm::Group& group,
+                             const std::vector<at::Tensor>& grads) const {
+  const int index = group.indexOf(backend.rank());
+  int calls = 0;
+  for (const std::vector<size_t>& indices : buckets(grads)) {
+    std::vector<at::Tensor> bucket, flat;
+    for (size_t i : indices) bucket.push_back(grads[i]), flat.push_back(grads[i].reshape(-1));
+    const Chunk chunk = chunkOf(totalElements(bucket), group.size(), index);
+    const int64_t padding = chunk.length * group.size() - totalElements(bucket);
+    if (padding > 0) flat.push_back(at::zeros({padding}, bucket.front().options()));
+    at::Tensor whole = at::cat(flat);
+    at::Tensor mine = at::empty({chunk.length}, whole.options());
+    backend.reduceScatter(whole, mine, comm::ReduceOp::Sum, group);
+    ++calls;
+    for (const at::Tensor& g : bucket) g.zero_();  // the parts this member does not own
+    forEachOwned(bucket, chunk, [&](size_t i, int64_t offset, int64_t position, int64_t length) {
+      bucket[i].view(-1).narrow(0, offset, length).copy_(mine.narrow(0, position, length));
+    });
+  }
+  return calls;
+}
+
+std::vector<ShardPiece> GradientSync::shards(int rank, const ParamStorage& params) const {
+  std::vector<ShardPiece> pieces;
+  for (const GradientGroup& group : groups_) {
+    comm::Group commGroup(group.ranks);
+    if (!group.sharded || !commGroup.contains(rank)) continue;
+    std::vector<core::ValueId> ids;
+    for (core::ValueId id : group.params)
+      if (params.tensor(id).requires_grad()) ids.push_back(id);
+    const std::vector<at::Tensor> tensors = trainable(group, params);
+    for (const std::vector<size_t>& indices : buckets(tensors)) {
+      std::vector<at::Tensor> bucket;
+      for (size_t i : indices) bucket.push_back(tensors[i]);
+      const Chunk chunk = chunkOf(totalElements(bucket), commGroup.size(), commGroup.indexOf(rank));
+      std::vector<bool> owned(bucket.size(), false);
+      forEachOwned(bucket, chunk, [&](size_t i, int64_t offset, int64_t, int64_t length) {
+        pieces.push_back({ids[indices[i]], offset, length});
+        owned[i] = true;
+      });
+      for (size_t i = 0; i < bucket.size(); ++i)
+        if (!owned[i]) pieces.push_back({ids[indices[i]], 0, 0});
+    }
+  }
+  return pieces;
+}
+
+int GradientSync::gatherParams(comm::Backend& backend, const ParamStorage& params) const {
+  at::NoGradGuard noGrad;
+  int calls = 0;
+  for (const GradientGroup& group : groups_) {
+    comm::Group commGroup(group.ranks);
+    if (!group.sharded || !commGroup.contains(backend.rank())) continue;
+    const std::vector<at::Tensor> tensors = trainable(group, params);
+    for (const std::vector<size_t>& indices : buckets(tensors)) {
+      std::vector<at::Tensor> bucket;
+      for (size_t i : indices) bucket.push_back(tensors[i]);
+      const int64_t total = totalElements(bucket);
+      const Chunk chunk = chunkOf(total, commGroup.size(), commGroup.indexOf(backend.rank()));
+      at::Tensor mine = at::zeros({chunk.length}, bucket.front().options());
+      forEachOwned(bucket, chunk, [&](size_t i, int64_t offset, int64_t position, int64_t length) {
+        mine.narrow(0, position, length).copy_(bucket[i].reshape(-1).narrow(0, offset, length));
+      });
+      at::Tensor whole = at::empty({chunk.length * commGroup.size()}, mine.options());
+      backend.allGatherInto(mine, whole, commGroup);
+      ++calls;
+      int64_t start = 0;
+      for (const at::Tensor& p : bucket) {
+        p.view(-1).copy_(whole.narrow(0, start, p.numel()));
+        start += p.numel();
+      }
+    }
+  }
+  return calls;
 }
 
 }  // namespace autostage::staging

@@ -28,7 +28,19 @@
 // set adds the squares of that set's gradients (in double) to its partial sum; one world
 // allreduce(Sum) of the partial sums gives the squared norm of the full model's gradient, each
 // parameter (tied ones included) counted once — what torch.nn.utils.clip_grad_norm_ computes on
-// the single-process model.
+// the single-process model. Under ZeRO-1 each member of a sharded set adds the squares of the
+// shard it owns instead (the shards of a set cover every element once).
+//
+// Note [ZeRO-1]
+// A holder set all of whose stages have `zero` set (and that has >= 2 ranks) is sharded: its
+// parameters that require grad are packed into buckets exactly as above, and each bucket of N
+// elements is split into group-size chunks of ceil(N / size) elements (the last ones shorter or
+// empty); the member at index i owns chunk i. run() reduce-scatters each bucket instead of
+// allreducing it: the owner ends with the summed gradient of its chunk, and the parts of its
+// .grad it does not own are zeroed. The optimizer steps only the owned pieces (shards(); the
+// Python optimizer holds views of them, bindings/python/autostage/optimizer.py), and
+// gatherParams() all-gathers each bucket's updated chunks into every member's parameters. Bytes
+// on the wire equal the allreduce's; optimizer state per member is 1/size of the set's.
 
 #include <cstdint>
 #include <vector>
@@ -43,9 +55,19 @@ namespace autostage::staging {
 struct GradientGroup {
   std::vector<int> ranks;               // ascending world ranks holding the parameters
   std::vector<core::ValueId> params;    // graph parameter inputs, ascending
+  bool sharded = false;                 // ZeRO-1 (Note [ZeRO-1])
 };
 
-// Every parameter read by some stage, grouped by its holder set; sorted by ranks.
+// A piece of one parameter a ZeRO-1 member owns: elements [offset, offset + length) of the
+// flattened parameter (and of its gradient).
+struct ShardPiece {
+  core::ValueId param = -1;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// Every parameter read by some stage, grouped by its holder set; sorted by ranks. A set is
+// sharded when it has >= 2 ranks and every stage reading its parameters has `zero` set.
 std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
                                           const core::Deployment& deployment);
 
@@ -63,7 +85,24 @@ class GradientSync {
   // holders of a parameter have equal gradients. Parameters without a gradient count as zero.
   double globalNorm(comm::Backend& backend, const ParamStorage& params) const;
 
+  // The pieces of parameters `rank` owns in the sharded sets it belongs to (Note [ZeRO-1]), in
+  // set, bucket and parameter order; a parameter of such a set it owns nothing of appears once
+  // with length 0 (it is sharded, but not stepped here). Empty without ZeRO-1. Pure.
+  std::vector<ShardPiece> shards(int rank, const ParamStorage& params) const;
+  // All-gathers the owned pieces of every sharded set this rank belongs to into every member's
+  // parameters (after the optimizer stepped the shards). Collective over each such set; returns
+  // the number of all-gather calls.
+  int gatherParams(comm::Backend& backend, const ParamStorage& params) const;
+  bool anySharded() const;
+
  private:
+  // Indices into `tensors` per bucket: consecutive tensors of one dtype within bucketBytes_.
+  std::vector<std::vector<size_t>> buckets(const std::vector<at::Tensor>& tensors) const;
+  // The parameters of `group` that require grad, in id order (the sharded layout's tensors).
+  static std::vector<at::Tensor> trainable(const GradientGroup& group, const ParamStorage& params);
+  // Reduce-scatters `grads` of one sharded set (Note [ZeRO-1]).
+  int scatterAll(comm::Backend& backend, const comm::Group& group,
+                 const std::vector<at::Tensor>& grads) const;
   // Allreduces `tensors` in place, packed into buckets of at most bucketBytes_ of one dtype.
   int syncAll(comm::Backend& backend, const comm::Group& group,
               const std::vector<at::Tensor>& tensors, comm::ReduceOp op) const;

@@ -81,6 +81,7 @@ void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::Pl
     const core::StageDeployment& st = r.deployment.stages[s];
     out << (s ? ", " : "") << "{\"name\": \"" << st.name << "\", \"replicas\": " << st.replicaCount()
         << ", \"first_rank\": " << st.ranks.front() << ", \"recompute\": " << (st.recompute ? "true" : "false")
+        << ", \"zero\": " << (st.zero ? 1 : 0)
         << ", \"memory_bytes\": " << st.totalMemoryBytes << "}";
   }
   out << "]\n}\n";

@@ -38,8 +38,12 @@ using ConfigOptions = std::map<std::string, std::string>;
 
 class Module : public driver::Module {
  public:
-  explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig())
-      : driver::Module(std::move(module), withDefaults(std::move(options))) {}
+  // `shardsOptimizer`: the caller's optimizer steps only this rank's ZeRO-1 pieces and calls
+  // gatherParams after each step, as the Python API's does (bind_staging.cpp); otherwise plans
+  // never use ZeRO-1 (zero=auto becomes 0, zero=1 throws UnsupportedError).
+  explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig(),
+                  bool shardsOptimizer = false)
+      : driver::Module(std::move(module), withDefaults(std::move(options), shardsOptimizer)) {}
   // Sets each config key (process-wide, like the Python API; an unknown key or a bad value throws
   // ConfigError naming it) and takes the options from the config table.
   Module(torch::jit::Module module, const ConfigOptions& config)
@@ -58,12 +62,24 @@ class Module : public driver::Module {
   void saveDeployment(const std::string& path) const { core::saveDeployment(deployment(), path); }
 
  private:
+  // ZeRO-1 (Note [ZeRO-1] in staging/gradient_sync.h) needs an optimizer that steps only this
+  // rank's pieces and an all-gather after each step: the Python API wraps its optimizer so, a
+  // torch::optim optimizer over parameters() does not. Without it plans never shard.
+  static void noZero() {
+    core::Config& config = core::globalConfig();
+    AUTOSTAGE_CHECK_AS(UnsupportedError, config.getString("zero") != "1",
+                       "zero=1 (ZeRO-1) is not supported by the C++ API yet: its torch::optim "
+                       "optimizer steps whole parameters; set zero=0 (or use the Python API)");
+    if (config.getString("zero") == "auto")
+      config.set("zero", "0", "autostage::Module (the C++ API has no ZeRO-1)");
+  }
   static ModuleOptions fromConfig(const ConfigOptions& config) {
     for (const auto& [key, value] : config)
       core::globalConfig().set(key, value, "autostage::Module(" + key + "=...)");
     return ModuleOptions::fromConfig();
   }
-  static ModuleOptions withDefaults(ModuleOptions options) {
+  static ModuleOptions withDefaults(ModuleOptions options, bool shardsOptimizer) {
+    if (!shardsOptimizer) noZero();
     if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))
       options.memoryMeter = cpuMemoryMeter();
     return options;

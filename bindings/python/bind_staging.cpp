@@ -47,7 +47,9 @@ std::unique_ptr<Module> makeModule(const py::object& tracer, const std::string& 
   ModuleOptions options = ModuleOptions::fromConfig();
   if (!deploymentPath.empty()) options.deploymentPath = deploymentPath;  // else load_deployment
   options.tracer = pythonTracer(tracer);
-  return std::make_unique<Module>(torch::jit::Module("autostage_untraced"), options);
+  // Note [ZeRO-1 optimizer] (autostage/optimizer.py): the Python optimizer steps the pieces.
+  return std::make_unique<Module>(torch::jit::Module("autostage_untraced"), options,
+                                  /*shardsOptimizer=*/true);
 }
 
 template <typename Method>
@@ -65,6 +67,7 @@ py::dict deploymentInfo(const core::Deployment& d) {
     entry["name"] = stage.name;
     entry["ranks"] = stage.ranks;
     entry["recompute"] = stage.recompute;
+    entry["zero"] = stage.zero;
     entry["node_count"] = stage.nodes.size();
     entry["forward_seconds"] = stage.forwardSeconds;
     entry["backward_seconds"] = stage.backwardSeconds;
@@ -172,6 +175,31 @@ void bindStaging(py::module_& m) {
              return mod.trainingExecutor().clipGradNorm(maxNorm);
            },
            py::arg("max_norm"), "Global gradient norm clipping; returns the norm before clipping.")
+      .def("zero_shards",
+           [](Module& mod) {
+             py::list out;
+             const staging::Executor& executor = mod.trainingExecutor();
+             for (const staging::ShardPiece& piece : executor.zeroShards())
+               out.append(py::make_tuple(executor.params().tensor(piece.param), piece.offset,
+                                         piece.length));
+             return out;
+           },
+           "ZeRO-1: (parameter, offset, length) pieces of the flattened parameters this rank's "
+           "optimizer steps; empty without ZeRO-1.")
+      .def_property_readonly(
+          "zero_stage",
+          [](Module& mod) -> py::object {
+            for (const core::StageDeployment& s : mod.trainingExecutor().deployment().stages)
+              if (s.zero) return py::int_(s.id);
+            return py::none();
+          },
+          "The first stage of the training deployment that runs ZeRO-1, or None.")
+      .def("gather_params",
+           [](Module& mod) {
+             py::gil_scoped_release release;
+             mod.trainingExecutor().gatherParams();
+           },
+           "ZeRO-1: all-gathers the stepped parameter pieces into every replica. Collective.")
       .def_property_readonly("rank", &Module::rank)
       .def_property_readonly("world_size", &Module::worldSize);
 

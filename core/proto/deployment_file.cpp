@@ -31,6 +31,7 @@ void stageToProto(const StageDeployment& stage, proto::StageDeployment* out) {
   out->set_micro_batch_per_replica(stage.microBatchPerReplica);
   out->set_gradient_bytes(stage.gradientBytes);
   out->set_working_bytes(stage.workingBytes);
+  out->set_zero(stage.zero);
 }
 
 StageDeployment stageFromProto(const proto::StageDeployment& message) {
@@ -55,6 +56,7 @@ StageDeployment stageFromProto(const proto::StageDeployment& message) {
   stage.microBatchPerReplica = message.micro_batch_per_replica();
   stage.gradientBytes = message.gradient_bytes();
   stage.workingBytes = message.working_bytes();
+  stage.zero = message.zero();
   return stage;
 }
 

@@ -42,6 +42,7 @@ StageDeployment stage(int id, std::vector<NodeId> nodes, std::vector<int> ranks)
   s.microBatchPerReplica = 4 + id;
   s.gradientBytes = (int64_t{5} << 30) + id;
   s.workingBytes = 5000 + id;
+  s.zero = id == 0;
   return s;
 }
 
@@ -94,6 +95,8 @@ TEST_CASE("deployment files round-trip stages, replicas, routes and options", "[
   REQUIRE(back.stages[0].ranks == std::vector<int>{3, 0, 1, 2});
   REQUIRE(back.stages[0].replicaCount() == 4);
   REQUIRE(back.stages[1].recompute);
+  REQUIRE(back.stages[0].zero);
+  REQUIRE_FALSE(back.stages[1].zero);
   REQUIRE(back.stages[2].totalMemoryBytes == (int64_t{30} << 30) + 2);
   REQUIRE(back.routes[0].producerStage == kFeederStage);
   REQUIRE(back.routes[3].consumerStages.empty());
@@ -121,6 +124,7 @@ TEST_CASE("deployment operator== sees stages, routes and options", "[core][proto
   REQUIRE(differs([](Deployment& e) { e.stages[1].ranks = {5, 4}; }));
   REQUIRE(differs([](Deployment& e) { e.stages[2].commBufferBytes = 0; }));
   REQUIRE(differs([](Deployment& e) { e.stages[0].recompute = true; }));
+  REQUIRE(differs([](Deployment& e) { e.stages[1].zero = true; }));
   REQUIRE(differs([](Deployment& e) { e.routes[1].carriesGradient = false; }));
   REQUIRE(differs([](Deployment& e) { e.routes[0].consumerStages = {0}; }));
   REQUIRE(differs([](Deployment& e) { e.options["max_blocks"] = "32"; }));
@@ -222,15 +226,17 @@ TEST_CASE("deployment fields added later are 0 when an older file lacks them", "
     stage.clear_micro_batch_per_replica();
     stage.clear_gradient_bytes();
     stage.clear_working_bytes();
+    stage.clear_zero();
   }
   Deployment old = fromProto(message, "old file");
   REQUIRE(old.devicesPerNode == 0);
   REQUIRE(old.stages[0].sendForwardSeconds == 0);
   REQUIRE(old.stages[1].gradientBytes == 0);
+  REQUIRE_FALSE(old.stages[0].zero);  // files from before ZeRO-1 load as zero=0
   REQUIRE(old.stages[0].totalMemoryBytes == d.stages[0].totalMemoryBytes);
   // Everything else is as saved.
   for (auto& s : d.stages) s.sendForwardSeconds = s.sendBackwardSeconds = 0, s.microBatchPerReplica = 0,
-                           s.gradientBytes = s.workingBytes = 0;
+                           s.gradientBytes = s.workingBytes = 0, s.zero = false;
   d.devicesPerNode = 0;
   REQUIRE(old == d);
 }

@@ -9,7 +9,9 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "decomposer/cost_model.h"
+#include "decomposer/planner.h"
 #include "decomposer/simulator.h"
 #include "random_requests.h"
 
@@ -20,8 +22,8 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Brute force: every cut set x replica vector (sum <= devices) x recompute vector x micro-batch
-// count x schedule, stages laid out on consecutive ranks ending at the last rank (the DP's layout).
+// Brute force: every cut set x replica vector (sum <= devices) x recompute vector x ZeRO-1 vector
+// (replicated stages only) x micro-batch count x schedule, stages laid out on consecutive ranks ending at the last rank (the DP's layout).
 // The objective is composed here from CostModel::stage, independently of the DP and evaluator.
 // With `simulate`, it also keeps the smallest simulated iteration time over the same plans.
 class Exhaustive {
@@ -44,6 +46,7 @@ class Exhaustive {
   struct Stage {
     int first, last, replicas;
     bool recompute;
+    bool zero;
   };
 
   void chooseStage(int firstBlock, int devicesUsed) {
@@ -51,11 +54,13 @@ class Exhaustive {
     if (firstBlock == n) return score(devicesUsed);
     for (int last = firstBlock; last < n; ++last)
       for (int r = 1; devicesUsed + r <= request_.devices; ++r)
-        for (bool recompute : {false, true}) {
-          stages_.push_back({firstBlock, last, r, recompute});
-          chooseStage(last + 1, devicesUsed + r);
-          stages_.pop_back();
-        }
+        for (bool recompute : {false, true})
+          for (bool zero : {false, true}) {
+            if (zero && r == 1) continue;  // one replica has nothing to shard
+            stages_.push_back({firstBlock, last, r, recompute, zero});
+            chooseStage(last + 1, devicesUsed + r);
+            stages_.pop_back();
+          }
   }
 
   void score(int devicesUsed) {
@@ -68,8 +73,10 @@ class Exhaustive {
     for (int s = 0; s < count; ++s) {
       const Stage& st = stages_[s];
       if ((forced == "always" && !st.recompute) || (forced == "never" && st.recompute)) return;
+      const std::string& zero = request_.options.zero;
+      if ((zero == "1" && st.replicas > 1 && !st.zero) || (zero == "0" && st.zero)) return;
       if (model_.microBatchPerReplica(microBatches_, st.replicas) == 0) return;
-      StageChoice c{st.first, st.last, st.replicas, rank, st.recompute, count - 1 - s};
+      StageChoice c{st.first, st.last, st.replicas, rank, st.recompute, count - 1 - s, st.zero};
       StageEstimate e = model_.stage(c, microBatches_, schedule_);
       if (e.totalMemoryBytes > model_.memoryLimit()) return;
       sum += e.stageSeconds;
@@ -118,6 +125,7 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
     if (instance % 7 == 3) request.options.partitionNum = 1 + static_cast<int>(rng() % std::min(blocks, devices));
     if (instance % 5 == 1) request.options.schedule = "1f1b";
     if (instance % 6 == 2) request.options.recompute = instance % 12 == 2 ? "always" : "never";
+    if (instance % 4 == 1) request.options.zero = instance % 8 == 1 ? "1" : "0";
     INFO("instance " << instance << "\n" << request.toText());
     double reference = Exhaustive(request).best();
     if (reference == kInf) {
@@ -139,6 +147,8 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
     for (const auto& stage : plan.stages) {
       if (request.options.recompute == "always") REQUIRE(stage.recompute);
       if (request.options.recompute == "never") REQUIRE_FALSE(stage.recompute);
+      if (request.options.zero == "1") REQUIRE(stage.zero == (stage.replicaCount > 1));
+      if (request.options.zero == "0" || stage.replicaCount == 1) REQUIRE_FALSE(stage.zero);
     }
     PlanEvaluation evaluation = evaluatePlan(request, plan);
     REQUIRE(evaluation.feasible);
@@ -295,6 +305,73 @@ TEST_CASE("an inference plan fits where no training plan does", "[decomposer]") 
     ++found;
   }
   REQUIRE(found >= 3);
+}
+
+// Note [ZeRO-1 cost]: ZeRO-1 costs no time and saves optimizer memory, so with zero=auto the DP
+// picks it exactly where a plan would not fit otherwise, and matches the exhaustive search.
+TEST_CASE("zero=auto picks ZeRO-1 only where it makes the plan fit", "[decomposer]") {
+  std::mt19937 rng(1919);
+  int onlyWithZero = 0, fitsWithout = 0;
+  for (int instance = 0; instance < 600 && onlyWithZero < 10; ++instance) {
+    PlanRequest request =
+        testing::randomRequest(rng, 1 + static_cast<int>(rng() % 5), 2 + static_cast<int>(rng() % 3));
+    request.options.optParamFactor = 2;
+    request.options.zero = "0";
+    const double without = Exhaustive(request).best();
+    request.options.zero = "auto";
+    const double with = Exhaustive(request).best();
+    INFO("instance " << instance << "\n" << request.toText());
+    if (with == kInf) continue;
+    const Plan plan = planDynamicProgramming(request);
+    REQUIRE(near(searchDynamicProgramming(request).best.searchSeconds, with));
+    REQUIRE(with <= without);
+    if (without == kInf) {
+      // Only ZeRO-1 fits: some replicated stage shards, and the plan evaluates as feasible.
+      REQUIRE(std::any_of(plan.stages.begin(), plan.stages.end(),
+                          [](const StagePlan& s) { return s.zero && s.replicaCount > 1; }));
+      REQUIRE(evaluatePlan(request, plan).feasible);
+      // The partition log says which stage shards.
+      {
+        core::LogCapture capture(/*echo=*/false);
+        logPlan(request, plan, evaluatePlan(request, plan));
+        const auto& lines = capture.lines();
+        REQUIRE(std::any_of(lines.begin(), lines.end(), [](const std::string& line) {
+          return line.find("[DPStaging] [info] graph=STAGE_") != std::string::npos &&
+                 line.find(" zero=1 ") != std::string::npos;
+        }));
+      }
+      request.options.zero = "0";
+      REQUIRE_THROWS_AS(planDynamicProgramming(request), PlanError);
+      ++onlyWithZero;
+    } else if (near(with, without)) {
+      ++fitsWithout;
+    }
+  }
+  REQUIRE(onlyWithZero >= 3);
+  REQUIRE(fitsWithout >= 3);
+}
+
+TEST_CASE("ZeRO-1 divides a replicated stage's optimizer bytes by its replica count",
+          "[decomposer]") {
+  std::mt19937 rng(77);
+  PlanRequest request = testing::randomRequest(rng, 3, 4);
+  request.options.optParamFactor = 2;
+  CostModel model(request);
+  StageChoice plain{0, 2, 4, 0, false, 0, false}, sharded{0, 2, 4, 0, false, 0, true};
+  StageEstimate a = model.stage(plain, 1, Schedule::GPipe), b = model.stage(sharded, 1, Schedule::GPipe);
+  REQUIRE(b.optimizerBytes == Approx(a.optimizerBytes / 4));
+  REQUIRE(b.totalMemoryBytes == Approx(a.totalMemoryBytes - a.optimizerBytes * 3 / 4));
+  REQUIRE(b.allreduceSeconds == a.allreduceSeconds);
+  REQUIRE(b.stageSeconds == a.stageSeconds);
+  StageChoice single{0, 2, 1, 0, false, 0, true};
+  REQUIRE(model.stage(single, 1, Schedule::GPipe).optimizerBytes == Approx(a.optimizerBytes));
+  PlanOptions options;
+  options.zero = "sometimes";
+  REQUIRE_THROWS_WITH(options.validate(), Catch::Contains("zero='sometimes'"));
+  options.zero = "1";
+  REQUIRE(options.zeroCandidates() == std::vector<bool>{true});
+  options.usage = PlanUsage::Inference;
+  REQUIRE(options.zeroCandidates() == std::vector<bool>{false});
 }
 
 TEST_CASE("schedule=1f1b cannot be planned for forward()/backward()", "[decomposer]") {

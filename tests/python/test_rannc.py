@@ -41,11 +41,25 @@ def test_gather_inputs_false_and_enable_dropout(tmp_path):
 
 
 @pytest.mark.parametrize("option", ["enable_apex_amp", "allreduce_amp_master_params",
-                                    "enable_zero", "offload_params"])
+                                    "offload_params"])
 def test_unimplemented_options_raise_naming_the_option(option):
     from autostage import rannc as pyrannc
     with pytest.raises(NotImplementedError, match=rf"RaNNCModule\({option}=True\)"):
         pyrannc.RaNNCModule(torch.nn.Linear(2, 2), **{option: True})
+
+
+def test_enable_zero_maps_to_zero_1():
+    import autostage
+    from autostage import _autostage
+    from autostage import rannc as pyrannc
+    model = torch.nn.Linear(2, 2)
+    try:
+        pyrannc.RaNNCModule(model, torch.optim.Adam(model.parameters()), enable_zero=True)
+        assert 'zero = "1"' in autostage.show_config()
+        with pytest.raises(autostage.UnsupportedError, match="LBFGS.*zero=0"):
+            pyrannc.RaNNCModule(model, torch.optim.LBFGS(model.parameters()), enable_zero=True)
+    finally:
+        _autostage._set_option("zero", "auto")
 
 
 def test_keep_graph_true_is_refused():

@@ -9,7 +9,7 @@ import torch
 
 from . import _autostage
 from .checkpoint import load_state_dict_checked
-from .optimizer import patch_optimizer
+from .optimizer import make_shards, patch_optimizer, patch_zero_step, zero_problem
 from .structure import CallProblem, CallStructure, _CallWrapper
 from .torchscript import _check_shapes_static, _trace
 
@@ -69,6 +69,8 @@ class Module(torch.nn.Module):
         super().__init__()
         for key, value in options.items():
             _autostage._set_option(key, _option_text(value))
+        # zero=auto without an optimizer it can shard: this module plans with zero=0.
+        self._zero_off = _choose_zero(optimizer)
         self.model = model
         self._optimizer = optimizer
         # The optimizer's full parameter lists, to re-select the local ones after a replan.
@@ -83,10 +85,13 @@ class Module(torch.nn.Module):
         self._traced_calls = {}
         self._output_structures = {}
         self._pending_call = None  # the CallStructure of the call in progress (for _trace)
+        # Note [ZeRO-1 optimizer] (optimizer.py): {id(shard): (shard, param, offset, length)}.
+        self._shards = {}
         if optimizer is not None:
             owner = weakref.ref(self)
             patch_optimizer(optimizer, self._all_params,
-                            lambda: owner() is not None and owner().ready)
+                            lambda: owner() is not None and owner().ready,
+                            lambda: owner()._shards if owner() is not None else {})
         _install_abort_hook()
 
     @property
@@ -212,7 +217,8 @@ class Module(torch.nn.Module):
         self._impl = self._impls[mode]
         self._impl.set_optimizer_state_bytes(self._optimizer_state_bytes())
         try:
-            outputs = getattr(self._impl, method)(list(inputs), agreed=True)
+            with _zero_off(self._zero_off):
+                outputs = getattr(self._impl, method)(list(inputs), agreed=True)
         except _autostage.DryRunFinished:
             # partitioning_dry_run_np: the plan is saved; end the process as RaNNC does (MPI is
             # finalized at interpreter exit). Catch SystemExit to carry on instead.
@@ -235,6 +241,10 @@ class Module(torch.nn.Module):
         state = None
         if self._selection is not None and self._optimizer is not None:
             state = self._optimizer.state_dict(from_global=True)  # under the old selection
+        elif self._optimizer is not None and self._optimizer.state:
+            # State loaded into the full optimizer before deployment: its layout is the global
+            # one (the groups still hold every parameter).
+            state = self._optimizer.state_dict()
         self._selection = selection
         self._keep_local_parameters()
         if state is not None:
@@ -279,6 +289,7 @@ class Module(torch.nn.Module):
             self._impl.share_state()
         self._impl, self._impls, self._selection, self._selected = None, {}, None, None
         self._traced_calls, self._output_structures = {}, {}
+        self._shards = {}
         if self._optimizer is not None:
             for group, params in zip(self._optimizer.param_groups, self._all_params):
                 group["params"] = list(params)
@@ -323,13 +334,43 @@ class Module(torch.nn.Module):
     def _keep_local_parameters(self):
         local = {p.data_ptr() for p in self._impl.parameters()}
         self._selected = local
+        pieces = self._impl.zero_shards()
+        sharded = self._impl.zero_stage
+        if sharded is not None and self._optimizer is None:
+            raise _autostage.ConfigError(
+                f"stage {sharded} of this deployment runs ZeRO-1 (its optimizer state is split "
+                "over its replicas), which needs the optimizer: pass it to "
+                "autostage.Module(model, optimizer, ...), or set zero=0")
         if self._optimizer is None:
             return
+        if sharded is not None:
+            if zero_problem(self._optimizer):
+                raise _autostage.UnsupportedError(zero_problem(self._optimizer))
+            owner = weakref.ref(self)
+            patch_zero_step(self._optimizer,
+                            lambda: owner()._shards if owner() is not None else {},
+                            lambda: owner() is not None and owner()._gather_params())
+        self._shards, by_param = make_shards(pieces)
+        sharded_ptrs = {p.data_ptr() for p, _, _ in pieces}
         for group, params in zip(self._optimizer.param_groups, self._all_params):
-            group["params"] = [p for p in params if p.data_ptr() in local]
-        # State loaded for the whole model before deployment: keep this rank's share.
-        for p in [p for p in self._optimizer.state if p.data_ptr() not in local]:
+            kept = []
+            for p in params:
+                if p.data_ptr() in by_param:
+                    kept += by_param.pop(p.data_ptr())  # a parameter listed twice: once
+                elif p.data_ptr() in local and p.data_ptr() not in sharded_ptrs:
+                    kept.append(p)
+            group["params"] = kept
+        # Keep only the state of what the optimizer now holds (_follow_training brings the
+        # state of the whole model over, as the shards' under ZeRO-1).
+        held = {id(p) for group in self._optimizer.param_groups for p in group["params"]}
+        for p in [p for p in self._optimizer.state if id(p) not in held]:
             del self._optimizer.state[p]
+
+    def _gather_params(self):
+        """Note [ZeRO-1 optimizer]: after optimizer.step(), all-gathers the stepped pieces of
+        the ZeRO-1 stages into every replica (collective; nothing to do without ZeRO-1)."""
+        if self._selection is not None:
+            self._selection[0].gather_params()
 
     def _require_ready(self, what):
         if not self.ready:
@@ -337,11 +378,52 @@ class Module(torch.nn.Module):
                 f"{what}: the module is not deployed yet; call it once on a batch first")
 
 
+def _option_value(key):
+    """A config option's effective value as text (the binding has no getter: read it from
+    show_config's ``key = value  (source)`` lines; strings are quoted)."""
+    match = re.search(rf'^{re.escape(key)} = "?([^"\s]*)', _autostage.show_config(), re.M)
+    return match.group(1) if match is not None else ""
+
+
 def _option_enabled(key):
-    """A boolean config option's effective value (the binding has no getter: read it from
-    show_config's ``key = value  (source)`` lines)."""
-    match = re.search(rf"^{re.escape(key)} = (\w+)", _autostage.show_config(), re.M)
-    return match is not None and match.group(1) == "true"
+    """A boolean config option's effective value."""
+    return _option_value(key) == "true"
+
+
+def _choose_zero(optimizer):
+    """Note [ZeRO-1 optimizer]: ZeRO-1 steps the optimizer this Module wraps. zero=1 with an
+    optimizer it cannot shard raises UnsupportedError; with zero=auto, returns True when this
+    module must plan without ZeRO-1 (no optimizer, or one it cannot shard)."""
+    setting = _option_value("zero")
+    problem = ("no optimizer was passed to autostage.Module" if optimizer is None
+               else zero_problem(optimizer))
+    if not problem or setting == "0":
+        return False
+    if setting == "1":
+        if optimizer is None:
+            raise _autostage.ConfigError(
+                "zero=1 shards the optimizer state over the replicas, so the optimizer must be "
+                "passed: autostage.Module(model, optimizer, ...); or set zero=0")
+        raise _autostage.UnsupportedError(problem)
+    _autostage._log_info("Module", "zero=auto plans without ZeRO-1: " + problem.split(";")[0])
+    return True
+
+
+class _zero_off:
+    """While active (and `off`), the process-wide option zero reads 0: the calls of a module that
+    must plan without ZeRO-1 (_choose_zero) leave other modules' zero=auto alone."""
+
+    def __init__(self, off):
+        self.off, self.previous = off, None
+
+    def __enter__(self):
+        if self.off:
+            self.previous = _option_value("zero")
+            _autostage._set_option("zero", "0")
+
+    def __exit__(self, *exc):
+        if self.off:
+            _autostage._set_option("zero", self.previous)
 
 
 _hook_installed = False

@@ -14,11 +14,62 @@ adds ``from_global=True`` to ``state_dict`` / ``load_state_dict``:
   Before deployment it loads into the full optimizer.
 
 Without the flag both keep PyTorch's local behaviour.
+
+Note [ZeRO-1 optimizer]
+In a stage planned with ZeRO-1 (staging/gradient_sync.h, Note [ZeRO-1]) each replica owns pieces
+of the stage's flattened parameters, and after backward only those pieces hold the summed
+gradient. The optimizer then holds, instead of such a parameter, one *shard* per owned piece: a
+tensor that is a view of the parameter's elements [offset, offset + length) (``shards`` maps
+id(shard) to (shard, parameter, offset, length)). So the optimizer's state is per piece,
+1/replicas of the stage's, and PyTorch's own step updates the parameter in place.
+``patch_zero_step`` wraps ``step`` (before: each shard's .grad becomes the view of its
+parameter's .grad; after: the pieces are all-gathered into every replica, collective) and
+``zero_grad`` (the whole parameter's gradient, not just the shard's view), so the user's loop
+stays ``loss.backward(); optimizer.step(); optimizer.zero_grad()``. This needs state that is per
+parameter element (``zero_problem``; autostage.Module checks before planning). The global state dict puts the pieces of each state tensor back
+together (and cuts them out again when loading), so it has PyTorch's layout whatever the
+deployment, the rank count or ZeRO.
 """
+
+import types
 
 import torch
 
 from . import _autostage
+
+# Optimizers whose state is a tensor per parameter element (or a scalar per parameter, such as
+# Adam's step), updated elementwise: a piece of a parameter can be stepped alone (Note [ZeRO-1
+# optimizer]). Exact types: a subclass may compute across elements (LAMB's trust ratio).
+ZERO_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad,
+                   torch.optim.RMSprop, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam,
+                   torch.optim.Adadelta)
+
+
+def zero_problem(optimizer):
+    """Why `optimizer` cannot run under ZeRO-1, or "" when it can."""
+    kind = type(optimizer)
+    if kind in ZERO_OPTIMIZERS:
+        return ""
+    names = ", ".join(k.__name__ for k in ZERO_OPTIMIZERS)
+    return (f"ZeRO-1 (zero=1) shards the optimizer state over a stage's replicas per parameter "
+            f"element, but {kind.__module__}.{kind.__qualname__} is not known to keep per-element "
+            f"state (supported: torch.optim {names}); use one of those, or set zero=0 to keep each "
+            "replica's full optimizer state")
+
+
+def make_shards(pieces):
+    """{id(shard): (shard, parameter, offset, length)} and the shard tensors per parameter
+    data_ptr, for the (parameter, offset, length) pieces this rank owns (Note [ZeRO-1
+    optimizer]; pieces of length 0 mark sharded parameters it owns nothing of)."""
+    shards, by_param = {}, {}
+    for param, offset, length in pieces:
+        if length == 0:
+            continue  # sharded, but none of it is this rank's
+        shard = torch.nn.Parameter(param.detach().view(-1).narrow(0, offset, length))
+        shards[id(shard)] = (shard, param, offset, length)
+        by_param.setdefault(param.data_ptr(), []).append(shard)
+    return shards, by_param
+
 
 # How a non-tensor state value travels through the tensor gather, by a one-letter tag.
 _SCALAR_TAGS = {bool: "b", int: "i", float: "f"}
@@ -38,8 +89,9 @@ def _packed_indices(groups):
     return packed, mapping
 
 
-def _encode(index, order, key, value):
-    """(name, tensor) for one state entry; the name keeps index, key order, type and key."""
+def _encode(index, order, key, value, piece=""):
+    """(name, tensor) for one state entry; the name keeps index, key order, type, the piece of
+    the parameter (``offset+length`` under ZeRO-1, else empty) and key."""
     if isinstance(value, torch.Tensor):
         tag, tensor = "t", value
     elif value is None:
@@ -51,43 +103,78 @@ def _encode(index, order, key, value):
         raise _autostage.UnsupportedError(
             f"optimizer state '{key}' of parameter {index} is a {type(value).__name__}; "
             "state_dict(from_global=True) gathers tensors, numbers, bools and None")
-    return f"{index}/{order}/{tag}/{key}", tensor
+    return f"{index}/{order}/{tag}/{piece}/{key}", tensor
 
 
 def _decode(name, tensor):
-    index, order, tag, key = name.split("/", 3)
+    index, order, tag, piece, key = name.split("/", 4)
     if tag == "t":
         value = tensor
     elif tag == "n":
         value = None
     else:
         value = _SCALAR_TYPES[tag][0](tensor.item())
-    return int(index), int(order), key, value
+    offset = int(piece.split("+")[0]) if piece else -1
+    return int(index), int(order), key, offset, value
 
 
-def global_state_dict(local, current_groups, all_groups):
-    """The global state dict from PyTorch's `local` one (collective)."""
+def _assemble(pieces, param):
+    """One state value of `param` from the (offset, value) pieces of its shards: an elementwise
+    state (a 1-d tensor per piece) is put back together in the parameter's shape; a scalar one
+    (e.g. Adam's step, equal on every replica) is taken from the first piece."""
+    offset, first = pieces[0]
+    if offset < 0 or not isinstance(first, torch.Tensor) or first.dim() != 1:
+        return first
+    whole = torch.zeros(param.numel(), dtype=first.dtype, device=first.device)
+    for offset, value in pieces:
+        whole[offset:offset + value.numel()] = value
+    return whole.view(param.shape)
+
+
+def global_state_dict(local, current_groups, all_groups, shards=None):
+    """The global state dict from PyTorch's `local` one (collective). `shards`: Note [ZeRO-1
+    optimizer]."""
+    shards = shards or {}
     _, local_index = _packed_indices(current_groups)
     global_packed, global_index = _packed_indices(all_groups)
     by_local = {local_index[id(p)]: p for params in current_groups for p in params}
     owned = []
     for index, entry in local["state"].items():
-        g = global_index[id(by_local[index])]
-        owned += [_encode(g, order, key, value) for order, (key, value) in enumerate(entry.items())]
-    entries = sorted(_decode(name, t) for name, t in _autostage._gather_from_owners(owned))
-    state = {}
-    for index, _, key, value in entries:
-        state.setdefault(index, {})[key] = value
+        p, piece = by_local[index], ""
+        if id(p) in shards:
+            _, p, offset, length = shards[id(p)]
+            piece = f"{offset}+{length}"
+        g = global_index[id(p)]
+        owned += [_encode(g, order, key, value, piece)
+                  for order, (key, value) in enumerate(entry.items())]
+    entries = sorted((_decode(name, t) for name, t in _autostage._gather_from_owners(owned)),
+                     key=lambda e: e[:4])
+    params = {global_index[id(p)]: p for group in all_groups for p in group}
+    pieces = {}
+    for index, order, key, offset, value in entries:
+        pieces.setdefault(index, {}).setdefault(key, []).append((offset, value))
+    state = {index: {key: _assemble(values, params[index]) for key, values in keys.items()}
+             for index, keys in pieces.items()}
     groups = []
     for group, indices in zip(local["param_groups"], global_packed):
         groups.append(dict(group, params=indices))
     return {"state": state, "param_groups": groups}
 
 
-def local_state_dict(state_dict, current_groups, all_groups):
+def _cut(entry, param, offset, length):
+    """The state of one shard (Note [ZeRO-1 optimizer]) from its parameter's global entry."""
+    def piece(value):
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == param.shape:
+            return value.reshape(-1)[offset:offset + length].clone()
+        return value
+    return {key: piece(value) for key, value in entry.items()}
+
+
+def local_state_dict(state_dict, current_groups, all_groups, shards=None):
     """This rank's share of a global state dict, in PyTorch's layout for `current_groups`, after
     checking that the dict was saved for the same groups (raises ConfigError naming the
-    difference)."""
+    difference). `shards`: Note [ZeRO-1 optimizer]."""
+    shards = shards or {}
     saved_groups = state_dict["param_groups"]
     if len(saved_groups) != len(all_groups):
         raise _autostage.ConfigError(
@@ -107,6 +194,13 @@ def local_state_dict(state_dict, current_groups, all_groups):
     state = {}
     for params in current_groups:
         for p in params:
+            if id(p) in shards:
+                _, param, offset, length = shards[id(p)]
+                saved = saved_index[id(param)]
+                if saved in state_dict["state"]:
+                    state[local_index[id(p)]] = _cut(state_dict["state"][saved], param, offset,
+                                                     length)
+                continue
             saved = saved_index[id(p)]
             if saved in state_dict["state"]:
                 state[local_index[id(p)]] = state_dict["state"][saved]
@@ -114,10 +208,11 @@ def local_state_dict(state_dict, current_groups, all_groups):
     return {"state": state, "param_groups": groups}
 
 
-def patch_optimizer(optimizer, all_groups, deployed):
+def patch_optimizer(optimizer, all_groups, deployed, shards=dict):
     """Adds the from_global flag to the instance's state_dict/load_state_dict. `all_groups`: the
     full parameter list of each group (before filtering); `deployed()`: whether the groups are
-    filtered to this rank's parameters now."""
+    filtered to this rank's parameters now; `shards()`: the current {id(shard): (shard,
+    parameter, offset, length)} (Note [ZeRO-1 optimizer]; empty without ZeRO-1)."""
     if getattr(optimizer, "_autostage_patched", False):
         return
     plain_state_dict = optimizer.state_dict
@@ -130,13 +225,50 @@ def patch_optimizer(optimizer, all_groups, deployed):
         local = plain_state_dict()
         if not from_global or not deployed():
             return local
-        return global_state_dict(local, current_groups(), all_groups)
+        return global_state_dict(local, current_groups(), all_groups, shards())
 
     def load_state_dict(state_dict, from_global=False):
         if not from_global:
             return plain_load_state_dict(state_dict)
-        return plain_load_state_dict(local_state_dict(state_dict, current_groups(), all_groups))
+        return plain_load_state_dict(local_state_dict(state_dict, current_groups(), all_groups,
+                                                      shards()))
 
     optimizer.state_dict = state_dict
     optimizer.load_state_dict = load_state_dict
     optimizer._autostage_patched = True
+
+
+def patch_zero_step(optimizer, shards, gather):
+    """Note [ZeRO-1 optimizer]: wraps the instance's step (shard gradients before, `gather()` of
+    the stepped pieces after; collective) and zero_grad (the whole parameters' gradients), once.
+    Both stay bound methods, so an LR scheduler made later can wrap step as usual (and one made
+    earlier still finds its counting wrapper)."""
+    if getattr(optimizer, "_autostage_zero_patched", False):
+        return
+    plain_step = optimizer.step
+    plain_zero_grad = optimizer.zero_grad
+
+    def step(self, *args, **kwargs):
+        for shard, param, offset, length in shards().values():
+            shard.grad = (None if param.grad is None
+                          else param.grad.view(-1).narrow(0, offset, length))
+        result = plain_step(*args, **kwargs)
+        gather()
+        return result
+
+    def zero_grad(self, set_to_none=False):
+        plain_zero_grad(set_to_none=set_to_none)
+        for _, param, _, _ in shards().values():
+            if param.grad is None:
+                continue
+            if set_to_none:
+                param.grad = None
+            else:
+                with torch.no_grad():
+                    param.grad.zero_()
+
+    if hasattr(plain_step, "_with_counter"):
+        step._with_counter = True
+    optimizer.step = types.MethodType(step, optimizer)
+    optimizer.zero_grad = types.MethodType(zero_grad, optimizer)
+    optimizer._autostage_zero_patched = True

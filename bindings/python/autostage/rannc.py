@@ -84,6 +84,7 @@ def show_deployment(path, batch_size):
         per_replica = -(-batch_size // (micro * replicas))
         lines.append(f"  {stage['name']}: ranks={stage['ranks']} replicas={replicas} "
                      f"nodes={stage['node_count']} recompute={stage['recompute']} "
+                     f"zero={int(stage.get('zero', False))} "
                      f"micro_batch_size={per_replica} "
                      f"fwd={stage['forward_seconds'] * 1e3:.3f}ms "
                      f"bwd={stage['backward_seconds'] * 1e3:.3f}ms "
@@ -127,14 +128,13 @@ class RaNNCModule(Module):
         if allreduce_amp_master_params:
             _unsupported("allreduce_amp_master_params", allreduce_amp_master_params,
                          "Apex AMP master parameters are not supported by autostage")
-        if enable_zero:
-            _unsupported("enable_zero", enable_zero,
-                         "autostage does not shard optimizer states (ZeRO); each replica keeps "
-                         "its stage's full optimizer state")
         if offload_params:
             _unsupported("offload_params", offload_params,
                          "autostage does not offload parameters to host memory")
-        super().__init__(model, optimizer, load_deployment=load_deployment)
+        # enable_zero: ZeRO-1 in every replicated stage (option zero=1); without it the
+        # planner may still choose ZeRO-1 where a stage would not fit otherwise (zero=auto).
+        zero = {"zero": 1} if enable_zero else {}
+        super().__init__(model, optimizer, load_deployment=load_deployment, **zero)
         self.gather_inputs = bool(gather_inputs)
         # RaNNC stops on unused graph values when this is true. autostage does not look for
         # them (docs/rannc-migration.md): both settings train the same way.

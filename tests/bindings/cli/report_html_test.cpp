@@ -287,3 +287,26 @@ TEST_CASE("show and report refuse a file of another kind with the file format's 
   REQUIRE_THROWS_AS(runReportCommand({path}, out), ConfigError);  // no -o
   std::filesystem::remove(path);
 }
+
+TEST_CASE("autostage show and the report give each stage's ZeRO-1 setting", "[cli]") {
+  core::Deployment d = sample();
+  d.stages[0].zero = true;  // the 4-replica stage shards its optimizer state
+  std::ostringstream shown;
+  printDeployment(shown, d);
+  const std::string text = shown.str();
+  // name, nodes, ranks, replicas, recompute, zero
+  const std::regex row(R"(STAGE_\S+\s+\d+\s+\S+\s+\d+\s+(yes|no)\s+([01])\s)");
+  std::vector<std::string> zero;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), row); it != std::sregex_iterator(); ++it)
+    zero.push_back((*it)[2]);
+  CHECK(zero == std::vector<std::string>{"1", "0", "0"});
+  ReportInput input;
+  input.deployment = d;
+  const std::string html = renderReportHtml(input);
+  CHECK(count(html, "<th>zero</th>") == 1);
+  const std::regex cell(R"(<td>(yes|no)</td><td>([01])</td>)");
+  std::vector<std::string> cells;
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), cell); it != std::sregex_iterator(); ++it)
+    cells.push_back((*it)[2]);
+  CHECK(cells == std::vector<std::string>{"1", "0", "0"});
+}

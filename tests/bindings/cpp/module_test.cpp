@@ -36,6 +36,25 @@ TEST_CASE("a config key that does not exist is a ConfigError naming it", "[api]"
                     Catch::Contains("partition_num"));
 }
 
+TEST_CASE("the C++ API plans without ZeRO-1 and refuses zero=1", "[api]") {
+  std::string refused, planned;
+  auto construct = [&](const std::string& zero) {
+    core::globalConfig().set("zero", zero, "test");
+    std::string message;
+    staging::testing::rethrowFirst(comm::runThreadRanks(1, [&](comm::ThreadBackend& backend) {
+      message = staging::testing::errorOf(
+          [&] { Module module(staging::testing::makeMlp(), threadOptions(backend)); });
+    }));
+    return message;
+  };
+  refused = construct("1");
+  CHECK(construct("auto").empty());
+  planned = core::globalConfig().getString("zero");
+  core::globalConfig().set("zero", "auto", "test");
+  CHECK_THAT(refused, Catch::Contains("zero=1") && Catch::Contains("not supported by the C++ API"));
+  CHECK(planned == "0");
+}
+
 TEST_CASE("a module without parameters runs, as in Python", "[api]") {
   at::set_num_threads(1);
   torch::jit::Module relu("Relu");

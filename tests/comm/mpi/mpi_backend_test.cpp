@@ -142,6 +142,31 @@ TEST_CASE("MPI broadcast and allGather of tensors and bytes", "[comm][mpi]") {
   mpi().barrier(mpi().world());
 }
 
+TEST_CASE("MPI reduceScatter and allGatherInto (ZeRO-1's collectives)", "[comm][mpi]") {
+  const int rank = mpi().rank();
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kLong}) {
+    at::Tensor shard = at::empty({3}, dtype);
+    mpi().reduceScatter(pattern(dtype, {12}, rank), shard, ReduceOp::Sum, mpi().world());
+    at::Tensor total = at::zeros({12}, at::kDouble);
+    for (int r = 0; r < 4; ++r) total += pattern(dtype, {12}, r).to(at::kDouble);
+    REQUIRE(at::equal(shard.to(at::kDouble), total.narrow(0, 3 * rank, 3)));
+    at::Tensor whole = at::empty({12}, dtype);
+    mpi().allGatherInto(shard, whole, mpi().world());
+    REQUIRE(at::equal(whole.to(at::kDouble), total));
+  }
+  if (rank == 1 || rank == 3) {
+    at::Tensor shard = at::empty({2}, at::kDouble);
+    mpi().reduceScatter(at::full({4}, double(rank), at::kDouble), shard, ReduceOp::Average,
+                        Group({1, 3}));
+    REQUIRE(at::equal(shard, at::full({2}, 2.0)));
+    at::Tensor buffer = at::zeros({6}, at::kDouble);
+    mpi().allGatherInto(at::full({2}, double(rank), at::kDouble), buffer.narrow(0, 1, 4),
+                        Group({1, 3}));
+    REQUIRE(at::equal(buffer, at::tensor({0.0, 1.0, 1.0, 3.0, 3.0, 0.0}, at::kDouble)));
+  }
+  mpi().barrier(mpi().world());
+}
+
 TEST_CASE("MPI size mismatches are CommErrors", "[comm][mpi]") {
   if (mpi().rank() == 0) {
     mpi().send(at::ones({3}), 1, 50);  // fewer elements than the receiver expects
