@@ -25,8 +25,8 @@ void logDeployment(const core::Deployment& d) {
   for (const core::StageDeployment& s : d.stages) {
     std::ostringstream ranks;
     for (size_t i = 0; i < s.ranks.size(); ++i) ranks << (i ? "," : "") << s.ranks[i];
-    log->info("{}: {} nodes, replicas={} ranks={{{}}} recompute={}", s.name, s.nodes.size(),
-              s.replicaCount(), ranks.str(), s.recompute);
+    log->info("{}: {} nodes, replicas={} ranks={{{}}} recompute={} zero={}", s.name,
+              s.nodes.size(), s.replicaCount(), ranks.str(), s.recompute, s.zero ? 1 : 0);
   }
 }
 

@@ -16,13 +16,37 @@ namespace {
 
 constexpr int kWorld = 2;
 
-// Options for in-process ranks: this rank's thread backend, the default planner over it.
-ModuleOptions threadOptions(comm::Backend& backend) {
+// The process-wide config is not safe to set while other threads read it (thread ranks making
+// Modules do): set what these tests need once, before any test runs. zero=0 is what the C++ API
+// turns zero=auto into when a Module is made (Note [ZeRO-1]); set here, no rank thread writes it.
+const bool kConfigured = [] {
   core::globalConfig().set("measure_comm", "false", "test");
   core::globalConfig().set("profile_pass_seconds", "0", "test");
+  core::globalConfig().set("zero", "0", "test");
+  return true;
+}();
+
+// Options for in-process ranks: this rank's thread backend, the default planner over it.
+ModuleOptions threadOptions(comm::Backend& backend) {
   ModuleOptions options = ModuleOptions::fromConfig();
   options.backend = staging::testing::borrow(backend);
   return options;
+}
+
+// A deep copy whose parameters are leaves that require grad, like the original's.
+torch::jit::Module copyOf(const torch::jit::Module& module) {
+  torch::NoGradGuard noGrad;  // else the copies are outputs of clone() in the autograd graph
+  torch::jit::Module copy = module.deepcopy();
+  for (at::Tensor p : copy.parameters()) p.requires_grad_(true);
+  return copy;
+}
+
+// One copy per rank, made here: clone() or deepcopy() of one jit::Module from several thread
+// ranks at once is not thread-safe (it corrupted the heap about once in 30 runs).
+std::vector<torch::jit::Module> perRank(const torch::jit::Module& module) {
+  std::vector<torch::jit::Module> copies;
+  for (int r = 0; r < kWorld; ++r) copies.push_back(copyOf(module));
+  return copies;
 }
 
 TEST_CASE("a config key that does not exist is a ConfigError naming it", "[api]") {
@@ -50,7 +74,7 @@ TEST_CASE("the C++ API plans without ZeRO-1 and refuses zero=1", "[api]") {
   refused = construct("1");
   CHECK(construct("auto").empty());
   planned = core::globalConfig().getString("zero");
-  core::globalConfig().set("zero", "auto", "test");
+  core::globalConfig().set("zero", "0", "test");  // as kConfigured left it
   CHECK_THAT(refused, Catch::Contains("zero=1") && Catch::Contains("not supported by the C++ API"));
   CHECK(planned == "0");
 }
@@ -60,8 +84,9 @@ TEST_CASE("a module without parameters runs, as in Python", "[api]") {
   torch::jit::Module relu("Relu");
   relu.define("def forward(self, x):\n    return torch.relu(x)\n");
   at::Tensor x = torch::randn({kWorld * 4, 3});
+  const std::vector<torch::jit::Module> copies = perRank(relu);
   staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
-    Module module(relu.clone(), threadOptions(b));
+    Module module(copies[b.rank()], threadOptions(b));
     at::Tensor rows = x.narrow(0, 4 * b.rank(), 4);
     RANK_CHECK(torch::equal(module.forward({rows})[0], torch::relu(rows)));
     RANK_CHECK(module.parameters().empty());
@@ -71,9 +96,9 @@ TEST_CASE("a module without parameters runs, as in Python", "[api]") {
 TEST_CASE("inputs on another device than the stages' are refused on every rank", "[api]") {
   at::set_num_threads(1);
   torch::manual_seed(3);
-  torch::jit::Module mlp = staging::testing::makeMlp();
+  const std::vector<torch::jit::Module> copies = perRank(staging::testing::makeMlp());
   auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
-    Module module(mlp.clone(), threadOptions(b));
+    Module module(copies[b.rank()], threadOptions(b));
     // Rank 1 alone passes a tensor of another device (meta: this machine has no GPU).
     at::Tensor x = b.rank() == 1 ? at::empty({4, 8}, at::TensorOptions().device(at::kMeta))
                                  : torch::randn({4, 8});
@@ -142,13 +167,6 @@ def forward(self, x):
   return net;
 }
 
-// A deep copy whose parameters are leaves that require grad, like the original's.
-torch::jit::Module copyOf(const torch::jit::Module& module) {
-  torch::NoGradGuard noGrad;  // else the copies are outputs of clone() in the autograd graph
-  torch::jit::Module copy = module.deepcopy();
-  for (at::Tensor p : copy.parameters()) p.requires_grad_(true);
-  return copy;
-}
 
 TEST_CASE("train()/eval() run each mode's own deployment, sharing the parameters", "[api]") {
   at::set_num_threads(1);
@@ -178,8 +196,9 @@ TEST_CASE("train()/eval() run each mode's own deployment, sharing the parameters
   reference.train();
   at::Tensor trainAgain = reference.forward({x}).toTensor().detach();
 
+  const std::vector<torch::jit::Module> copies = perRank(initial);
   staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
-    Module module(copyOf(initial), threadOptions(b));
+    Module module(copies[b.rank()], threadOptions(b));
     const at::Tensor rows = x.narrow(0, 4 * b.rank(), 4);
     auto mine = [&](const at::Tensor& global) { return global.narrow(0, 4 * b.rank(), 4); };
     RANK_CHECK(module.isTraining());
@@ -226,11 +245,12 @@ TEST_CASE("saveDeployment writes what a later job loads instead of planning", "[
   const std::string path = testing::scratchPath("api_tests", "saved.deployment").string();
   at::Tensor x = torch::randn({kWorld * 4, 8});
   std::vector<core::Deployment> planned(kWorld), loaded(kWorld);
+  const std::vector<torch::jit::Module> firstCopies = perRank(net), secondCopies = perRank(net);
   staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
     at::Tensor rows = x.narrow(0, 4 * b.rank(), 4);
     at::Tensor first;
     {
-      Module module(copyOf(net), threadOptions(b));
+      Module module(firstCopies[b.rank()], threadOptions(b));
       first = module.forward({rows})[0].detach();
       planned[b.rank()] = module.deployment();
       if (b.rank() == 0) module.saveDeployment(path);
@@ -238,7 +258,7 @@ TEST_CASE("saveDeployment writes what a later job loads instead of planning", "[
     }
     ModuleOptions options = threadOptions(b);
     options.deploymentPath = path;
-    Module module(copyOf(net), options);
+    Module module(secondCopies[b.rank()], options);
     RANK_CHECK(torch::equal(module.forward({rows})[0], first));
     loaded[b.rank()] = module.deployment();
   }));
@@ -268,12 +288,13 @@ TEST_CASE("gradient accumulation and clipGradNorm equal plain LibTorch", "[api]"
   for (const auto& p : reference.named_parameters()) clipped[p.name] = p.value.grad();
 
   Module::delayGradAllreduce(true);  // process-wide, like autostage.delay_grad_allreduce
+  const std::vector<torch::jit::Module> copies = perRank(initial);
   auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
     ModuleOptions options = threadOptions(b);
     options.planner = [](const driver::PlanningInput& in) {  // one stage on both ranks
       return staging::testing::makeDeployment(in.model.graph, {{0, 1}}, in.worldSize, 2);
     };
-    Module module(copyOf(initial), options);
+    Module module(copies[b.rank()], options);
     module.forward({x1.narrow(0, 4 * b.rank(), 4)})[0].sum().backward();
     module.forward({x2.narrow(0, 4 * b.rank(), 4)})[0].sum().backward();
     module.allreduceGrads();
@@ -295,8 +316,9 @@ TEST_CASE("backward runs after the Module that made the outputs is gone", "[api]
   (reference.forward({x}).toTensor().sum() / kWorld).backward();
   std::map<std::string, at::Tensor> grads;
   for (const auto& p : reference.named_parameters()) grads[p.name] = p.value.grad();
+  const std::vector<torch::jit::Module> copies = perRank(initial);
   staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
-    torch::jit::Module mine = copyOf(initial);
+    torch::jit::Module mine = copies[b.rank()];
     at::Tensor out;
     {
       Module module(mine, threadOptions(b));
@@ -324,8 +346,9 @@ def forward(self, x):
 )");
   const torch::jit::Module initial = copyOf(net);
   at::Tensor x = torch::randn({kWorld * 4, 8});
+  const std::vector<torch::jit::Module> copies = perRank(initial);
   staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
-    Module module(copyOf(initial), threadOptions(b));
+    Module module(copies[b.rank()], threadOptions(b));
     at::Tensor rows = x.narrow(0, 4 * b.rank(), 4);
     module.forward({rows});
     module.eval();
@@ -341,9 +364,9 @@ def forward(self, x):
 TEST_CASE("a rank calling in another mode is refused on every rank", "[api]") {
   at::set_num_threads(1);
   torch::manual_seed(6);
-  const torch::jit::Module net = makeModeNet();
+  const std::vector<torch::jit::Module> copies = perRank(makeModeNet());
   auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
-    Module module(copyOf(net), threadOptions(b));
+    Module module(copies[b.rank()], threadOptions(b));
     at::Tensor rows = torch::randn({4, 8});
     module.forward({rows});
     if (b.rank() == 1) module.eval();

@@ -8,11 +8,13 @@
 #include <catch2/catch.hpp>
 
 #include "comm/thread_backend.h"
-#include "staging/module.h"
+#include "driver/module.h"
 #include "test_support.h"
 
-namespace autostage::staging {
+namespace autostage::driver {
 namespace {
+
+using namespace staging;
 
 using testing::allClose;
 
@@ -113,4 +115,4 @@ TEST_CASE("ZeRO-1: owned gradient pieces, global norm and gathered parameters eq
 }
 
 }  // namespace
-}  // namespace autostage::staging
+}  // namespace autostage::driver
