@@ -136,6 +136,9 @@ struct ModuleOptions {
   // partitioning_dry_run_np: plan for this many ranks, save to saveDeploymentPath, throw
   // DryRunFinished on every rank instead of deploying. 0: off.
   int dryRunWorldSize = 0;
+  // The caller's optimizer steps only this rank's ZeRO-1 pieces (Note [ZeRO-1] in
+  // staging/gradient_sync.h): false refuses a deployment with zero stages (a loaded one, too).
+  bool shardsOptimizer = true;
   // Mixed precision (config key precision): the import probe and the stages run under autocast
   // (Note [Autocast execution] in core/torchscript/autocast.h); parameters stay fp32.
   core::Precision precision = core::Precision::Fp32;

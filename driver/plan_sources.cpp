@@ -75,6 +75,7 @@ staging::VerifiedDeployment Module::obtainDeployment(const std::vector<c10::IVal
   fit.graphHash = model_->graph.hash();
   fit.globalBatch = globalBatch;
   fit.deviceMemory = job_.deviceMemory();
+  fit.shardsOptimizer = options_.shardsOptimizer;
   std::optional<staging::VerifiedDeployment> verified;
   comm::runAgreed(*backend_, "validating the deployment", [&] {
     verified = staging::verifyDeployment(model_->graph, std::move(deployment), fit);

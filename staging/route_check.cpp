@@ -157,6 +157,13 @@ VerifiedDeployment verifyDeployment(const core::Graph& graph, core::Deployment d
                        "the deployment saved for this model, or plan again (drop "
                        "load_deployment)");
   }
+  for (const core::StageDeployment& stage : d.stages) {
+    AUTOSTAGE_CHECK_AS(ConfigError, fit.shardsOptimizer || !stage.zero, "stage ", stage.name,
+                       " of the deployment splits its optimizer state over its replicas "
+                       "(ZeRO-1, zero=1), but this module's optimizer steps whole parameters "
+                       "(the C++ API's torch::optim); use a deployment planned with zero=0, or "
+                       "plan again (drop load_deployment)");
+  }
   checkRunsAs(d, fit.usage);
   verifyRoutes(graph, d);
   return VerifiedDeployment(std::move(deployment));

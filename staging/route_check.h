@@ -45,6 +45,8 @@ struct DeploymentFit {
   std::string graphHash;
   int64_t globalBatch = 0;
   int64_t deviceMemory = 0;  // 0: not checked
+  // The caller's optimizer can step ZeRO-1 pieces; false refuses a deployment with zero stages.
+  bool shardsOptimizer = true;
 };
 
 class VerifiedDeployment {

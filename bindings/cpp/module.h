@@ -80,6 +80,7 @@ class Module : public driver::Module {
   }
   static ModuleOptions withDefaults(ModuleOptions options, bool shardsOptimizer) {
     if (!shardsOptimizer) noZero();
+    options.shardsOptimizer = shardsOptimizer;
     if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))
       options.memoryMeter = cpuMemoryMeter();
     return options;

@@ -111,6 +111,15 @@ TEST_CASE("verifyDeployment checks the job's fit, and a file's graph, batch and 
     fit.deviceMemory = 1;
     CHECK_NOTHROW(verifyDeployment(graph, d, fit));
   }
+  SECTION("ZeRO-1 stages, for a module whose optimizer steps whole parameters") {
+    d.stages[0].zero = true;
+    CHECK_NOTHROW(verifyDeployment(graph, d, fit));
+    fit.shardsOptimizer = false;
+    CHECK_THROWS_WITH(verifyDeployment(graph, d, fit),
+                      Catch::Contains("stage " + d.stages[0].name) &&
+                          Catch::Contains("(ZeRO-1, zero=1), but this module's optimizer steps "
+                                          "whole parameters"));
+  }
   SECTION("a schedule the call cannot run, and broken routes") {
     d.schedule = "1f1b";
     CHECK_THROWS_WITH(verifyDeployment(graph, d, fit), Catch::Contains("schedule 1f1b"));
