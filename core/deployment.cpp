@@ -1,5 +1,6 @@
 #include "core/deployment.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace autostage::core {
@@ -25,7 +26,7 @@ bool Route::operator==(const Route& o) const {
 bool Deployment::operator==(const Deployment& o) const {
   return graphHash == o.graphHash && worldSize == o.worldSize && devicesPerNode == o.devicesPerNode && deviceMemory == o.deviceMemory &&
          batchSize == o.batchSize && microBatchCount == o.microBatchCount &&
-         schedule == o.schedule && decomposer == o.decomposer && stages == o.stages &&
+         schedule == o.schedule && virtualStages == o.virtualStages && decomposer == o.decomposer && stages == o.stages &&
          routes == o.routes && options == o.options &&
          predictedIterationSeconds == o.predictedIterationSeconds;
 }
@@ -40,6 +41,16 @@ double memoryMargin(const Deployment& d) {
 
 double usableMemory(const Deployment& d) {
   return static_cast<double>(d.deviceMemory) * (1 - memoryMargin(d));
+}
+
+std::string scheduleText(const Deployment& d) {
+  if (d.virtualStages <= 1) return d.schedule;
+  return d.schedule + "(v=" + std::to_string(d.virtualStages) + ")";
+}
+
+int pipelinePositions(const Deployment& d) {
+  const int v = std::max(1, d.virtualStages);
+  return static_cast<int>(d.stages.size()) / v;
 }
 
 }  // namespace autostage::core

@@ -70,6 +70,10 @@ struct Deployment {
   int64_t batchSize = 0;     // global batch
   int microBatchCount = 1;
   std::string schedule = "gpipe";  // "gpipe" or "1f1b"
+  // Stages per pipeline position (Note [Pipeline schedules] in core/pipeline_schedule.h): with
+  // v > 1, stage k runs on the ranks of stage k mod (stages / v), in Megatron's interleaved 1f1b
+  // order. 1 in files written before it was recorded.
+  int virtualStages = 1;
   std::string decomposer = "dp";
   std::vector<StageDeployment> stages;  // in pipeline order
   std::vector<Route> routes;
@@ -82,5 +86,9 @@ struct Deployment {
 // bytes usable per device it planned for: deviceMemory * (1 - margin).
 double memoryMargin(const Deployment& deployment);
 double usableMemory(const Deployment& deployment);
+// Pipeline positions of a deployment: stages / virtualStages (Note [Pipeline schedules]).
+int pipelinePositions(const Deployment& deployment);
+// The schedule as users read it: "gpipe", "1f1b", or "1f1b(v=2)" with virtual stages.
+std::string scheduleText(const Deployment& deployment);
 
 }  // namespace autostage::core

@@ -92,7 +92,13 @@ template <typename... Args>
                     "; the deployment is inconsistent, re-plan to regenerate it");
 }
 
+// Note [Pipeline schedules] (core/pipeline_schedule.h): the first stages/v stages sit on
+// disjoint rank sets; stage k >= stages/v runs on exactly the ranks of stage k mod (stages/v).
 void checkStages(const Deployment& d, const std::string& origin) {
+  if (d.virtualStages < 1 || d.stages.size() % d.virtualStages != 0)
+    fail(origin, "virtual_stages is ", d.virtualStages, " for ", d.stages.size(),
+         " stages, expected a divisor of the stage count");
+  const size_t positions = d.stages.size() / d.virtualStages;
   std::map<int, int> stageOfRank;
   for (size_t i = 0; i < d.stages.size(); ++i) {
     const StageDeployment& s = d.stages[i];
@@ -100,17 +106,23 @@ void checkStages(const Deployment& d, const std::string& origin) {
       fail(origin, "stage entry ", i, " ('", s.name, "') has id ", s.id, ", expected ", i,
            " (stage ids are 0..n-1 in pipeline order)");
     if (s.ranks.empty()) fail(origin, "stage ", i, " ('", s.name, "') has no rank");
+    if (i >= positions && s.ranks != d.stages[i % positions].ranks)
+      fail(origin, "stage ", i, " ('", s.name, "') is virtual stage ", i / positions,
+           " of pipeline position ", i % positions, " but does not run on that position's ranks",
+           " (virtual_stages=", d.virtualStages, ")");
     for (int rank : s.ranks) {
       if (rank < 0 || rank >= d.worldSize)
         fail(origin, "stage ", i, " ('", s.name, "') runs on rank ", rank,
              ", expected a rank in 0..", d.worldSize - 1, " (world_size=", d.worldSize, ")");
+      if (i >= positions) continue;
       auto [it, fresh] = stageOfRank.emplace(rank, s.id);
       if (!fresh && it->second == s.id)
         fail(origin, "stage ", i, " ('", s.name, "') lists rank ", rank,
              " twice (a rank may hold only one stage replica)");
       if (!fresh)
         fail(origin, "rank ", rank, " holds a replica of stage ", it->second, " and of stage ",
-             s.id, " (a rank may hold only one stage replica)");
+             s.id, " (a rank holds one pipeline position; with virtual_stages=",
+             d.virtualStages, " stage k runs on the ranks of stage k mod ", positions, ")");
     }
   }
 }
@@ -149,6 +161,7 @@ proto::Deployment toProto(const Deployment& deployment) {
   }
   out.set_predicted_iteration_seconds(deployment.predictedIterationSeconds);
   out.set_devices_per_node(deployment.devicesPerNode);
+  out.set_virtual_stages(deployment.virtualStages);
   return out;
 }
 
@@ -168,6 +181,7 @@ Deployment fromProto(const proto::Deployment& message, const std::string& origin
       fail(origin, "option '", option.key(), "' appears twice");
   d.predictedIterationSeconds = message.predicted_iteration_seconds();
   d.devicesPerNode = message.devices_per_node();
+  d.virtualStages = message.virtual_stages() == 0 ? 1 : message.virtual_stages();
   checkDeployment(d, origin);
   return d;
 }

@@ -114,6 +114,25 @@ TEST_CASE("deployment files round-trip stages, replicas, routes and options", "[
   REQUIRE(decodeDeployment(encodeDeployment(d)) == d);
 }
 
+TEST_CASE("an interleaved deployment round-trips: stage k on the ranks of stage k mod S",
+          "[core][proto]") {
+  Deployment d = sampleDeployment();
+  d.worldSize = 4;
+  d.virtualStages = 2;
+  d.stages = {stage(0, {0, 1}, {0, 1}), stage(1, {2, 3}, {2, 3}), stage(2, {4, 5}, {0, 1}),
+              stage(3, {6, 7}, {2, 3})};
+  d.routes = {route(0, kFeederStage, {0, 2}, false, false), route(12, 0, {1, 2}, false, true),
+              route(15, 2, {3}, false, true), route(20, 3, {}, true, true)};
+  const Deployment back = decodeDeployment(encodeDeployment(d), "interleaved.bin");
+  REQUIRE(back == d);
+  REQUIRE(back.virtualStages == 2);
+  REQUIRE(pipelinePositions(back) == 2);
+  REQUIRE(back.stages[3].ranks == std::vector<int>{2, 3});
+  Deployment other = d;
+  other.virtualStages = 1;
+  REQUIRE_FALSE(other == d);
+}
+
 TEST_CASE("deployment operator== sees stages, routes and options", "[core][proto]") {
   const Deployment d = sampleDeployment();
   auto differs = [&](auto&& change) {
@@ -172,7 +191,13 @@ TEST_CASE("inconsistent deployments are FormatErrors naming the stage, rank or r
   requireRefused([](P& m) { m.mutable_stages(2)->clear_ranks(); },
                  {"stage 2 ('STAGE_7_8') has no rank"});
   requireRefused([](P& m) { m.mutable_stages(2)->set_ranks(0, 4); },
-                 {"rank 4 holds a replica of stage 1 and of stage 2", "only one stage replica"});
+                 {"rank 4 holds a replica of stage 1 and of stage 2", "one pipeline position"});
+  // Interleaved: 3 stages cannot be 2 per position; a virtual stage off its position's ranks.
+  requireRefused([](P& m) { m.set_virtual_stages(2); },
+                 {"virtual_stages is 2 for 3 stages", "divisor"});
+  requireRefused([](P& m) { m.set_virtual_stages(3); },
+                 {"stage 1 ('STAGE_3_6') is virtual stage 1 of pipeline position 0",
+                  "virtual_stages=3"});
   requireRefused([](P& m) { m.mutable_stages(0)->set_ranks(3, 0); },
                  {"stage 0 ('STAGE_0_5') lists rank 0 twice"});
   requireRefused([](P& m) { m.mutable_stages(2)->set_ranks(0, 8); },
@@ -220,6 +245,7 @@ TEST_CASE("deployment fields added later are 0 when an older file lacks them", "
   Deployment d = sampleDeployment();
   proto::Deployment message = toProto(d);
   message.clear_devices_per_node();
+  message.clear_virtual_stages();
   for (auto& stage : *message.mutable_stages()) {
     stage.clear_send_forward_seconds();
     stage.clear_send_backward_seconds();
@@ -230,6 +256,7 @@ TEST_CASE("deployment fields added later are 0 when an older file lacks them", "
   }
   Deployment old = fromProto(message, "old file");
   REQUIRE(old.devicesPerNode == 0);
+  REQUIRE(old.virtualStages == 1);  // files from before interleaving: one stage per position
   REQUIRE(old.stages[0].sendForwardSeconds == 0);
   REQUIRE(old.stages[1].gradientBytes == 0);
   REQUIRE_FALSE(old.stages[0].zero);  // files from before ZeRO-1 load as zero=0
