@@ -30,9 +30,12 @@ namespace {
 std::string whereOf(const Executor& executor, int rank) {
   std::ostringstream out;
   out << "rank " << rank;
-  int stage = executor.localStage();
-  if (stage < 0) return out.str() + " (no stage)";
-  out << ", stage " << stage << " (" << executor.deployment().stages[stage].name << ")";
+  const std::vector<int> stages = executor.localStages();
+  if (stages.empty()) return out.str() + " (no stage)";
+  out << (stages.size() > 1 ? ", stages " : ", stage ");
+  for (size_t i = 0; i < stages.size(); ++i)
+    out << (i ? ", " : "") << stages[i] << " (" << executor.deployment().stages[stages[i]].name
+        << ")";
   return out.str();
 }
 
@@ -365,8 +368,11 @@ void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage
   executors_[usage] = executor_;
   executor_->setOptimizerStateBytes(usage == core::PlanUsage::Inference ? 0 : optimizerStateBytes_);
   ++deploymentCount_;
-  core::logger("Runtime")->info("Deployed stage {} on rank {} ({} local parameter tensors)",
-                                executor_->localStage(), backend_->rank(),
+  std::string stages;
+  for (int stage : executor_->localStages()) stages += (stages.empty() ? "" : ",") + std::to_string(stage);
+  core::logger("Runtime")->info("Deployed stage{} {} on rank {} ({} local parameter tensors)",
+                                stages.find(',') != std::string::npos ? "s" : "",
+                                stages.empty() ? "-1" : stages, backend_->rank(),
                                 executor_->params().ids().size());
   core::logger("Module")->info("Module is ready. (rank{})", backend_->rank());
 }

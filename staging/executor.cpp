@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/pipeline_schedule.h"
 #include "core/plan_usage.h"
 #include "core/torchscript/type_convert.h"
 
@@ -37,17 +39,21 @@ Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment d
       rank_(backend_->rank()),
       gradientSync_(gradientGroups(model.graph, deployment_), options.gradientBucketBytes),
       transport_(*backend_),
-      memory_(options.memoryMeter, deployment_, -1) {
+      memory_(options.memoryMeter, deployment_, {}) {
   options_.validate();
   if (!options_.traceDirectory.empty())
     trace_ = std::make_unique<EventTrace>(rank_, options_.traceDirectory, options_.traceSteps);
   AUTOSTAGE_INTERNAL_ASSERT(deployment_.worldSize == backend_->worldSize(),
                             "a deployment verified for another world size");
+  const int positions = core::pipelinePositions(deployment_);
   for (const core::StageDeployment& stage : deployment_.stages) {
     auto it = std::find(stage.ranks.begin(), stage.ranks.end(), rank_);
     if (it == stage.ranks.end()) continue;
-    stageId_ = stage.id;
-    replicaIndex_ = static_cast<int>(it - stage.ranks.begin());
+    LocalStage local;
+    local.id = stage.id;
+    local.replicaIndex = static_cast<int>(it - stage.ranks.begin());
+    local_.push_back(std::move(local));
+    position_ = stage.id % positions;
   }
   for (const core::Route& route : deployment_.routes)
     routeKinds_.push_back(routeKind(model_.graph, route.value));
@@ -55,19 +61,23 @@ Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment d
     for (size_t r = 0; r < deployment_.routes.size(); ++r)
       if (deployment_.routes[r].value == out) outputRoutes_.push_back(static_cast<int>(r));
   }
-  if (stageId_ >= 0) {
-    const core::StageDeployment& stage = deployment_.stages[stageId_];
-    params_ = ParamStorage(model_, stageParams(model_.graph, stage));
-    std::vector<core::ValueId> gradientInputs;
-    for (size_t r = 0; r < deployment_.routes.size(); ++r) {
-      const core::Route& route = deployment_.routes[r];
-      const auto& consumers = route.consumerStages;
-      bool mine = std::find(consumers.begin(), consumers.end(), stageId_) != consumers.end();
-      if (mine && carriesGradient(r)) gradientInputs.push_back(route.value);
+  if (!local_.empty()) {
+    std::set<core::ValueId> paramIds;  // a parameter two local stages read is held once
+    for (const LocalStage& local : local_)
+      for (core::ValueId p : stageParams(model_.graph, deployment_.stages[local.id]))
+        paramIds.insert(p);
+    params_ = ParamStorage(model_, std::vector<core::ValueId>(paramIds.begin(), paramIds.end()));
+    for (LocalStage& local : local_) {
+      std::vector<core::ValueId> gradientInputs;
+      for (size_t r = 0; r < deployment_.routes.size(); ++r) {
+        const auto& consumers = deployment_.routes[r].consumerStages;
+        bool mine = std::find(consumers.begin(), consumers.end(), local.id) != consumers.end();
+        if (mine && carriesGradient(r)) gradientInputs.push_back(deployment_.routes[r].value);
+      }
+      local.runner = std::make_unique<StageRunner>(model_.graph, deployment_.stages[local.id],
+                                                   params_, gradientInputs, options_.precision);
     }
-    runner_ = std::make_unique<StageRunner>(model_.graph, stage, params_, gradientInputs,
-                                            options_.precision);
-    memory_ = MemoryWatch(options_.memoryMeter, deployment_, stageId_);
+    memory_ = MemoryWatch(options_.memoryMeter, deployment_, localStages());
   }
   if (options_.synchronizeParams) ParamStorage::synchronize(model_, *backend_);
 }
@@ -92,8 +102,15 @@ const BatchLayout& Executor::layout() const {
   return *layout_;
 }
 
-SampleRange Executor::myRows(int micro) const {
-  return layout_->replicaRows(micro, replicaIndex_, deployment_.stages[stageId_].replicaCount());
+std::vector<int> Executor::localStages() const {
+  std::vector<int> ids;
+  for (const LocalStage& local : local_) ids.push_back(local.id);
+  return ids;
+}
+
+SampleRange Executor::myRows(const LocalStage& stage, int micro) const {
+  return layout_->replicaRows(micro, stage.replicaIndex,
+                              deployment_.stages[stage.id].replicaCount());
 }
 
 at::Tensor Executor::allocateRows(core::ValueId value, int64_t rows) const {
@@ -101,11 +118,11 @@ at::Tensor Executor::allocateRows(core::ValueId value, int64_t rows) const {
   return at::empty(type.shape(), at::TensorOptions().dtype(torchscript::dtypeToTorch(type.dtype())));
 }
 
-int Executor::outputIndex(core::ValueId value) const {
-  const auto& outs = runner_->outputs();
+int Executor::outputIndex(const LocalStage& stage, core::ValueId value) const {
+  const auto& outs = stage.runner->outputs();
   auto it = std::find(outs.begin(), outs.end(), value);
   AUTOSTAGE_INTERNAL_ASSERT(it != outs.end(), "value ", value, " is not an output of stage ",
-                            stageId_);
+                            stage.id);
   return static_cast<int>(it - outs.begin());
 }
 
@@ -122,8 +139,10 @@ void Executor::beginStep(const std::vector<at::Tensor>& inputs) {
   transport_.reset();
   if (trace_) trace_->beginStep();
   memory_.begin(params_);
-  if (runner_) runner_->clear();
-  stageOutputs_.assign(layout_->microBatchCount(), {});
+  for (LocalStage& local : local_) {
+    local.runner->clear();
+    local.outputs.assign(layout_->microBatchCount(), {});
+  }
   lossSums_.assign(deployment_.routes.size(), 0.0);
   lossGradients_.assign(deployment_.routes.size(), 0.0);
 }
@@ -141,12 +160,12 @@ std::vector<at::Tensor> Executor::forward(const std::vector<at::Tensor>& inputs)
                      "plan for forward/backward");
   beginStep(inputs);
   sendFeederRows(inputs);
-  if (runner_)
-    for (int m = 0; m < layout_->microBatchCount(); ++m) forwardMicro(m);
+  for (LocalStage& local : local_)  // gpipe runs one stage per rank (pipelineShapeProblem)
+    for (int m = 0; m < layout_->microBatchCount(); ++m) forwardMicro(local, m);
   std::vector<at::Tensor> outputs = receiveCallerOutputs();
   transport_.waitAll();
   if (!at::GradMode::is_enabled()) {  // nothing to keep for a backward: the step ends here
-    stageOutputs_.clear();
+    for (LocalStage& local : local_) local.outputs.clear();
     endStepMemory();
   }
   return outputs;
@@ -158,8 +177,8 @@ void Executor::backward(const std::vector<at::Tensor>& outputGrads) {
                   "model output (", outputRoutes_.size(), "), got ", outputGrads.size());
   sendCallerGradients(outputGrads);
   averageLossGradients(outputGrads);
-  if (runner_)
-    for (int m = layout_->microBatchCount() - 1; m >= 0; --m) backwardMicro(m);
+  for (auto local = local_.rbegin(); local != local_.rend(); ++local)
+    for (int m = layout_->microBatchCount() - 1; m >= 0; --m) backwardMicro(*local, m);
   finishBackward();
 }
 
@@ -174,12 +193,15 @@ std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& input
   beginStep(inputs);
   for (int r : outputRoutes_) lossGradients_[r] += 1.0;
   sendFeederRows(inputs);
-  if (runner_) {
-    for (const auto& [op, micro] : stepOrder()) {
-      if (op == 'F') {
-        forwardMicro(micro);
+  if (position_ >= 0) {  // Note [Pipeline schedules] (core/pipeline_schedule.h)
+    for (const core::PipelineOp& op :
+         core::pipelineOrder(deployment_.schedule, position_, core::pipelinePositions(deployment_),
+                             deployment_.virtualStages, layout_->microBatchCount())) {
+      LocalStage& local = local_.at(op.chunk);
+      if (op.forward) {
+        forwardMicro(local, op.microBatch);
       } else {
-        backwardMicro(micro);
+        backwardMicro(local, op.microBatch);
       }
     }
   }
@@ -192,33 +214,13 @@ bool Executor::inferenceOnly() const {
   return core::recordedUsage(deployment_) == core::usageName(core::PlanUsage::Inference);
 }
 
-// The deployment's schedule, as this stage runs it: gpipe runs every forward, then every backward
-// in reverse; 1f1b warms up with as many forwards as there are later stages, then alternates.
-std::vector<std::pair<char, int>> Executor::stepOrder() const {
-  const int micros = layout_->microBatchCount();
-  const int stages = static_cast<int>(deployment_.stages.size());
-  AUTOSTAGE_CHECK_AS(PlanError, deployment_.schedule == "gpipe" || deployment_.schedule == "1f1b",
-                     "the deployment's schedule '", deployment_.schedule,
-                     "' is unknown to this runtime (gpipe, 1f1b); plan again");
-  const int warmup = deployment_.schedule == "gpipe" ? micros
-                                                     : std::min(stages - 1 - stageId_, micros);
-  std::vector<std::pair<char, int>> order;
-  for (int m = 0; m < warmup; ++m) order.emplace_back('F', m);
-  for (int m = warmup; m < micros; ++m) {
-    order.emplace_back('F', m);
-    order.emplace_back('B', m - warmup);
-  }
-  for (int m = micros - warmup; m < micros; ++m) order.emplace_back('B', m);
-  return order;
-}
-
 void Executor::finishBackward() {
   {
-    TraceScope scope(trace_.get(), "wait_sends", stageId_, -1);
+    TraceScope scope(trace_.get(), "wait_sends", localStage(), -1);
     transport_.waitAll();
   }
   if (!delayGradAllreduce()) allreduceGrads();
-  stageOutputs_.clear();  // the backward consumed them
+  for (LocalStage& local : local_) local.outputs.clear();  // the backward consumed them
   endStepMemory();
   if (trace_) trace_->endStep();
 }
@@ -236,12 +238,12 @@ void setDelayGradAllreduce(bool delay) { delayGradAllreduceFlag = delay; }
 bool delayGradAllreduce() { return delayGradAllreduceFlag; }
 
 void Executor::allreduceGrads() {
-  TraceScope scope(trace_.get(), "allreduce", stageId_, -1);
+  TraceScope scope(trace_.get(), "allreduce", localStage(), -1);
   gradientSync_.run(*backend_, params_);
 }
 
 void Executor::gatherParams() {
-  TraceScope scope(trace_.get(), "allgather", stageId_, -1);
+  TraceScope scope(trace_.get(), "allgather", localStage(), -1);
   gradientSync_.gatherParams(*backend_, params_);
 }
 

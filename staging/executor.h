@@ -1,6 +1,7 @@
 #pragma once
-// Runs one deployment on this rank: micro-batching, routing, the gpipe and 1f1b schedules and
-// gradient synchronisation. Every public step is collective over the world: all ranks call it
+// Runs one deployment on this rank: micro-batching, routing, the gpipe, 1f1b and interleaved
+// 1f1b schedules (the order of core/pipeline_schedule.h; a rank may hold several stages, one per
+// virtual stage of its pipeline position) and gradient synchronisation. Every public step is collective over the world: all ranks call it
 // in the same order (ranks holding no stage still feed their rows and receive their outputs).
 //
 // Note [Loss outputs]
@@ -87,8 +88,10 @@ class Executor {
 
   const core::Deployment& deployment() const { return deployment_; }
   const ParamStorage& params() const { return params_; }
-  // This rank's stage id, or -1 when it holds none.
-  int localStage() const { return stageId_; }
+  // This rank's stage ids in pipeline order (several with virtual stages), empty when it holds
+  // none; localStage() is the first, or -1.
+  std::vector<int> localStages() const;
+  int localStage() const { return local_.empty() ? -1 : local_.front().id; }
   // Batch geometry of the last step (throws before the first).
   const BatchLayout& layout() const;
   // This rank's memory in the last step against the plan (Note [Measured memory]); nullopt
@@ -105,20 +108,27 @@ class Executor {
   // every rank when any rank's inputs are wrong or the sizes differ.
   int64_t agreeLocalBatch(const std::vector<at::Tensor>& inputs);
   std::string describeInputProblem(const std::vector<at::Tensor>& inputs) const;
+  // One stage this rank holds: its runner and the outputs each micro-batch's forward left for
+  // its backward.
+  struct LocalStage {
+    int id = -1;
+    int replicaIndex = -1;
+    std::unique_ptr<StageRunner> runner;
+    std::vector<std::vector<at::Tensor>> outputs;  // per micro-batch
+  };
   bool carriesGradient(size_t route) const;
-  int outputIndex(core::ValueId value) const;
+  int outputIndex(const LocalStage& stage, core::ValueId value) const;
   void sendFeederRows(const std::vector<at::Tensor>& inputs);
-  void forwardMicro(int micro);
-  void backwardMicro(int micro);
+  void forwardMicro(LocalStage& stage, int micro);
+  void backwardMicro(LocalStage& stage, int micro);
   std::vector<at::Tensor> receiveCallerOutputs();
   void sendCallerGradients(const std::vector<at::Tensor>& outputGrads);
   std::vector<at::Tensor> reduceLosses();
   void averageLossGradients(const std::vector<at::Tensor>& outputGrads);
   void finishBackward();
   void endStepMemory();  // closes the step's memory window (Note [Measured memory])
-  SampleRange myRows(int micro) const;
+  SampleRange myRows(const LocalStage& stage, int micro) const;
   at::Tensor allocateRows(core::ValueId value, int64_t rows) const;
-  std::vector<std::pair<char, int>> stepOrder() const;
   bool inferenceOnly() const;  // planned for a forward under no_grad (Note [Plan usage])
 
   const torchscript::ImportedModel& model_;
@@ -126,17 +136,15 @@ class Executor {
   std::shared_ptr<comm::Backend> backend_;
   ExecutorOptions options_;
   int rank_;
-  int stageId_ = -1;
-  int replicaIndex_ = -1;
+  int position_ = -1;              // pipeline position (Note [Pipeline schedules]), -1: none
+  std::vector<LocalStage> local_;  // ascending stage ids: chunk c of the position is local_[c]
   std::vector<RouteKind> routeKinds_;  // per route
   std::vector<int> outputRoutes_;      // per graph output: its route index
-  ParamStorage params_;
-  std::unique_ptr<StageRunner> runner_;
+  ParamStorage params_;               // the parameters of every local stage
   GradientSync gradientSync_;
   RowTransport transport_;
   std::optional<BatchLayout> layout_;
   std::optional<TransferPlan> plan_;
-  std::vector<std::vector<at::Tensor>> stageOutputs_;  // per micro: runner outputs
   std::vector<double> lossSums_;       // per route: this rank's weighted loss pieces
   std::vector<double> lossGradients_;  // per route: averaged caller gradient of a loss
   std::unique_ptr<EventTrace> trace_;  // null unless tracing

@@ -81,41 +81,41 @@ void Executor::sendFeederRows(const std::vector<at::Tensor>& inputs) {
   }
 }
 
-void Executor::forwardMicro(int micro) {
-  SampleRange rows = myRows(micro);
+void Executor::forwardMicro(LocalStage& stage, int micro) {
+  SampleRange rows = myRows(stage, micro);
   std::unordered_map<core::ValueId, at::Tensor> inputs;
-  for (core::ValueId v : runner_->routedInputs()) inputs[v] = allocateRows(v, rows.size());
+  for (core::ValueId v : stage.runner->routedInputs()) inputs[v] = allocateRows(v, rows.size());
   EventTrace* trace = trace_.get();
   {
-    TraceScope scope(trace, "recv", stageId_, micro);
-    for (const Transfer* t : plan_->incoming(rank_, stageId_, micro))
+    TraceScope scope(trace, "recv", stage.id, micro);
+    for (const Transfer* t : plan_->incoming(rank_, stage.id, micro))
       transport_.receive(inputs.at(t->value), rows.begin, *t, Direction::Forward);
   }
-  std::vector<at::Tensor>& outputs = stageOutputs_[micro];
+  std::vector<at::Tensor>& outputs = stage.outputs[micro];
   {
-    TraceScope scope(trace, "forward", stageId_, micro);
-    outputs = runner_->forward(micro, inputs);
+    TraceScope scope(trace, "forward", stage.id, micro);
+    outputs = stage.runner->forward(micro, inputs);
   }
-  TraceScope scope(trace, "send", stageId_, micro);
-  for (const Transfer* t : plan_->outgoing(rank_, stageId_, micro))
-    transport_.send(outputs[outputIndex(t->value)], rows.begin, *t, Direction::Forward);
+  TraceScope scope(trace, "send", stage.id, micro);
+  for (const Transfer* t : plan_->outgoing(rank_, stage.id, micro))
+    transport_.send(outputs[outputIndex(stage, t->value)], rows.begin, *t, Direction::Forward);
   double weight = double(rows.size()) / double(layout_->globalBatch());
   for (size_t r = 0; r < deployment_.routes.size(); ++r) {
     const core::Route& route = deployment_.routes[r];
-    if (routeKinds_[r] != RouteKind::Loss || route.producerStage != stageId_) continue;
-    lossSums_[r] += weight * outputs[outputIndex(route.value)].item<double>();
+    if (routeKinds_[r] != RouteKind::Loss || route.producerStage != stage.id) continue;
+    lossSums_[r] += weight * outputs[outputIndex(stage, route.value)].item<double>();
   }
 }
 
-void Executor::backwardMicro(int micro) {
-  SampleRange rows = myRows(micro);
-  std::vector<at::Tensor>& outputs = stageOutputs_[micro];
+void Executor::backwardMicro(LocalStage& stage, int micro) {
+  SampleRange rows = myRows(stage, micro);
+  std::vector<at::Tensor>& outputs = stage.outputs[micro];
   std::vector<at::Tensor> grads(outputs.size());
   EventTrace* trace = trace_.get();
-  std::optional<TraceScope> receiving(std::in_place, trace, "recv_grad", stageId_, micro);
-  for (const Transfer* t : plan_->outgoing(rank_, stageId_, micro)) {
+  std::optional<TraceScope> receiving(std::in_place, trace, "recv_grad", stage.id, micro);
+  for (const Transfer* t : plan_->outgoing(rank_, stage.id, micro)) {
     if (!carriesGradient(t->route)) continue;
-    int index = outputIndex(t->value);
+    int index = outputIndex(stage, t->value);
     if (!grads[index].defined()) grads[index] = at::zeros_like(outputs[index]);
     at::Tensor part = allocateRows(t->value, t->rows.size());
     transport_.receive(part, t->rows.begin, *t, Direction::Gradient);
@@ -124,18 +124,18 @@ void Executor::backwardMicro(int micro) {
   double weight = double(rows.size()) / double(layout_->globalBatch());
   for (size_t r = 0; r < deployment_.routes.size(); ++r) {
     const core::Route& route = deployment_.routes[r];
-    if (routeKinds_[r] != RouteKind::Loss || route.producerStage != stageId_) continue;
-    int index = outputIndex(route.value);
+    if (routeKinds_[r] != RouteKind::Loss || route.producerStage != stage.id) continue;
+    int index = outputIndex(stage, route.value);
     grads[index] = at::full_like(outputs[index], lossGradients_[r] * weight);
   }
   receiving.reset();
   std::unordered_map<core::ValueId, at::Tensor> inputGrads;
   {
-    TraceScope scope(trace, "backward", stageId_, micro);
-    inputGrads = runner_->backward(micro, grads);
+    TraceScope scope(trace, "backward", stage.id, micro);
+    inputGrads = stage.runner->backward(micro, grads);
   }
-  TraceScope sending(trace, "send_grad", stageId_, micro);
-  for (const Transfer* t : plan_->incoming(rank_, stageId_, micro)) {
+  TraceScope sending(trace, "send_grad", stage.id, micro);
+  for (const Transfer* t : plan_->incoming(rank_, stage.id, micro)) {
     if (carriesGradient(t->route))
       transport_.send(inputGrads.at(t->value), rows.begin, *t, Direction::Gradient);
   }

@@ -47,9 +47,9 @@ std::string describe(const StepMemory& m) {
 }  // namespace
 
 MemoryWatch::MemoryWatch(std::shared_ptr<MemoryMeter> meter, const core::Deployment& deployment,
-                         int stage)
-    : meter_(std::move(meter)), stage_(stage) {
-  if (stage >= 0) predicted_ = deployment.stages[stage].totalMemoryBytes;
+                         const std::vector<int>& stages)
+    : meter_(std::move(meter)), stage_(stages.empty() ? -1 : stages.front()) {
+  for (int stage : stages) predicted_ += deployment.stages[stage].totalMemoryBytes;
   usable_ = static_cast<int64_t>(core::usableMemory(deployment));
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "comm/backend.h"
 #include "core/deployment.h"
@@ -20,8 +21,11 @@ class MemoryWatch {
   // the second step on).
   static constexpr long kSummaryStep = 3;
 
-  // `stage` is this rank's stage in `deployment` (-1: none). A null meter: inactive.
-  MemoryWatch(std::shared_ptr<MemoryMeter> meter, const core::Deployment& deployment, int stage);
+  // `stages` are this rank's stages in `deployment` (none, one, or one per virtual stage: their
+  // predictions add up, Note [Interleaved memory] in decomposer/simulator.h). A null meter:
+  // inactive.
+  MemoryWatch(std::shared_ptr<MemoryMeter> meter, const core::Deployment& deployment,
+              const std::vector<int>& stages);
   bool active() const { return meter_ != nullptr; }
   bool open() const { return open_; }
   // Opens a step window (a window left open, e.g. a forward never followed by backward, is

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/pipeline_schedule.h"
 
 namespace autostage::staging {
 namespace {
@@ -48,6 +49,9 @@ void checkStageInputs(const core::Graph& graph, const core::Deployment& dep,
     AUTOSTAGE_CHECK_AS(PlanError, route->producerStage == expected, "route of value '", name,
                        "' says producer stage ", route->producerStage, " but its producer is in ",
                        expected, "; re-plan the model");
+    AUTOSTAGE_CHECK_AS(PlanError, route->producerStage < stage.id, "stage ", stage.name,
+                       " reads value '", name, "' from the later stage ", route->producerStage,
+                       "; values flow forward through the pipeline, re-plan the model");
     const auto& consumers = route->consumerStages;
     AUTOSTAGE_CHECK_AS(PlanError,
                        std::find(consumers.begin(), consumers.end(), stage.id) != consumers.end(),
@@ -165,6 +169,10 @@ VerifiedDeployment verifyDeployment(const core::Graph& graph, core::Deployment d
                        "plan again (drop load_deployment)");
   }
   checkRunsAs(d, fit.usage);
+  const std::string shape = core::pipelineShapeProblem(d.schedule, core::pipelinePositions(d),
+                                                       d.virtualStages, d.microBatchCount);
+  AUTOSTAGE_CHECK_AS(PlanError, shape.empty(), "the deployment cannot run: ", shape,
+                     " (plan again, dropping load_deployment)");
   verifyRoutes(graph, d);
   return VerifiedDeployment(std::move(deployment));
 }

@@ -1,5 +1,6 @@
 #include "staging/transfer_plan.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/error.h"
@@ -57,6 +58,12 @@ TransferPlan::TransferPlan(const core::Deployment& deployment, const BatchLayout
   for (const core::StageDeployment& stage : deployment.stages)
     layout.checkReplicaCount(stage.replicaCount(), stage.name);
   const int micros = layout.microBatchCount();
+  // One tag per (route, micro-batch, needing stage or the caller): a rank holding several stages
+  // (Note [Pipeline schedules] in core/pipeline_schedule.h) may receive one route's rows twice
+  // from the same sender, once per stage.
+  int slots = 2;
+  for (const core::Route& route : deployment.routes)
+    slots = std::max(slots, static_cast<int>(route.consumerStages.size()) + 1);
   for (size_t r = 0; r < deployment.routes.size(); ++r) {
     const core::Route& route = deployment.routes[r];
     if (r < skipRoutes.size() && skipRoutes[r]) continue;
@@ -65,8 +72,14 @@ TransferPlan::TransferPlan(const core::Deployment& deployment, const BatchLayout
         for (const Endpoint& dst : needers(deployment, route, layout, m)) {
           SampleRange rows = src.rows.intersect(dst.rows);
           if (rows.empty()) continue;
-          int tag = ((static_cast<int>(r) * micros + m) * 2 + (dst.stage < 0 ? 1 : 0)) * 2;
-          AUTOSTAGE_CHECK_AS(UnsupportedError, tag < kMaxTag, "the deployment has ",
+          const auto& consumers = route.consumerStages;
+          const int slot = dst.stage < 0 ? static_cast<int>(consumers.size())
+                                         : static_cast<int>(std::find(consumers.begin(),
+                                                                      consumers.end(), dst.stage) -
+                                                            consumers.begin());
+          const int64_t tag64 = ((int64_t(r) * micros + m) * slots + slot) * 2;
+          const int tag = static_cast<int>(std::min<int64_t>(tag64, kMaxTag));
+          AUTOSTAGE_CHECK_AS(UnsupportedError, tag64 < kMaxTag, "the deployment has ",
                              deployment.routes.size(), " routes and ", micros,
                              " micro-batches: too many for the message tag space (",
                              kMaxTag, "); plan with fewer stages or micro-batches");

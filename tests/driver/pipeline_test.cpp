@@ -39,12 +39,14 @@ struct Case {
   int microBatches = 1;
   std::vector<bool> recompute = {};
   std::string schedule = "gpipe";
+  int virtualStages = 1;  // Note [Pipeline schedules]: ranks[k] == ranks[k mod (stages / v)]
 };
 
 std::string describe(const Case& c) {
   std::ostringstream out;
   for (const auto& r : c.ranks) out << r.size() << "x ";
-  out << "stages, " << c.microBatches << " micro-batches, " << c.schedule;
+  out << "stages, " << c.microBatches << " micro-batches, " << c.schedule << " v="
+      << c.virtualStages;
   for (bool r : c.recompute) out << (r ? " R" : " -");
   return out.str();
 }
@@ -78,7 +80,7 @@ ModuleOptions optionsFor(comm::Backend& backend, const Case& c, std::atomic<int>
   options.planner = [c, planCalls](const PlanningInput& in) {
     ++*planCalls;
     return makeDeployment(in.model.graph, c.ranks, in.worldSize, c.microBatches, c.schedule,
-                          c.recompute);
+                          c.recompute, c.virtualStages);
   };
   return options;
 }
@@ -134,16 +136,16 @@ void runOutputCase(const Factory& make, const Case& c) {
 }
 
 // The model returns its loss; ranks run trainStep (1f1b) or forward + loss.backward() (gpipe).
-void runLossCase(const Case& c) {
+void runLossCase(const Case& c, const Factory& make = testing::makeLossMlp) {
   INFO(describe(c));
-  torch::jit::Module ref = build(testing::makeLossMlp, 200);
+  torch::jit::Module ref = build(make, 200);
   at::Tensor x = torch::randn({kWorld * kLocal, 8});
   at::Tensor y = torch::randn({kWorld * kLocal, 4});
   at::Tensor refLoss = ref.forward({x, y}).toTensor();
   refLoss.backward();
   auto refGrads = testing::takeGradients(ref);
 
-  std::vector<torch::jit::Module> copies = rankCopies(testing::makeLossMlp, 200);
+  std::vector<torch::jit::Module> copies = rankCopies(make, 200);
   std::vector<RankResult> results(kWorld);
   std::atomic<int> planCalls{0};
   testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& backend) {
@@ -199,6 +201,24 @@ TEST_CASE("a model returning its loss: 1f1b trainStep and gpipe match the global
   }
   runLossCase({{{0}, {1}, {2}, {3}}, 4, {false, true, false, true}, "1f1b"});
   runLossCase({{{0, 1, 2, 3}}, 2, {}, "1f1b"});
+}
+
+TEST_CASE("interleaved 1f1b (virtual stages): losses and gradients equal single-process PyTorch",
+          "[staging]") {
+  at::set_num_threads(1);
+  // 2 positions x 2 virtual stages, replicated and not; M a multiple of the positions.
+  for (int micro : {2, 4}) {
+    runLossCase({{{0, 1}, {2, 3}, {0, 1}, {2, 3}}, micro, {}, "1f1b", 2});
+    runLossCase({{{0}, {1}, {0}, {1}}, micro, {}, "1f1b", 2});  // ranks 2, 3 only feed
+  }
+  // 3 positions of replicas {1, 1, 2}, recompute on some virtual stages.
+  runLossCase({{{0}, {1}, {2, 3}, {0}, {1}, {2, 3}}, 3, {true, false, false, false, true, true},
+               "1f1b", 2});
+  // 2 positions x 4 virtual stages.
+  runLossCase({{{0, 1}, {2, 3}, {0, 1}, {2, 3}, {0, 1}, {2, 3}, {0, 1}, {2, 3}}, 2, {}, "1f1b", 4});
+  // Tied parameters: the first and the last use of `shared`, in every layout.
+  runLossCase({{{0, 1}, {2, 3}, {0, 1}, {2, 3}}, 2, {}, "1f1b", 2}, testing::makeTiedLossModel);
+  runLossCase({{{0}, {1}, {2}, {0}, {1}, {2}}, 3, {}, "1f1b", 2}, testing::makeTiedLossModel);
 }
 
 TEST_CASE("different local batch sizes fail on every rank, naming ranks and sizes", "[staging]") {

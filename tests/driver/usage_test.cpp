@@ -140,7 +140,7 @@ TEST_CASE("a step's memory record: exact parameters, gradients and optimizer sta
   deployment.options["mem_margin"] = "0.5";
   auto meter = std::make_shared<ScriptedMeter>();
   testing::rethrowFirst(comm::runThreadRanks(1, [&](comm::ThreadBackend& b) {
-    MemoryWatch watch(meter, deployment, 0);
+    MemoryWatch watch(meter, deployment, {0});
     watch.setOptimizerBytes(640);
     meter->current = 5000;
     watch.begin(params);

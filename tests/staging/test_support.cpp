@@ -64,12 +64,28 @@ def forward(self, x):
   return m;
 }
 
+torch::jit::Module makeTiedLossModel() {
+  torch::jit::Module m("TiedLoss");
+  m.register_parameter("shared", (torch::randn({8, 8}) * 0.4).requires_grad_(), false);
+  m.register_module("mid", makeLinear(8, 8));
+  m.define(R"(
+def forward(self, x, y):
+    h = torch.tanh(torch.matmul(x, self.shared))
+    h = torch.tanh(self.mid.forward(h))
+    h = torch.sigmoid(self.mid.forward(h))
+    out = torch.matmul(h, self.shared.t()).narrow(1, 0, 4)
+    return torch.mean((out - y) * (out - y))
+)");
+  return m;
+}
+
 core::Deployment makeDeployment(const core::Graph& graph,
                                 const std::vector<std::vector<int>>& ranks, int worldSize,
                                 int microBatchCount, const std::string& schedule,
-                                const std::vector<bool>& recompute) {
+                                const std::vector<bool>& recompute, int virtualStages) {
   core::Deployment d;
   d.worldSize = worldSize;
+  d.virtualStages = virtualStages;
   d.microBatchCount = microBatchCount;
   d.schedule = schedule;
   const int stages = static_cast<int>(ranks.size());

@@ -22,15 +22,18 @@ torch::jit::Module makeMlp();
 torch::jit::Module makeLossMlp();
 // The same weight (`shared`, 8x8) used by the first and the last layer (tied parameters).
 torch::jit::Module makeTiedModel();
+// forward(x, y) returns mean((tied(x)[:, :4] - y)^2): the tied model returning its loss.
+torch::jit::Module makeTiedLossModel();
 
 // A deployment of `graph` as consecutive node ranges: stage s holds the nodes
-// [cut[s-1], cut[s]) (cut evenly by node count) and runs on `ranks[s]`. Routes are derived here
+// [cut[s-1], cut[s]) (cut evenly by node count) and runs on `ranks[s]` (with `virtualStages` v,
+// ranks[k] must equal ranks[k mod (stages / v)]). Routes are derived here
 // from the graph independently of staging's code: every BATCH/LOSS value read outside its stage
 // or returned, floating-point routes carry gradients.
 core::Deployment makeDeployment(const core::Graph& graph,
                                 const std::vector<std::vector<int>>& ranks, int worldSize,
                                 int microBatchCount, const std::string& schedule = "gpipe",
-                                const std::vector<bool>& recompute = {});
+                                const std::vector<bool>& recompute = {}, int virtualStages = 1);
 
 // Gradients of the module's parameters by name (copies), then the gradients are reset.
 std::map<std::string, at::Tensor> takeGradients(const torch::jit::Module& module);

@@ -1,5 +1,6 @@
 #include "staging/transfer_plan.h"
 
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <tuple>
@@ -92,6 +93,36 @@ TEST_CASE("tags are distinct per route, micro-batch and receiver kind", "[stagin
     }
     CHECK(t.tag % 2 == 0);
   }
+}
+
+TEST_CASE("an interleaved rank receiving one route for two stages gets distinct tags",
+          "[staging]") {
+  // 2 positions x 2 virtual stages: stages 0, 2 on rank 0 and 1, 3 on rank 1. Value 5 of stage 0
+  // is read by stages 1 and 3, both on rank 1: two transfers 0 -> 1 per micro-batch.
+  core::Deployment d;
+  d.worldSize = 2;
+  d.microBatchCount = 2;
+  d.schedule = "1f1b";
+  d.virtualStages = 2;
+  d.stages = {{0, "STAGE_0", {0}, {0}}, {1, "STAGE_1", {1}, {1}}, {2, "STAGE_2", {2}, {0}},
+              {3, "STAGE_3", {3}, {1}}};
+  d.routes = {{0, core::kFeederStage, {0}, false, false}, {5, 0, {1, 3}, false, true},
+              {7, 1, {2}, false, true}, {9, 3, {}, true, true}};
+  BatchLayout layout(4, 2, 2);
+  TransferPlan plan(d, layout);
+  for (int micro = 0; micro < 2; ++micro) {
+    auto toOne = plan.incoming(1, 1, micro);
+    auto toThree = plan.incoming(1, 3, micro);
+    REQUIRE(toOne.size() == 1);
+    REQUIRE(toThree.size() == 1);
+    CHECK(toOne[0]->srcRank == 0);
+    CHECK(toThree[0]->srcRank == 0);
+    CHECK(toOne[0]->tag != toThree[0]->tag);
+    CHECK(std::abs(toOne[0]->tag - toThree[0]->tag) >= 2);  // gradients use tag + 1
+  }
+  std::set<std::pair<int, int>> seen;  // (sender, tag) is unique per receiver
+  for (const Transfer& t : plan.transfers())
+    CHECK(seen.insert({t.srcRank * 100000 + t.dstRank, t.tag}).second);
 }
 
 TEST_CASE("skipped routes get no transfers", "[staging]") {
