@@ -36,6 +36,9 @@ const std::vector<OptionSpec>& optionTable() {
        "ZeRO-1 in replicated stages (optimizer state split over a stage's replicas): auto "
        "(planner chooses per stage, when it makes the plan fit or costs nothing), 1 (every "
        "replicated stage) or 0 (never)"},
+      {"virtual_stages", T::String, "auto",
+       "stages per rank for the interleaved 1f1b schedule: auto (planner chooses 1, 2 or 4), 1 "
+       "(no interleaving), 2 or 4"},
       {"mem_limit_gb", T::Float, "0", "device memory to plan for in GiB (0: the device's own memory)"},
       {"mem_margin", T::Float, "0.1", "fraction of device memory kept free as a safety margin"},
       {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)"},

@@ -117,6 +117,11 @@ Plan planParamBalanced(const PlanRequest& request) {
 Plan planStages(const PlanRequest& request) {
   request.validate();
   const std::string& name = request.options.decomposer;
+  AUTOSTAGE_CHECK_AS(ConfigError, name == "dp" || request.options.virtualStages == "auto" ||
+                                      request.options.virtualStages == "1",
+                     "option virtual_stages=", request.options.virtualStages, " is searched by "
+                     "decomposer=dp only (decomposer=", name, " plans one stage per rank); use "
+                     "decomposer=dp or virtual_stages=auto");
   if (name == "data_parallel") return planDataParallel(request);
   if (name == "uniform") return planUniform(request);
   if (name == "param_balanced") return planParamBalanced(request);

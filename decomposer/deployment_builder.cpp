@@ -179,6 +179,7 @@ core::Deployment buildDeployment(const core::Graph& graph, const Blocking& block
   d.batchSize = request.batchSize;
   d.microBatchCount = plan.microBatchCount;
   d.schedule = scheduleName(plan.schedule);
+  d.virtualStages = plan.virtualStages;
   d.decomposer = plan.decomposer;
   for (size_t s = 0; s < plan.stages.size(); ++s)
     d.stages.push_back(makeStage(graph, blocking, plan.stages[s], evaluation.stages[s], static_cast<int>(s)));

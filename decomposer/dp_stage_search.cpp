@@ -6,12 +6,14 @@
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
 #include "decomposer/baselines.h"
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_bounds.h"
+#include "decomposer/interleaved_search.h"
 #include "decomposer/request_merge.h"
 #include "decomposer/simulator.h"
 
@@ -330,16 +332,61 @@ DpSearchResult searchDynamicProgramming(const PlanRequest& request) {
   return result;
 }
 
+// Note [Interleaved search] (interleaved_search.h): the plain plan (v = 1) is the DP's
+// simulated-fastest finalist; each v > 1 the options allow offers its best interleaved plan, which
+// replaces it only when it simulates faster.
 Plan planDynamicProgramming(const PlanRequest& request) {
-  DpSearchResult search = searchDynamicProgramming(request);
+  const std::vector<int> virtualStages = request.options.virtualStageCandidates();
   CostModel model(request);
-  Plan chosen = search.best;
-  double chosenSeconds = simulatedSeconds(model, chosen);
-  for (const Plan& plan : search.finalists) {
-    const double seconds = simulatedSeconds(model, plan);
-    if (seconds < chosenSeconds * (1 - 1e-12)) chosen = plan, chosenSeconds = seconds;
+  std::optional<Plan> chosen;
+  double chosenSeconds = kInf;
+  std::string plainProblem;
+  if (std::find(virtualStages.begin(), virtualStages.end(), 1) != virtualStages.end()) {
+    try {
+      DpSearchResult search = searchDynamicProgramming(request);
+      chosen = search.best;
+      chosenSeconds = simulatedSeconds(model, *chosen);
+      for (const Plan& plan : search.finalists) {
+        const double seconds = simulatedSeconds(model, plan);
+        if (seconds < chosenSeconds * (1 - 1e-12)) chosen = plan, chosenSeconds = seconds;
+      }
+    } catch (const PlanError& e) {
+      if (virtualStages.size() == 1) throw;
+      plainProblem = e.what();
+    }
   }
-  return chosen;
+  auto log = core::logger("DPStaging");
+  for (int v : virtualStages) {
+    if (v == 1) continue;
+    std::optional<Plan> interleaved = searchInterleaved(model, v);
+    if (!interleaved) {
+      log->debug("Interleaved 1f1b v={}: no plan fits", v);
+      continue;
+    }
+    const double seconds = interleaved->predictedSeconds;
+    if (chosen && seconds >= chosenSeconds * (1 - 1e-9)) {
+      log->debug("Interleaved 1f1b v={} simulates {:.3f} ms, not faster than {:.3f} ms: not chosen",
+                v, seconds * 1e3, chosenSeconds * 1e3);
+      continue;
+    }
+    if (chosen)
+      log->info("Interleaved 1f1b v={} simulates {:.3f} ms against {:.3f} ms ({}): chosen", v,
+                seconds * 1e3, chosenSeconds * 1e3,
+                chosen->virtualStages > 1 ? "v=" + std::to_string(chosen->virtualStages)
+                                          : "without interleaving");
+    else
+      log->info("Interleaved 1f1b v={} simulates {:.3f} ms: chosen", v, seconds * 1e3);
+    chosen = interleaved;
+    chosenSeconds = seconds;
+  }
+  if (!chosen) {
+    AUTOSTAGE_CHECK_AS(PlanError, plainProblem.empty(), plainProblem);
+    throw PlanError("no interleaved plan (virtual_stages=" + request.options.virtualStages +
+                    ") fits: " + infeasibleMessage(request) +
+                    "; interleaving also needs a stage count dividing the devices and a "
+                    "micro-batch count that is a multiple of it; try virtual_stages=auto or 1");
+  }
+  return *chosen;
 }
 
 }  // namespace autostage::decomposer

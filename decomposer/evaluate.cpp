@@ -1,12 +1,15 @@
 // evaluatePlan: checks a plan's shape and recomputes its cost from the cost model, stage by stage,
 // without any of the planner's search state (the tests compare the two).
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/pipeline_schedule.h"
 #include "decomposer/cost_model.h"
 #include "decomposer/pipeline_time.h"
 #include "decomposer/plan.h"
+#include "decomposer/simulator.h"
 
 namespace autostage::decomposer {
 namespace {
@@ -17,6 +20,17 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
   const int n = static_cast<int>(request.blocks.size());
   if (plan.stages.empty()) return "plan has no stages";
   if (plan.microBatchCount < 1) return "micro-batch count must be >= 1";
+  const int v = plan.virtualStages;
+  if (v < 1 || plan.stages.size() % v != 0)
+    return std::to_string(plan.stages.size()) + " stages cannot be " + std::to_string(v) +
+           " virtual stages per position";
+  const size_t positions = plan.stages.size() / v;
+  if (v > 1) {
+    std::string problem = core::pipelineShapeProblem(scheduleName(plan.schedule),
+                                                     static_cast<int>(positions), v,
+                                                     plan.microBatchCount);
+    if (!problem.empty()) return problem;
+  }
   int nextBlock = 0, nextRank = plan.stages.front().firstRank;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const StagePlan& st = plan.stages[s];
@@ -24,6 +38,16 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
       out << "stage " << s << " covers blocks " << st.firstBlock << ".." << st.lastBlock
           << " but must start at block " << nextBlock;
       return out.str();
+    }
+    nextBlock = st.lastBlock + 1;
+    if (s >= positions) {  // a later virtual stage: on its position's ranks
+      const StagePlan& home = plan.stages[s % positions];
+      if (st.firstRank != home.firstRank || st.replicaCount != home.replicaCount) {
+        out << "stage " << s << " must run on the ranks of stage " << s % positions
+            << " (virtual stage " << s / positions << " of that position)";
+        return out.str();
+      }
+      continue;
     }
     if (st.replicaCount < 1 || st.firstRank != nextRank) {
       out << "stage " << s << " must have >= 1 replica starting at rank " << nextRank;
@@ -34,7 +58,6 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
           << st.replicaCount << " replicas exceed the batch " << request.batchSize;
       return out.str();
     }
-    nextBlock = st.lastBlock + 1;
     nextRank = st.firstRank + st.replicaCount;
   }
   if (nextBlock != n) return "stages cover " + std::to_string(nextBlock) + " of " + std::to_string(n) + " blocks";
@@ -50,11 +73,84 @@ PlanEvaluation evaluatePlan(const PlanRequest& request, const Plan& plan) {
   return evaluatePlanWith(model, plan);
 }
 
+namespace {
+
+// Note [Interleaved evaluation]
+// With virtual stages the closed form of Note [Pipeline cost model] does not describe the order
+// that runs, so an interleaved plan's times and memory both come from simulating it
+// (simulateEstimates over the cost model's stage estimates, Note [Interleaved memory]): its
+// searchSeconds and iterationSeconds are the simulated iteration. The stage estimates are the
+// cost model's with the transfers that wrap around (the last position to the first, and the
+// gradients back) timed on the link between those ranks.
+PlanEvaluation evaluateInterleaved(const CostModel& model, const Plan& plan) {
+  const PlanRequest& request = model.request();
+  const int count = static_cast<int>(plan.stages.size());
+  const int positions = count / plan.virtualStages;
+  PlanEvaluation result;
+  std::vector<double> recomputeBytes;
+  for (int s = 0; s < count; ++s) {
+    const StagePlan& st = plan.stages[s];
+    StageChoice choice{st.firstBlock, st.lastBlock, st.replicaCount, st.firstRank, st.recompute,
+                       count - 1 - s, st.zero};
+    StageEstimate e = model.stage(choice, plan.microBatchCount, plan.schedule);
+    const int last = st.firstRank + st.replicaCount - 1;
+    const core::CommProfile& comm = request.comm;
+    if (s % positions == positions - 1 && s + 1 < count) {
+      const int next = plan.stages[0].firstRank;
+      e.sendForwardSeconds = (model.sameNode(st.firstRank, next) ? comm.p2pIntraNode
+                                                                  : comm.p2pInterNode)
+                                 .seconds(e.outputBytes);
+    }
+    if (s % positions == 0 && s > 0) {
+      const StagePlan& previous = plan.stages[positions - 1];
+      const int previousLast = previous.firstRank + previous.replicaCount - 1;
+      e.sendBackwardSeconds = (model.sameNode(previousLast, last) ? comm.p2pIntraNode
+                                                                   : comm.p2pInterNode)
+                                  .seconds(e.inputBytes);
+    }
+    e.stageSeconds = e.forwardSeconds + e.backwardSeconds + e.sendForwardSeconds +
+                     e.sendBackwardSeconds;
+    const double mb = static_cast<double>(e.microBatchPerReplica);
+    recomputeBytes.push_back(
+        st.recompute ? model.ranges().range(st.firstBlock, st.lastBlock).activationBytes.at(mb) : 0);
+    result.stages.push_back(e);
+  }
+  const SimulationResult sim = simulateEstimates(result.stages, recomputeBytes,
+                                                 plan.microBatchCount, plan.schedule,
+                                                 plan.virtualStages);
+  std::ostringstream memoryProblems;
+  for (int s = 0; s < count; ++s) {
+    StageEstimate& e = result.stages[s];
+    e.activationBytes = sim.activationBytesAtPeak[s];
+    e.heldMicroBatches = e.bytesPerHeldMicroBatch > 0
+                             ? static_cast<int>(std::lround((e.activationBytes - recomputeBytes[s]) /
+                                                            e.bytesPerHeldMicroBatch))
+                             : 0;
+    e.heldMicroBatches = std::max(0, e.heldMicroBatches);
+    e.baseMemoryBytes = e.staticMemoryBytes();
+    e.totalMemoryBytes = e.baseMemoryBytes + e.activationBytes;
+    result.peakMemoryBytes = std::max(result.peakMemoryBytes, sim.peakMemoryBytes[s]);
+    if (s < positions && sim.peakMemoryBytes[s] > model.memoryLimit())
+      memoryProblems << "position " << s << " (stages " << s << ", " << s + positions
+                     << (plan.virtualStages > 2 ? ", ..." : "") << ") needs "
+                     << sim.peakMemoryBytes[s] << " bytes > limit " << model.memoryLimit() << "; ";
+  }
+  result.pipelineSeconds = sim.pipelineSeconds;
+  result.iterationSeconds = result.searchSeconds = sim.iterationSeconds;
+  result.allreduceSeconds = sim.iterationSeconds - sim.pipelineSeconds;
+  result.problem = memoryProblems.str();
+  result.feasible = result.problem.empty();
+  return result;
+}
+
+}  // namespace
+
 PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool searchOnly) {
   const PlanRequest& request = model.request();
   PlanEvaluation result;
   result.problem = shapeProblem(request, plan);
   if (!result.problem.empty()) return result;
+  if (plan.virtualStages > 1) return evaluateInterleaved(model, plan);
   const int stageCount = static_cast<int>(plan.stages.size());
   double sum = 0, maxFirst = 0, maxSecond = 0, maxAllreduce = 0;
   std::ostringstream memoryProblems;

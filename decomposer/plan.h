@@ -36,6 +36,8 @@ struct PlanOptions {
   std::string schedule = "auto";  // gpipe | 1f1b | auto
   std::string recompute = "auto";  // auto | always | never (activation recomputation per stage)
   std::string zero = "auto";       // auto | 1 | 0: ZeRO-1 in replicated stages (Note [ZeRO-1 cost])
+  // auto | 1 | 2 | 4: stages per pipeline position, interleaved 1f1b (Note [Interleaved search]).
+  std::string virtualStages = "auto";
   double memLimitGb = 0;          // 0: the device's own memory
   double memMargin = 0.1;
   double optParamFactor = 2;
@@ -60,6 +62,9 @@ struct PlanOptions {
   // so true survives only where it fits and false does not; Note [ZeRO-1 cost]), else the forced
   // one; {false} for inference (no optimizer state). A stage of one replica never shards.
   std::vector<bool> zeroCandidates() const;
+  // Virtual stage counts the planner tries: {1, 2, 4} for auto when the plan is for train_step
+  // and may run 1f1b, else {1}; the forced one otherwise (Note [Interleaved search]).
+  std::vector<int> virtualStageCandidates() const;
 };
 
 // Costs of one block of the linear block sequence. Times and bytes grow with the per-replica
@@ -125,6 +130,10 @@ struct Plan {
   std::vector<StagePlan> stages;  // pipeline order, covering blocks 0..n-1
   int microBatchCount = 1;
   Schedule schedule = Schedule::GPipe;
+  // Stages per pipeline position (Note [Pipeline schedules] in core/pipeline_schedule.h): with
+  // v > 1, stages.size() = v S and stage k sits on the ranks of stage k mod S (same firstRank and
+  // replicaCount); the schedule is 1f1b, run interleaved.
+  int virtualStages = 1;
   // Note [Search objective and reported estimate] (cost_model.h): the estimate reported as the
   // plan's iteration time (PlanEvaluation::iterationSeconds), and the closed form the planner
   // searched (PlanEvaluation::searchSeconds).

@@ -44,6 +44,18 @@ void PlanOptions::validate() const {
   AUTOSTAGE_CHECK_AS(ConfigError, zero == "auto" || zero == "0" || zero == "1", "option zero='",
                      zero, "' is unknown; use auto (planner chooses), 1 (ZeRO-1 in every replicated "
                      "stage) or 0 (never)");
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     virtualStages == "auto" || virtualStages == "1" || virtualStages == "2" ||
+                         virtualStages == "4",
+                     "option virtual_stages='", virtualStages, "' is unknown; use auto (planner "
+                     "chooses), 1 (no interleaving), 2 or 4");
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     virtualStages == "auto" || virtualStages == "1" ||
+                         (usage == PlanUsage::TrainStep && schedule != "gpipe"),
+                     "option virtual_stages=", virtualStages, " runs the interleaved 1f1b "
+                     "schedule, which only train_step(...) runs and not with schedule=gpipe; call "
+                     "model.train_step(...) with a model that returns its loss and schedule=auto or "
+                     "1f1b, or set virtual_stages=1 (or auto)");
   AUTOSTAGE_CHECK_AS(ConfigError, memLimitGb >= 0, "option mem_limit_gb=", memLimitGb,
                      " must be >= 0 (0: use the device's memory)");
   AUTOSTAGE_CHECK_AS(ConfigError, memMargin >= 0 && memMargin < 1, "option mem_margin=", memMargin,
@@ -61,6 +73,7 @@ std::string PlanOptions::toString() const {
       << " partition_num=" << partitionNum << " pipeline_num=" << pipelineNum
       << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
       << " schedule=" << schedule << " recompute=" << recompute << " zero=" << zero
+      << " virtual_stages=" << virtualStages
       << " mem_limit_gb=" << memLimitGb
       << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor
       << " gradient_bucket_bytes=" << static_cast<int64_t>(gradientBucketBytes)
@@ -79,6 +92,7 @@ PlanOptions PlanOptions::fromConfig(const core::Config& config) {
   o.schedule = config.getString("schedule");
   o.recompute = config.getString("recompute");
   o.zero = config.getString("zero");
+  o.virtualStages = config.getString("virtual_stages");
   o.memLimitGb = config.getFloat("mem_limit_gb");
   o.memMargin = config.getFloat("mem_margin");
   o.optParamFactor = config.getFloat("opt_param_factor");
@@ -109,6 +123,12 @@ std::vector<bool> PlanOptions::zeroCandidates() const {
   return {false, true};
 }
 
+std::vector<int> PlanOptions::virtualStageCandidates() const {
+  if (usage != PlanUsage::TrainStep || schedule == "gpipe") return {1};
+  if (virtualStages == "auto") return {1, 2, 4};
+  return {std::stoi(virtualStages)};
+}
+
 std::vector<Schedule> PlanOptions::scheduleCandidates() const {
   if (usage != PlanUsage::TrainStep) return {Schedule::GPipe};
   if (schedule == "auto") return {Schedule::GPipe, Schedule::OneFOneB};
@@ -118,7 +138,8 @@ std::vector<Schedule> PlanOptions::scheduleCandidates() const {
 std::string Plan::toString() const {
   std::ostringstream out;
   out << decomposer << " micro_batches=" << microBatchCount << " schedule="
-      << scheduleName(schedule) << " predicted=" << predictedSeconds << "s search=" << searchSeconds
+      << scheduleName(schedule) << (virtualStages > 1 ? " v=" + std::to_string(virtualStages) : "")
+      << " predicted=" << predictedSeconds << "s search=" << searchSeconds
       << "s stages:";
   for (const StagePlan& s : stages)
     out << " [" << s.firstBlock << ".." << s.lastBlock << " x" << s.replicaCount << " @"

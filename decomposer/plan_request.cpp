@@ -86,6 +86,7 @@ void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
     else if (key == "schedule") o.schedule = v;
     else if (key == "recompute") o.recompute = v;
     else if (key == "zero") o.zero = v;
+    else if (key == "virtual_stages") o.virtualStages = v;
     else if (key == "mem_limit_gb") o.memLimitGb = real();
     else if (key == "mem_margin") o.memMargin = real();
     else if (key == "opt_param_factor") o.optParamFactor = real();

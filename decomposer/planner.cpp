@@ -32,9 +32,9 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
 
 void logPlan(const PlanRequest& request, const Plan& plan, const PlanEvaluation& evaluation) {
   auto dp = core::logger("DPStaging");
-  dp->info("Estimated profiles of subgraphs: batch_size={} np={} pipeline={} schedule={} "
+  dp->info("Estimated profiles of subgraphs: batch_size={} np={} pipeline={} schedule={} v={} "
            "precision={} usage={}", request.batchSize, request.devices, plan.microBatchCount,
-           scheduleName(plan.schedule), request.options.precision,
+           scheduleName(plan.schedule), plan.virtualStages, request.options.precision,
            usageName(request.options.usage));
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const StagePlan& p = plan.stages[s];

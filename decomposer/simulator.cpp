@@ -4,43 +4,30 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/pipeline_schedule.h"
 #include "decomposer/cost_model.h"
 
 namespace autostage::decomposer {
 namespace {
 
-struct Operation {
-  bool forward;
-  int microBatch;
-};
-
-std::vector<Operation> scheduleOrder(Schedule schedule, int stage, int stages, int microBatches) {
-  std::vector<Operation> ops;
-  if (schedule == Schedule::GPipe) {
-    for (int i = 0; i < microBatches; ++i) ops.push_back({true, i});
-    for (int i = 0; i < microBatches; ++i) ops.push_back({false, i});
-    return ops;
-  }
-  const int warmup = std::min(stages - stage - 1, microBatches);
-  for (int i = 0; i < warmup; ++i) ops.push_back({true, i});
-  for (int i = 0; i < microBatches - warmup; ++i) {
-    ops.push_back({true, warmup + i});
-    ops.push_back({false, i});
-  }
-  for (int i = microBatches - warmup; i < microBatches; ++i) ops.push_back({false, i});
-  return ops;
-}
-
+// One stage's times, memory terms and completion times.
 struct StageState {
   StageTiming timing;
-  bool recompute = false;
-  double kept = 0;                     // bytes held per forward until its backward
-  double recomputeBytes = 0;           // extra bytes during a recomputing backward
+  double kept = 0;            // bytes held per forward until its backward
+  double recomputeBytes = 0;  // extra bytes during a recomputing backward
   double staticBytes = 0;
-  std::vector<Operation> ops;
+  double busy = 0;
+  std::vector<double> forwardDone, backwardDone;  // finish times, -1 when not yet run
+};
+
+// One pipeline position: the ranks running stages position, position + S, ... in the order of
+// core::pipelineOrder (Note [Pipeline schedules]); its operations share one timeline and one
+// memory.
+struct Lane {
+  std::vector<core::PipelineOp> ops;
   size_t next = 0;
   double freeAt = 0, busy = 0, held = 0, peakDynamic = 0;
-  std::vector<double> forwardDone, backwardDone;  // finish times, -1 when not yet run
+  std::vector<double> heldBy, peakBy;  // per chunk: bytes held now, and at the peak
 };
 
 void addEvents(std::vector<SimulationEvent>* events, int stage, bool forward, int microBatch,
@@ -52,70 +39,91 @@ void addEvents(std::vector<SimulationEvent>* events, int stage, bool forward, in
   if (send > 0) events->push_back({stage, transfer, microBatch, start + compute, start + compute + send});
 }
 
-// Runs the next operation of `s` if its dependency is done; returns whether it ran.
-bool step(std::vector<StageState>& stages, int s, std::vector<SimulationEvent>* events) {
-  StageState& st = stages[s];
-  if (st.next == st.ops.size()) return false;
-  const Operation op = st.ops[st.next];
+// Runs lane `p`'s next operation if its dependency is done; returns whether it ran.
+bool step(std::vector<StageState>& stages, std::vector<Lane>& lanes, int p,
+          std::vector<SimulationEvent>* events) {
+  Lane& lane = lanes[p];
+  if (lane.next == lane.ops.size()) return false;
+  const core::PipelineOp op = lane.ops[lane.next];
+  const int s = op.chunk * static_cast<int>(lanes.size()) + p;
   const int last = static_cast<int>(stages.size()) - 1;
+  StageState& st = stages[s];
   double ready = 0;
   if (op.forward && s > 0) ready = stages[s - 1].forwardDone[op.microBatch];
   if (!op.forward) ready = s < last ? stages[s + 1].backwardDone[op.microBatch] : st.forwardDone[op.microBatch];
   if (ready < 0) return false;
-  const double start = std::max(st.freeAt, ready);
+  const double start = std::max(lane.freeAt, ready);
   const StageTiming& t = st.timing;
   double duration;
   if (op.forward) {
     duration = t.forwardSeconds + t.sendForwardSeconds;
-    st.held += st.kept;
-    st.peakDynamic = std::max(st.peakDynamic, st.held);
+    lane.held += st.kept;
+    lane.heldBy[op.chunk] += st.kept;
+    if (lane.held > lane.peakDynamic) lane.peakDynamic = lane.held, lane.peakBy = lane.heldBy;
     st.forwardDone[op.microBatch] = start + duration;
     addEvents(events, s, true, op.microBatch, start, t.forwardSeconds, t.sendForwardSeconds);
   } else {
     duration = t.backwardSeconds + t.sendBackwardSeconds;
-    st.peakDynamic = std::max(st.peakDynamic, st.held + st.recomputeBytes);
-    st.held -= st.kept;
+    if (lane.held + st.recomputeBytes > lane.peakDynamic) {
+      lane.peakDynamic = lane.held + st.recomputeBytes;
+      lane.peakBy = lane.heldBy;
+      lane.peakBy[op.chunk] += st.recomputeBytes;
+    }
+    lane.held -= st.kept;
+    lane.heldBy[op.chunk] -= st.kept;
     st.backwardDone[op.microBatch] = start + duration;
     addEvents(events, s, false, op.microBatch, start, t.backwardSeconds, t.sendBackwardSeconds);
   }
-  st.freeAt = start + duration;
+  lane.freeAt = start + duration;
+  lane.busy += duration;
   st.busy += duration;
-  ++st.next;
+  ++lane.next;
   return true;
 }
 
-// Runs every stage's operations to completion and fills the timing results.
-SimulationResult run(std::vector<StageState>& stages, int microBatches, Schedule schedule,
-                     bool recordEvents) {
+// Runs every position's operations to completion and fills the timing results; the lanes are
+// left with their memory peaks. A position's gradient allreduce covers all its stages (one
+// holder set, Note [Gradient scaling] in staging/gradient_sync.h): their times add up.
+SimulationResult run(std::vector<StageState>& stages, std::vector<Lane>& lanes, int microBatches,
+                     Schedule schedule, int virtualStages, bool recordEvents) {
   const int count = static_cast<int>(stages.size());
+  AUTOSTAGE_CHECK_AS(PlanError, virtualStages >= 1 && count % virtualStages == 0,
+                     "cannot simulate ", count, " stages as ", virtualStages,
+                     " virtual stages per position");
+  const int positions = count / virtualStages;
   SimulationResult result;
   std::vector<SimulationEvent>* events = recordEvents ? &result.events : nullptr;
-  double maxAllreduce = 0;
+  lanes.assign(positions, Lane{});
+  for (int p = 0; p < positions; ++p) {
+    lanes[p].heldBy.assign(virtualStages, 0.0);
+    lanes[p].peakBy.assign(virtualStages, 0.0);
+    lanes[p].ops = core::pipelineOrder(scheduleName(schedule), p, positions, virtualStages, microBatches);
+  }
+  std::vector<double> allreduce(positions, 0.0);
   for (int s = 0; s < count; ++s) {
-    StageState& st = stages[s];
-    st.ops = scheduleOrder(schedule, s, count, microBatches);
-    st.forwardDone.assign(microBatches, -1);
-    st.backwardDone.assign(microBatches, -1);
-    maxAllreduce = std::max(maxAllreduce, st.timing.allreduceSeconds);
+    stages[s].forwardDone.assign(microBatches, -1);
+    stages[s].backwardDone.assign(microBatches, -1);
+    allreduce[s % positions] += stages[s].timing.allreduceSeconds;
   }
   for (bool progress = true; progress;) {
     progress = false;
-    for (int s = 0; s < count; ++s)
-      while (step(stages, s, events)) progress = true;
+    for (int p = 0; p < positions; ++p)
+      while (step(stages, lanes, p, events)) progress = true;
   }
   double busyTotal = 0;
-  for (const StageState& st : stages) {
-    AUTOSTAGE_INTERNAL_ASSERT(st.next == st.ops.size(), "pipeline simulation deadlocked");
-    result.pipelineSeconds = std::max(result.pipelineSeconds, st.freeAt);
-    result.stageBusySeconds.push_back(st.busy);
-    busyTotal += st.busy;
+  for (const Lane& lane : lanes) {
+    AUTOSTAGE_INTERNAL_ASSERT(lane.next == lane.ops.size(), "pipeline simulation deadlocked");
+    result.pipelineSeconds = std::max(result.pipelineSeconds, lane.freeAt);
+    busyTotal += lane.busy;
   }
+  for (const StageState& st : stages) result.stageBusySeconds.push_back(st.busy);
   for (int s = 0; s < count && events; ++s)
     if (stages[s].timing.allreduceSeconds > 0)
       events->push_back({s, EventKind::Allreduce, -1, result.pipelineSeconds,
                          result.pipelineSeconds + stages[s].timing.allreduceSeconds});
-  result.iterationSeconds = result.pipelineSeconds + maxAllreduce;
-  result.bubbleFraction = result.pipelineSeconds > 0 ? 1 - busyTotal / (count * result.pipelineSeconds) : 0;
+  result.iterationSeconds =
+      result.pipelineSeconds + *std::max_element(allreduce.begin(), allreduce.end());
+  result.bubbleFraction = result.pipelineSeconds > 0 ? 1 - busyTotal / (positions * result.pipelineSeconds) : 0;
   return result;
 }
 
@@ -136,40 +144,59 @@ double SimulationResult::peakMemory() const {
   return peakMemoryBytes.empty() ? 0 : *std::max_element(peakMemoryBytes.begin(), peakMemoryBytes.end());
 }
 
-SimulationResult simulatePlan(const PlanRequest& request, const Plan& plan, bool recordEvents) {
-  PlanEvaluation check = evaluatePlan(request, plan);  // shape check only; memory is simulated
-  AUTOSTAGE_CHECK_AS(PlanError, !check.stages.empty(), "cannot simulate plan: ", check.problem);
-  CostModel model(request);
-  const int count = static_cast<int>(plan.stages.size());
+SimulationResult simulateEstimates(const std::vector<StageEstimate>& estimates,
+                                   const std::vector<double>& recomputeBytes, int microBatches,
+                                   Schedule schedule, int virtualStages, bool recordEvents) {
+  const int count = static_cast<int>(estimates.size());
+  AUTOSTAGE_INTERNAL_ASSERT(recomputeBytes.size() == estimates.size(), "one recompute size per stage");
   std::vector<StageState> stages(count);
   for (int s = 0; s < count; ++s) {
-    const StagePlan& p = plan.stages[s];
-    StageChoice choice{p.firstBlock, p.lastBlock, p.replicaCount, p.firstRank, p.recompute, count - 1 - s,
-                       p.zero};
-    const StageEstimate e = model.stage(choice, plan.microBatchCount, plan.schedule);
+    const StageEstimate& e = estimates[s];
     StageState& st = stages[s];
     st.timing = {e.forwardSeconds, e.sendForwardSeconds, e.backwardSeconds, e.sendBackwardSeconds,
                  e.allreduceSeconds};
-    const double mb = static_cast<double>(e.microBatchPerReplica);
-    const double activation = model.ranges().range(p.firstBlock, p.lastBlock).activationBytes.at(mb);
     st.kept = e.bytesPerHeldMicroBatch;  // activations, the input when recomputing, or the
                                          // output for inference (Note [Plan usage])
-    st.recomputeBytes = p.recompute ? activation : 0;
+    st.recomputeBytes = recomputeBytes[s];
     st.staticBytes = e.staticMemoryBytes();
   }
-  SimulationResult result = run(stages, plan.microBatchCount, plan.schedule, recordEvents);
-  for (const StageState& st : stages) result.peakMemoryBytes.push_back(st.staticBytes + st.peakDynamic);
+  std::vector<Lane> lanes;
+  SimulationResult result = run(stages, lanes, microBatches, schedule, virtualStages, recordEvents);
+  const int positions = static_cast<int>(lanes.size());
+  std::vector<double> laneStatic(positions, 0.0);
+  for (int s = 0; s < count; ++s) laneStatic[s % positions] += stages[s].staticBytes;
+  for (int s = 0; s < count; ++s) {  // per device of each stage: its position's peak
+    const Lane& lane = lanes[s % positions];
+    result.peakMemoryBytes.push_back(laneStatic[s % positions] + lane.peakDynamic);
+    result.activationBytesAtPeak.push_back(lane.peakBy[s / positions]);
+  }
   return result;
 }
 
+SimulationResult simulatePlan(const PlanRequest& request, const Plan& plan, bool recordEvents) {
+  PlanEvaluation check = evaluatePlan(request, plan);  // shape check only; memory is simulated
+  AUTOSTAGE_CHECK_AS(PlanError, !check.stages.empty(), "cannot simulate plan: ", check.problem);
+  const CostModel model(request);
+  std::vector<double> recomputeBytes;
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StagePlan& p = plan.stages[s];
+    const double mb = static_cast<double>(check.stages[s].microBatchPerReplica);
+    recomputeBytes.push_back(
+        p.recompute ? model.ranges().range(p.firstBlock, p.lastBlock).activationBytes.at(mb) : 0);
+  }
+  return simulateEstimates(check.stages, recomputeBytes, plan.microBatchCount, plan.schedule,
+                           plan.virtualStages, recordEvents);
+}
+
 SimulationResult simulateTimeline(const std::vector<StageTiming>& timings, int microBatches,
-                                  Schedule schedule) {
+                                  Schedule schedule, int virtualStages) {
   AUTOSTAGE_CHECK_AS(PlanError, !timings.empty() && microBatches >= 1,
                      "cannot simulate a timeline of ", timings.size(), " stages and ", microBatches,
                      " micro-batches; expected at least one of each");
   std::vector<StageState> stages(timings.size());
   for (size_t s = 0; s < timings.size(); ++s) stages[s].timing = timings[s];
-  return run(stages, microBatches, schedule, true);
+  std::vector<Lane> lanes;
+  return run(stages, lanes, microBatches, schedule, virtualStages, true);
 }
 
 }  // namespace autostage::decomposer

@@ -1,12 +1,12 @@
 #pragma once
 // Event-driven simulation of a plan's pipeline schedule over the shared cost model.
 //
-// Each stage runs its operations in schedule order (gpipe: all forwards, then all backwards;
-// 1f1b: min(stages - s - 1, M) warm-up forwards, then one forward / one backward, then the
-// remaining backwards). A forward of micro-batch i waits for the previous stage's forward of i
+// Each pipeline position runs its stages' operations in the order of core::pipelineOrder (Note
+// [Pipeline schedules]: gpipe, 1f1b, interleaved 1f1b; the runtime runs the same order). A forward of micro-batch i waits for the previous stage's forward of i
 // (including its send), a backward for the next stage's backward of i. Operation times, memory
 // and allreduce times come from CostModel; gradient allreduces start when the pipeline flushes.
-// All replicas of a stage run the same timeline, so events are per stage.
+// All replicas of a stage run the same timeline, so events are per stage; the stages of one
+// position share its timeline and its memory.
 
 #include <string>
 #include <vector>
@@ -31,14 +31,38 @@ struct SimulationResult {
   double pipelineSeconds = 0;   // first forward start to last backward end
   double bubbleFraction = 0;    // 1 - busy time / (stages * pipelineSeconds)
   std::vector<double> stageBusySeconds;
-  std::vector<double> peakMemoryBytes;  // per device of each stage; empty from simulateTimeline
+  // Per device of each stage (with virtual stages: its position's peak, the same for all of the
+  // position's stages); empty from simulateTimeline.
+  std::vector<double> peakMemoryBytes;
+  // Per stage: the activation bytes it holds at its position's memory peak (including a
+  // recomputing backward's re-run activations when the peak falls there); they add up, with the
+  // stages' static bytes, to the position's peak (Note [Interleaved memory]).
+  std::vector<double> activationBytesAtPeak;
   std::vector<SimulationEvent> events;  // only when asked for; in execution order per stage
   double peakMemory() const;
 };
 
+// Note [Interleaved memory]
+// A position's memory is the sum of its stages' static bytes (parameters, gradients, optimizer
+// state, cast cache, working set and buffers: each stage's own, an upper bound where one working
+// set or caller buffer would do) and the peak of the activations its order holds: replaying
+// core::pipelineOrder, a forward of stage k adds the bytes stage k keeps per micro-batch, its
+// backward releases them (a recomputing backward first re-creates its activations). With
+// v = 1 this is the cost model's min(M, stages after + 1) held micro-batches exactly; with
+// v > 1 it counts interleaving's extra in-flight chunk activations exactly for the order that
+// runs. Each stage is credited the activations it holds at that peak, so the stages' totals in a
+// deployment add up to the position's prediction (staging/memory_watch.h sums them).
+
 // Throws PlanError when the plan's shape does not fit the request (see evaluatePlan).
 // `recordEvents` fills SimulationResult::events; the other results do not depend on it.
 SimulationResult simulatePlan(const PlanRequest& request, const Plan& plan, bool recordEvents = false);
+
+// The simulation of stages from their estimates (evaluatePlan's, with `recomputeBytes` the
+// activations a recomputing stage re-creates in backward, 0 otherwise): what simulatePlan runs.
+SimulationResult simulateEstimates(const std::vector<StageEstimate>& stages,
+                                   const std::vector<double>& recomputeBytes, int microBatches,
+                                   Schedule schedule, int virtualStages = 1,
+                                   bool recordEvents = false);
 
 // Per micro-batch times of one stage, e.g. as a deployment records them.
 struct StageTiming {
@@ -50,6 +74,6 @@ struct StageTiming {
 // The same schedule simulation from stage times alone (no memory; peakMemoryBytes stays empty),
 // with events. For stage times from a CostModel it gives simulatePlan's timeline.
 SimulationResult simulateTimeline(const std::vector<StageTiming>& stages, int microBatches,
-                                  Schedule schedule);
+                                  Schedule schedule, int virtualStages = 1);
 
 }  // namespace autostage::decomposer

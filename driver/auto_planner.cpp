@@ -134,15 +134,18 @@ AutoPlanner::AutoPlanner(const std::shared_ptr<comm::Backend>& backend)
 
 core::Deployment AutoPlanner::plan(const PlanningInput& in) {
   const core::Config& config = core::globalConfig();
-  int64_t forcedStages = config.getInt("partition_num");
-  AUTOSTAGE_CHECK_AS(ConfigError, forcedStages <= in.worldSize, "partition_num=", forcedStages,
-                     " asks for more pipeline stages than this job's ", in.worldSize,
-                     " rank(s), and every stage needs a rank of its own; set partition_num to "
-                     "at most ", in.worldSize, " (0 lets the planner choose) or launch more ranks");
   // Options first: a plan that cannot be made for this usage fails before profiling.
   decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
   options.usage = in.usage;
   options.validate();  // e.g. schedule=1f1b cannot be planned for forward_backward
+  const std::vector<int> virtualStages = options.virtualStageCandidates();
+  const int perRank = *std::max_element(virtualStages.begin(), virtualStages.end());
+  AUTOSTAGE_CHECK_AS(ConfigError, options.partitionNum <= int64_t(in.worldSize) * perRank,
+                     "partition_num=", options.partitionNum, " asks for more pipeline stages "
+                     "than this job's ", in.worldSize, " rank(s) can hold (", perRank,
+                     " per rank with virtual_stages=", options.virtualStages, "); set "
+                     "partition_num to at most ", in.worldSize * perRank, " (0 lets the planner "
+                     "choose) or launch more ranks");
   // The graph hash covers the shapes but the batch (dim 0), which the profile depends on too.
   const std::string key =
       in.model.graph.hash() + staging::signatureOf(staging::tensorsOf(in.exampleInputs), false);

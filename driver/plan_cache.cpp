@@ -21,7 +21,7 @@ namespace {
 // cache file that cannot be read (damaged, older format) is reported and replaced by a fresh plan.
 const char* const kPlanKeyOptions[] = {
     "decomposer", "max_blocks", "partition_num", "pipeline_num", "min_pipeline", "max_pipeline",
-    "schedule", "recompute", "zero", "mem_limit_gb", "mem_margin", "opt_param_factor",
+    "schedule", "recompute", "zero", "virtual_stages", "mem_limit_gb", "mem_margin", "opt_param_factor",
     "gradient_bucket_bytes", "comm_bandwidth", "allreduce_bandwidth", "comm_latency",
     "profile_batch_sizes", "precision"};
 

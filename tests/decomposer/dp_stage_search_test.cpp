@@ -122,6 +122,8 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
     // Keep the brute force affordable: large block counts go with few devices.
     if (blocks > 6 && devices > 4) devices = 4;
     PlanRequest request = testing::randomRequest(rng, blocks, devices);
+    request.options.virtualStages = "1";  // the one-stage-per-rank space (interleaving:
+                                          // interleaved_search_test.cpp)
     if (instance % 7 == 3) request.options.partitionNum = 1 + static_cast<int>(rng() % std::min(blocks, devices));
     if (instance % 5 == 1) request.options.schedule = "1f1b";
     if (instance % 6 == 2) request.options.recompute = instance % 12 == 2 ? "always" : "never";
@@ -180,6 +182,8 @@ TEST_CASE("DP plans simulate within a measured factor of the exhaustive best sim
   for (int instance = 0; instance < 300; ++instance) {
     const int blocks = 2 + static_cast<int>(rng() % 7), devices = 1 + static_cast<int>(rng() % 6);
     PlanRequest request = testing::randomRequest(rng, blocks, devices);
+    request.options.virtualStages = "1";  // the one-stage-per-rank space (interleaving:
+                                          // interleaved_search_test.cpp)
     if (instance % 5 == 1) request.options.schedule = "1f1b";
     Exhaustive exhaustive(request, true);
     if (exhaustive.best() == kInf) continue;

@@ -1,0 +1,101 @@
+// Note [Interleaved search] in interleaved_search.h.
+#include "decomposer/interleaved_search.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace autostage::decomposer {
+namespace {
+
+// Greedy cut under `limit`: each range takes blocks while its sum stays within the limit and
+// enough blocks remain for the later ranges. Empty when the last range exceeds the limit.
+std::vector<std::pair<int, int>> greedyCuts(const std::vector<double>& cost, int parts,
+                                            double limit) {
+  const int n = static_cast<int>(cost.size());
+  std::vector<std::pair<int, int>> cuts;
+  int first = 0;
+  for (int k = 0; k < parts; ++k) {
+    const int laterParts = parts - k - 1;
+    int last = first;
+    double sum = cost[first];
+    if (k + 1 == parts) {
+      last = n - 1;
+      sum = std::accumulate(cost.begin() + first, cost.end(), 0.0);
+    } else {
+      while (last + 1 < n - laterParts && sum + cost[last + 1] <= limit) sum += cost[++last];
+    }
+    if (sum > limit) return {};
+    cuts.push_back({first, last});
+    first = last + 1;
+  }
+  return cuts;
+}
+
+std::vector<double> chunkCosts(const CostModel& model, double microBatch, bool recompute) {
+  std::vector<double> cost;
+  for (int b = 0; b < model.ranges().blockCount(); ++b) {
+    const RangeTotals block = model.ranges().range(b, b);
+    const double forward = block.forwardSeconds.at(microBatch);
+    cost.push_back(forward * (recompute ? 2 : 1) + block.backwardSeconds.at(microBatch));
+  }
+  return cost;
+}
+
+}  // namespace
+
+std::vector<std::pair<int, int>> minMaxCuts(const std::vector<double>& cost, int parts) {
+  AUTOSTAGE_INTERNAL_ASSERT(parts >= 1 && parts <= static_cast<int>(cost.size()),
+                            "cannot cut ", cost.size(), " blocks into ", parts, " ranges");
+  double low = *std::max_element(cost.begin(), cost.end());
+  double high = std::accumulate(cost.begin(), cost.end(), 0.0);
+  if (greedyCuts(cost, parts, low).size() == size_t(parts)) return greedyCuts(cost, parts, low);
+  for (int i = 0; i < 60 && high - low > 1e-12 * high; ++i) {
+    const double mid = 0.5 * (low + high);
+    (greedyCuts(cost, parts, mid).size() == size_t(parts) ? high : low) = mid;
+  }
+  return greedyCuts(cost, parts, high * (1 + 1e-12));
+}
+
+std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages) {
+  const PlanRequest& request = model.request();
+  const PlanOptions& options = request.options;
+  const int blocks = model.ranges().blockCount();
+  std::optional<Plan> best;
+  double bestSeconds = std::numeric_limits<double>::infinity();
+  for (int positions = 2; positions <= std::min(request.devices, blocks / virtualStages);
+       ++positions) {
+    if (request.devices % positions != 0) continue;
+    if (options.partitionNum > 0 && positions * virtualStages != options.partitionNum) continue;
+    const int replicas = request.devices / positions;
+    for (int microBatches : options.microBatchCandidates()) {
+      if (microBatches % positions != 0 ||
+          static_cast<int64_t>(microBatches) * replicas > request.batchSize)
+        continue;
+      const double mb = static_cast<double>(model.microBatchPerReplica(microBatches, replicas));
+      for (bool recompute : options.recomputeCandidates()) {
+        const auto cuts = minMaxCuts(chunkCosts(model, mb, recompute), positions * virtualStages);
+        for (bool zero : options.zeroCandidates()) {
+          if (zero && replicas == 1) continue;  // nothing to shard
+          Plan plan;
+          plan.microBatchCount = microBatches;
+          plan.schedule = Schedule::OneFOneB;
+          plan.virtualStages = virtualStages;
+          for (size_t k = 0; k < cuts.size(); ++k)
+            plan.stages.push_back({cuts[k].first, cuts[k].second, replicas,
+                                   static_cast<int>(k % positions) * replicas, recompute, zero});
+          const PlanEvaluation e = evaluatePlanWith(model, plan);
+          if (!e.feasible || e.iterationSeconds >= bestSeconds) continue;
+          bestSeconds = e.iterationSeconds;
+          plan.predictedSeconds = plan.searchSeconds = e.iterationSeconds;
+          best = plan;
+        }
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace autostage::decomposer
