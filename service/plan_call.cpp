@@ -69,7 +69,7 @@ proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile&
   answer.set_peak_bytes(static_cast<int64_t>(result.evaluation.peakMemoryBytes));
   answer.set_stages(static_cast<int>(result.deployment.stages.size()));
   answer.set_micro_batches(result.deployment.microBatchCount);
-  answer.set_schedule(result.deployment.schedule);
+  answer.set_schedule(core::scheduleText(result.deployment));
   answer.set_plan_seconds(result.planSeconds);
   return answer;
 }

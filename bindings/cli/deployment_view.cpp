@@ -34,7 +34,8 @@ decomposer::SimulationResult simulateDeployment(const core::Deployment& d) {
   for (const core::StageDeployment& s : d.stages)
     timings.push_back({s.forwardSeconds, s.sendForwardSeconds, s.backwardSeconds,
                        s.sendBackwardSeconds, s.allreduceSeconds});
-  return decomposer::simulateTimeline(timings, d.microBatchCount, decomposer::parseSchedule(d.schedule));
+  return decomposer::simulateTimeline(timings, d.microBatchCount, decomposer::parseSchedule(d.schedule),
+                                      d.virtualStages);
 }
 
 std::string formatSeconds(double seconds) {
@@ -147,7 +148,11 @@ void printDeployment(std::ostream& out, const core::Deployment& d) {
   out << "deployment of graph " << d.graphHash << " (" << d.decomposer << ")\n"
       << "world size " << d.worldSize << ", " << devicesPerNode(d) << " devices per node"
       << (d.devicesPerNode > 0 ? "" : " (not recorded)") << ", global batch " << d.batchSize
-      << ", micro-batches " << d.microBatchCount << ", schedule " << d.schedule << "\n";
+      << ", micro-batches " << d.microBatchCount << ", schedule " << core::scheduleText(d)
+      << (d.virtualStages > 1 ? " (interleaved: stage k runs on the ranks of stage k mod " +
+                                    std::to_string(core::pipelinePositions(d)) + ")"
+                              : "")
+      << "\n";
   printStages(out, d);
   printTimes(out, d, sim);
   printMemory(out, d);

@@ -25,7 +25,8 @@ using decomposer::PlanOptions;
 const std::vector<std::string> kValued = {
     "graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
     "decomposer", "out", "max-blocks", "partition-num", "pipeline-num", "min-pipeline",
-    "max-pipeline", "schedule", "usage", "mem-limit-gb", "mem-margin", "opt-param-factor",
+    "max-pipeline", "schedule", "virtual-stages", "usage", "mem-limit-gb", "mem-margin",
+    "opt-param-factor",
     "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops", "server",
     "timeout-s"};
 const std::vector<std::string> kFlags = {"json", "help", "csv"};
@@ -39,6 +40,7 @@ PlanOptions planOptions(const Arguments& a) {
   o.minPipeline = static_cast<int>(a.getInt("min-pipeline", o.minPipeline));
   o.maxPipeline = static_cast<int>(a.getInt("max-pipeline", o.maxPipeline));
   o.schedule = a.get("schedule", o.schedule);
+  o.virtualStages = a.get("virtual-stages", o.virtualStages);
   o.usage = decomposer::parseUsage(a.get("usage", decomposer::usageName(o.usage)));
   o.memLimitGb = a.getFloat("mem-limit-gb", o.memLimitGb);
   o.memMargin = a.getFloat("mem-margin", o.memMargin);
@@ -70,6 +72,7 @@ void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::Pl
       << "  \"decomposer\": \"" << r.plan.decomposer << "\",\n"
       << "  \"micro_batches\": " << r.plan.microBatchCount << ",\n"
       << "  \"schedule\": \"" << decomposer::scheduleName(r.plan.schedule) << "\",\n"
+      << "  \"virtual_stages\": " << r.plan.virtualStages << ",\n"
       << "  \"usage\": \"" << decomposer::usageName(r.blocking.request.options.usage) << "\",\n"
       << "  \"predicted_iteration_ms\": " << r.evaluation.iterationSeconds * 1e3 << ",\n"
       << "  \"search_objective_ms\": " << r.evaluation.searchSeconds * 1e3 << ",\n"
@@ -132,7 +135,8 @@ std::string planUsage() {
          "         --devices N --devices-per-node K --device-memory 40GiB --batch B\n"
          "         [--decomposer dp|data_parallel|uniform|param_balanced] [--out deployment.pb] [--json]\n"
          "         [--max-blocks N] [--partition-num N] [--pipeline-num N] [--min-pipeline N]\n"
-         "         [--max-pipeline N] [--schedule gpipe|1f1b|auto] [--mem-limit-gb G] [--mem-margin F]\n"
+         "         [--max-pipeline N] [--schedule gpipe|1f1b|auto] [--virtual-stages auto|1|2|4]\n"
+         "         [--mem-limit-gb G] [--mem-margin F]\n"
          "         [--usage train_step|forward_backward|inference]  (the API that runs the plan;\n"
          "                    forward()/backward() run gpipe only; default train_step)\n"
          "         [--opt-param-factor F] [--intra-node-bandwidth B/s] [--inter-node-bandwidth B/s]\n"

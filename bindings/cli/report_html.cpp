@@ -52,7 +52,7 @@ void summaryTable(std::ostream& out, const core::Deployment& d, const decomposer
       {"stages", std::to_string(d.stages.size())},
       {"global batch", std::to_string(d.batchSize)},
       {"micro-batches", std::to_string(d.microBatchCount)},
-      {"schedule", d.schedule},
+      {"schedule", core::scheduleText(d)},
       {"predicted iteration (planner)", formatSeconds(d.predictedIterationSeconds)},
       {"simulated iteration", formatSeconds(sim.iterationSeconds) + " (pipeline " +
                                   formatSeconds(sim.pipelineSeconds) + ", bubble " +
@@ -175,7 +175,7 @@ std::string renderReportHtml(const ReportInput& input) {
   out << "<h2>One iteration</h2>\n";
   ganttLegend(out, d);
   out << "<p class=\"note\">Predicted by the pipeline simulator from the recorded stage times ("
-      << escapeXml(d.schedule) << ", " << d.microBatchCount << " micro-batches).</p>\n"
+      << escapeXml(core::scheduleText(d)) << ", " << d.microBatchCount << " micro-batches).</p>\n"
       << predictedGanttSvg(d, sim, timeScale);
   if (input.trace) {
     out << "<p class=\"note\">Measured: step " << input.trace->step << " of the runtime trace, same "

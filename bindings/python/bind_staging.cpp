@@ -81,6 +81,7 @@ py::dict deploymentInfo(const core::Deployment& d) {
   py::dict info;
   info["micro_batches"] = d.microBatchCount;
   info["schedule"] = d.schedule;
+  info["virtual_stages"] = d.virtualStages;
   info["stages"] = stages;
   info["world_size"] = d.worldSize;
   info["batch_size"] = d.batchSize;
