@@ -40,11 +40,18 @@ CONFIGS = [
     ("resnet18", 2, "partition_num=2 pipeline_num=2 schedule=gpipe recompute=never"),
     ("resnet18", 2, "partition_num=2 pipeline_num=4 schedule=gpipe recompute=always"),
     ("resnet18", 4, "partition_num=4 pipeline_num=4 schedule=1f1b recompute=never"),
+    # Issue 19: interleaved 1F1B (2 positions x 2 virtual stages) and ZeRO-1 (2 replicas/stage).
+    ("transformer", 4, "partition_num=4 pipeline_num=4 schedule=1f1b recompute=never "
+                       "virtual_stages=2"),
+    ("transformer", 4, "partition_num=2 pipeline_num=4 schedule=1f1b recompute=never zero=1 "
+                       "virtual_stages=1"),
 ]
 
 
 def run(model, ranks, options):
     style = "train_step" if "schedule=1f1b" in options else "forward"
+    if "virtual_stages" not in options:  # the forced plans stay one stage per rank
+        options += " virtual_stages=1"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=BUILD_PYTHON,
                OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                AUTOSTAGE_MEASURE_COMM="false", AUTOSTAGE_PROFILE_PASS_SECONDS="0.3",

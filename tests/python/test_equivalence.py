@@ -1,7 +1,7 @@
 """Issue 5 acceptance: autostage.Module under mpirun equals plain single-process PyTorch.
 
-One mpirun per rank count (1, 2, 4) runs every row of equivalence/driver.py's CONFIGS table for
-that rank count (3 Adam steps each; outputs, gradients, parameters and buffers compared within
+One mpirun per rank count (1, 2, 4) runs every row of equivalence/driver.py's CONFIGS table (and
+of its INTERLEAVED table: interleaved 1F1B, virtual_stages=2) for that rank count (3 Adam steps each; outputs, gradients, parameters and buffers compared within
 rtol 1e-5 / atol 1e-6). test_matrix_is_a_covering_design checks the table itself.
 """
 import itertools
@@ -17,7 +17,7 @@ DRIVER_DIR = os.path.join(HERE, "equivalence")
 BUILD_PYTHON = os.path.abspath(os.path.join(HERE, "..", "..", "build", "python"))
 sys.path.insert(0, DRIVER_DIR)
 
-from driver import CONFIGS  # noqa: E402
+from driver import CONFIGS, INTERLEAVED  # noqa: E402
 
 OPTIONS = {  # column of CONFIGS -> the values every model must hit
     "partition": (2, (1, 2, 4)),
@@ -62,11 +62,12 @@ def test_equivalence_matrix(ranks, tmp_path):
     lines = [line for line in run.stdout.splitlines() if line.startswith("rank ")]
     assert run.returncode == 0, "\n".join(lines) or log
     assert not [line for line in lines if ": FAIL" in line], "\n".join(lines)
-    expected = [i for i, c in enumerate(CONFIGS) if c[1] == ranks]
+    expected = [("config", i) for i, c in enumerate(CONFIGS) if c[1] == ranks]
+    expected += [("interleaved", i) for i, c in enumerate(INTERLEAVED) if c[1] == ranks]
     for rank in range(ranks):
-        for index in expected:
-            assert any(line.startswith(f"rank {rank}: ok config {index} ") for line in lines), \
-                f"rank {rank} reported nothing for config {index}:\n" + "\n".join(lines)
+        for label, index in expected:
+            assert any(line.startswith(f"rank {rank}: ok {label} {index} ") for line in lines), \
+                f"rank {rank} reported nothing for {label} {index}:\n" + "\n".join(lines)
         if ranks > 1:
             assert any(line.startswith(f"rank {rank}: ok partition_num={2 * ranks}")
                        for line in lines), log

@@ -25,8 +25,8 @@ def test_each_usage_gets_its_plan_and_runs_its_schedule(tmp_path):
     assert "Switching from train_step to forward_backward: using its deployment" in log, log
     assert "Switching from forward_backward to inference: planning it (once)" in log, log
     assert "Switching from inference to forward_backward: using its deployment" in log, log
-    assert re.search(r"schedule=gpipe precision=fp32 usage=forward_backward", log), log
-    assert re.search(r"schedule=1f1b precision=fp32 usage=train_step", log), log
+    assert re.search(r"schedule=gpipe v=1 precision=fp32 usage=forward_backward", log), log
+    assert re.search(r"schedule=1f1b v=[124] precision=fp32 usage=train_step", log), log
     # The info summary after the first steps, one line per rank, printed by rank 0.
     for rank in range(2):
         size = r"[\d.]+ [KMG]?i?B"

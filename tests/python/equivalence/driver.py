@@ -71,6 +71,18 @@ CONFIGS = [
     ("scripted",  4, 1, 4, "1f1b",  "always", "train_step"),
 ]
 
+# Interleaved 1F1B (virtual_stages=2, issue 19): partition_num counts every virtual stage, so it
+# is twice the pipeline positions; the micro-batch count is a multiple of the positions.
+#  model       ranks partition pipeline schedule recompute call
+INTERLEAVED = [
+    ("mlp",       2, 4, 2, "1f1b",  "never",  "train_step"),
+    ("encoder",   4, 4, 4, "1f1b",  "always", "train_step"),  # 2 positions x 2 replicas
+    ("tied",      4, 8, 4, "1f1b",  "never",  "train_step"),  # 4 positions
+    ("resnet18",  2, 4, 4, "1f1b",  "never",  "train_step"),
+    ("cnn_bn",    4, 4, 2, "1f1b",  "never",  "train_step"),  # BatchNorm over 2 replicas
+    ("withloss",  2, 4, 2, "1f1b",  "always", "train_step"),
+]
+
 
 def describe(config):
     model, ranks, partition, pipeline, schedule, recompute, call = config
@@ -96,9 +108,11 @@ class Mismatch:
             self.failures.append(f"{what} (max error {error:.3g})")
 
 
-def check_deployment(wrapped, config, mismatch):
+def check_deployment(wrapped, config, mismatch, virtual):
     _, ranks, partition, pipeline, schedule, recompute, _ = config
     info = wrapped._impl.deployment_info()
+    if info["virtual_stages"] != virtual:
+        mismatch.failures.append(f"planned virtual_stages={info['virtual_stages']}, forced {virtual}")
     stages = info["stages"]
     if len(stages) != partition:
         mismatch.failures.append(f"planned {len(stages)} stages, forced {partition}")
@@ -125,7 +139,7 @@ def run_step(wrapped, spec, call, inputs, target):
     return out
 
 
-def run_config(config, cache_dir, rank, world):
+def run_config(config, cache_dir, rank, world, virtual=1):
     name, _, partition, pipeline, schedule, recompute, call = config
     spec = MODELS[name] if call == "forward" else with_loss(MODELS[name])
     model = spec.build()
@@ -133,7 +147,7 @@ def run_config(config, cache_dir, rank, world):
     reference = ReferenceRun(spec, LR)
     wrapped = autostage.Module(
         model, optimizer, partition_num=partition, pipeline_num=pipeline, schedule=schedule,
-        recompute=recompute, profile_cache_dir=cache_dir, profile_repeats=3,
+        recompute=recompute, virtual_stages=virtual, profile_cache_dir=cache_dir, profile_repeats=3,
         profile_pass_seconds=0, profile_batch_sizes="", decomposer="dp", mem_limit_gb=0, comm_timeout_s=600)
     mismatch = Mismatch()
     rows = slice(rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH)
@@ -144,7 +158,7 @@ def run_config(config, cache_dir, rank, world):
         out = run_step(wrapped, spec, call, tuple(t[rows] for t in inputs),
                        None if target is None else target[rows])
         if names is None:
-            info = check_deployment(wrapped, config, mismatch)
+            info = check_deployment(wrapped, config, mismatch, virtual)
             names = local_names(model, wrapped)
             params = dict(model.named_parameters())
             reference.split_batchnorm(info, world * LOCAL_BATCH)
@@ -185,20 +199,23 @@ def main():
     rank, world = autostage.get_rank(), autostage.get_world_size()
     torch.set_num_threads(1)
     failed = 0
-    for index, config in enumerate(CONFIGS):
+    rows = [("config", index, config, 1) for index, config in enumerate(CONFIGS)]
+    rows += [("interleaved", index, config, 2) for index, config in enumerate(INTERLEAVED)]
+    for label, index, config, virtual in rows:
         if config[1] != world or (only and config[0] != only):
             continue
+        what = f"{label} {index} [{describe(config)}{' virtual_stages=2' if virtual > 1 else ''}]"
         try:
-            mismatch, count = run_config(config, cache_dir, rank, world)
+            mismatch, count = run_config(config, cache_dir, rank, world, virtual)
         except Exception as e:  # report and go on: the next config starts a fresh module
             traceback.print_exc()
-            say(f"rank {rank}: FAIL config {index} [{describe(config)}]: {type(e).__name__}: {e}")
+            say(f"rank {rank}: FAIL {what}: {type(e).__name__}: {e}")
             failed += 1
             continue
         status = "FAIL" if mismatch.failures else "ok"
         failed += bool(mismatch.failures)
         detail = "; ".join(mismatch.failures[:None if VERBOSE else 4])
-        say(f"rank {rank}: {status} config {index} [{describe(config)}] {count} local tensors, "
+        say(f"rank {rank}: {status} {what} {count} local tensors, "
             f"max error {mismatch.max_error:.3g}{': ' + detail if detail else ''}")
     if world > 1 and not only and not expect_plan_error(cache_dir, rank, world):
         failed += 1
