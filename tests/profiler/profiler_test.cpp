@@ -4,8 +4,6 @@
 
 #include <filesystem>
 
-#include <ATen/autocast_mode.h>
-
 #include "core/error.h"
 #include "core/torchscript/autocast.h"
 #include "profiler/cost_model.h"
@@ -288,7 +286,7 @@ TEST_CASE("bf16 profiling measures the nodes under autocast", "[profiler]") {
   options.precision = core::Precision::Bf16;
   core::GraphProfile profile = profileNodes(model, m.inputs, *backend, options);
   CHECK(profile.dtype == "Float-autocast-bf16");  // a cache key apart from fp32 profiles
-  CHECK_FALSE(at::autocast::is_cpu_enabled());    // the guard ended with profiling
+  CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));  // the guard ended with profiling
   const double row = width * 2.0;  // one sample's bf16 activation
   int64_t params = 0;
   for (const auto& p : profile.nodes) params += p.paramBytes;
