@@ -67,7 +67,7 @@ void CpuMemoryTracker::add(int64_t bytes) const {
   }
 }
 
-c10::DataPtr CpuMemoryTracker::allocate(size_t bytes) const {
+c10::DataPtr CpuMemoryTracker::allocateTracked(size_t bytes) const {
   c10::DataPtr original;
   {
     std::lock_guard<std::mutex> lock(gMutex);

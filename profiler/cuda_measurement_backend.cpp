@@ -18,10 +18,27 @@
 #define AUTOSTAGE_CUDA_ALLOCATOR_STATS 0
 #endif
 
+// Where the caching allocator's statistics types live: LibTorch 1.13 declares Stat/StatType in
+// c10::cuda::CUDACachingAllocator; LibTorch 2.x moved them to the device-generic
+// c10::CachingDeviceAllocator (c10/core/CachingDeviceAllocator.h, which 1.13 does not have).
+// getDeviceStats() and resetPeakStats() stay in c10::cuda::CUDACachingAllocator on both.
+#if AUTOSTAGE_CUDA_ALLOCATOR_STATS && __has_include(<c10/core/CachingDeviceAllocator.h>)
+#include <c10/core/CachingDeviceAllocator.h>
+#define AUTOSTAGE_DEVICE_GENERIC_STATS 1
+#else
+#define AUTOSTAGE_DEVICE_GENERIC_STATS 0
+#endif
+
 #include "core/error.h"
 
 namespace autostage::profiler {
 namespace {
+
+#if AUTOSTAGE_DEVICE_GENERIC_STATS
+namespace allocator_stats = c10::CachingDeviceAllocator;
+#elif AUTOSTAGE_CUDA_ALLOCATOR_STATS
+namespace allocator_stats = c10::cuda::CUDACachingAllocator;
+#endif
 
 void checkCuda(cudaError_t status, const char* what) {
   AUTOSTAGE_CHECK(status == cudaSuccess, "CUDA call ", what, " failed: ",
@@ -63,18 +80,23 @@ class CudaMeasurementBackend final : public MeasurementBackend {
   }
 
 #if AUTOSTAGE_CUDA_ALLOCATOR_STATS
-  int64_t currentMemory() const override { return stats().current; }
-  int64_t peakMemory() const override { return stats().peak; }
-  void resetPeakMemory() override { c10::cuda::CUDACachingAllocator::resetPeakStats(device_); }
+  int64_t currentMemory() const override { return allocatedBytes(/*peak=*/false); }
+  int64_t peakMemory() const override { return allocatedBytes(/*peak=*/true); }
+  void resetPeakMemory() override {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device_));
+  }
 
  private:
   cudaStream_t currentStream() const {
     return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
   }
-  c10::cuda::CUDACachingAllocator::Stat stats() const {
-    using c10::cuda::CUDACachingAllocator::StatType;
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(device_)
-        .allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)];
+  // The caching allocator's aggregate allocated bytes on our device: current or peak.
+  int64_t allocatedBytes(bool peak) const {
+    using allocator_stats::StatType;
+    const auto stats =
+        c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_));
+    const auto& aggregate = stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)];
+    return peak ? aggregate.peak : aggregate.current;
   }
   void observe() {}
 #else

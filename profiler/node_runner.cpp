@@ -7,11 +7,11 @@
 #include <sstream>
 #include <unordered_set>
 
-#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/torch.h>
 
 #include "core/error.h"
+#include "core/torchscript/autocast.h"
 #include "profiler/profiler_options.h"
 
 namespace autostage::profiler {
@@ -206,7 +206,7 @@ std::vector<c10::IValue> executeFunction(const torchscript::ExportedFunction& fu
   // Note [Autocast cache] (core/torchscript/autocast.h): each run casts its own weight copies,
   // as a stage's run does; a copy cached by a run without autograd would otherwise leak into
   // later measured runs.
-  if (at::autocast::is_cpu_enabled() || at::autocast::is_enabled()) at::autocast::clear_cache();
+  torchscript::clearAutocastCacheIfEnabled();
   return outputs;
 }
 

@@ -1,10 +1,10 @@
 // The runtime event trace; see event_trace.h (Note [Trace files]).
 #include "staging/event_trace.h"
 
-#include <filesystem>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/file_system.h"
 #include "core/log.h"
 #include "core/proto/file_format.h"
 
@@ -13,11 +13,10 @@ namespace autostage::staging {
 EventTrace::EventTrace(int rank, const std::string& directory, int keepSteps)
     : rank_(rank), keepSteps_(keepSteps) {
   AUTOSTAGE_CHECK_AS(ConfigError, keepSteps >= 1, "trace_events_steps must be >= 1, got ", keepSteps);
-  std::error_code error;
-  std::filesystem::create_directories(directory, error);
-  AUTOSTAGE_CHECK_AS(ConfigError, std::filesystem::is_directory(directory), "trace_events_dir '",
-                     directory, "' cannot be created: ", error.message());
-  path_ = (std::filesystem::path(directory) / ("trace_rank" + std::to_string(rank) + ".json")).string();
+  std::string error;  // Note [No std::filesystem next to LibTorch wheels] (core/file_system.h)
+  AUTOSTAGE_CHECK_AS(ConfigError, core::createDirectories(directory, &error),
+                     "trace_events_dir '", directory, "' cannot be created: ", error);
+  path_ = core::joinPath(directory, "trace_rank" + std::to_string(rank) + ".json");
   core::logger("Runtime")->info("trace_events: writing the last {} steps to {}", keepSteps_, path_);
 }
 

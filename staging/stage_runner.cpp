@@ -1,11 +1,9 @@
 #include "staging/stage_runner.h"
 
 #include <algorithm>
-#include <mutex>
 #include <set>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -52,15 +50,6 @@ void addParams(const core::Graph& graph, const std::vector<core::ValueId>& input
                std::set<core::ValueId>* params) {
   for (core::ValueId v : inputs)
     if (isGraphParam(graph, v)) params->insert(v);
-}
-
-// Replaces the default CPU generator's state with `state` (undefined: keep it); returns the old one.
-at::Tensor swapRngState(const at::Tensor& state) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  at::Tensor old = gen.get_state();
-  if (state.defined()) gen.set_state(state);
-  return old;
 }
 
 at::Tensor outputTensor(const c10::IValue& value) {
@@ -146,13 +135,26 @@ std::unordered_map<core::ValueId, at::Tensor> StageRunner::makeLeaves(
   return leaves;
 }
 
+std::vector<c10::Device> StageRunner::tensorDevices(
+    const std::unordered_map<core::ValueId, at::Tensor>& inputs) const {
+  std::vector<c10::Device> devices;
+  for (const auto& [v, t] : inputs) devices.push_back(t.device());
+  auto addParams = [&](const torchscript::ExportedFunction& fn) {
+    for (core::ValueId v : fn.inputs())
+      if (params_.has(v)) devices.push_back(params_.tensor(v).device());
+  };
+  addParams(function_);
+  if (prelude_) addParams(*prelude_);
+  return devices;
+}
+
 std::vector<at::Tensor> StageRunner::forward(
     int micro, const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
   Saved saved;
   saved.inputs = makeLeaves(inputs);
   std::vector<at::Tensor> outputs;
   if (stage_.recompute) {
-    saved.rngState = swapRngState(at::Tensor());
+    saved.rngStates = saveRngStates(rngDevices(tensorDevices(saved.inputs)));
     at::NoGradGuard noGrad;
     outputs = run(saved.inputs);
   } else {
@@ -179,12 +181,12 @@ std::unordered_map<core::ValueId, at::Tensor> StageRunner::backward(
   if (stage_.recompute) {
     buffers = params_.buffers();
     for (const at::Tensor& b : buffers) kept.push_back(b.clone());
-    at::Tensor current = swapRngState(*saved.rngState);
+    RngStates current = swapRngStates(*saved.rngStates);  // Note [Recompute RNG state]
     {
       at::AutoGradMode grad(true);
       saved.outputs = run(saved.inputs);
     }
-    swapRngState(current);
+    swapRngStates(current);
   }
   AUTOSTAGE_INTERNAL_ASSERT(outputGrads.size() == saved.outputs.size(), "stage ", stage_.name,
                             " got ", outputGrads.size(), " output gradients for ",

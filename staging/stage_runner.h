@@ -10,9 +10,10 @@
 // gradients reach the parameters through each micro-batch's own autograd graph.
 //
 // Note [Recompute]
-// A recompute stage runs its forward without autograd, keeps only its routed inputs and the CPU
-// RNG state, and in backward restores that state, re-runs the forward with autograd and
-// back-propagates; dropout masks therefore match. The stage's buffers are restored after the
+// A recompute stage runs its forward without autograd, keeps only its routed inputs and the RNG
+// states (the CPU's and, for tensors on CUDA, their devices': Note [Recompute RNG state] in
+// staging/rng_state.h), and in backward restores those states, re-runs the forward with
+// autograd and back-propagates; dropout masks therefore match. The stage's buffers are restored after the
 // re-run, so in-place buffer updates (BatchNorm running statistics, num_batches_tracked) happen
 // once per micro-batch, as without recompute.
 //
@@ -33,6 +34,7 @@
 #include "core/ir/graph.h"
 #include "core/torchscript/exporter.h"
 #include "staging/param_storage.h"
+#include "staging/rng_state.h"
 
 namespace autostage::staging {
 
@@ -68,8 +70,11 @@ class StageRunner {
   struct Saved {
     std::unordered_map<core::ValueId, at::Tensor> inputs;  // leaves (recompute: detached)
     std::vector<at::Tensor> outputs;                        // with autograd history
-    std::optional<at::Tensor> rngState;                     // recompute stages only
+    std::optional<RngStates> rngStates;                     // recompute stages only
   };
+  // The devices of the stage's routed `inputs` and of the parameters it reads.
+  std::vector<c10::Device> tensorDevices(
+      const std::unordered_map<core::ValueId, at::Tensor>& inputs) const;
   std::vector<at::Tensor> run(const std::unordered_map<core::ValueId, at::Tensor>& inputs);
   std::unordered_map<core::ValueId, at::Tensor> makeLeaves(
       const std::unordered_map<core::ValueId, at::Tensor>& inputs) const;

@@ -1,6 +1,6 @@
 // autostage.Module's C++ side (autostage::Module), process-group functions and options.
 #include <pybind11/stl.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/jit/python/module_python.h>  // as_module; see bindings/python/ivalue_cast.h
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings/cpp/module.h"

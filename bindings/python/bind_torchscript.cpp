@@ -1,6 +1,5 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/jit/python/module_python.h>
-#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "bindings/python/bindings.h"
+#include "bindings/python/ivalue_cast.h"
 #include "core/error.h"
 #include "core/torchscript/exporter.h"
 #include "core/torchscript/importer.h"
@@ -37,7 +37,7 @@ std::shared_ptr<ImportedModel> importModule(const py::object& module, const py::
   AUTOSTAGE_CHECK(scripted.has_value(), "expected a torch.jit.ScriptModule, got ",
                   std::string(py::str(module.get_type())));
   std::vector<c10::IValue> values;
-  for (const py::handle& obj : inputs) values.push_back(torch::jit::toTypeInferredIValue(obj));
+  for (const py::handle& obj : inputs) values.push_back(toIValue(obj));
   return std::make_shared<ImportedModel>(torchscript::importModule(*scripted, values));
 }
 
@@ -50,14 +50,14 @@ ExportedSubgraph exportNodes(const ImportedModel& model, const std::vector<core:
 
 py::tuple runExported(const ExportedSubgraph& sub, const py::args& args) {
   std::vector<c10::IValue> inputs;
-  for (const py::handle& obj : args) inputs.push_back(torch::jit::toTypeInferredIValue(obj));
+  for (const py::handle& obj : args) inputs.push_back(toIValue(obj));
   std::vector<c10::IValue> outputs;
   {
     py::gil_scoped_release release;
     outputs = sub.function.run(std::move(inputs));
   }
   py::tuple result(outputs.size());
-  for (size_t i = 0; i < outputs.size(); ++i) result[i] = torch::jit::toPyObject(outputs[i]);
+  for (size_t i = 0; i < outputs.size(); ++i) result[i] = toPython(outputs[i]);
   return result;
 }
 

@@ -35,6 +35,20 @@ void checkAutocastSupported(core::Precision precision, c10::DeviceType device);
 // The low-precision dtype autocast uses (Float for fp32).
 c10::ScalarType autocastDtype(core::Precision precision);
 
+// Note [Autocast API versions]
+// LibTorch 2.4 replaced the per-device autocast state calls (at::autocast::is_cpu_enabled,
+// set_autocast_gpu_dtype, ...) with device-type-generic ones (is_autocast_enabled(device), ...)
+// and deprecated the old ones (a compiler warning per call, a printed warning per run). The
+// functions below are the only place autostage reads or sets that state; they call whichever API
+// the LibTorch being built against has (TORCH_VERSION_* from <torch/version.h>). `device` is CPU
+// or CUDA (GPU); another device type is an internal error.
+bool isAutocastEnabled(c10::DeviceType device);
+void setAutocastEnabled(c10::DeviceType device, bool enabled);
+c10::ScalarType currentAutocastDtype(c10::DeviceType device);
+void setAutocastDtype(c10::DeviceType device, c10::ScalarType dtype);
+// Clears autocast's cast cache if autocast is on for the CPU or CUDA (Note [Autocast cache]).
+void clearAutocastCacheIfEnabled();
+
 class AutocastGuard {
  public:
   // fp32: does nothing. Otherwise enables autocast for `device` with the precision's dtype.

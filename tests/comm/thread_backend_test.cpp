@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <mutex>
+#include <thread>
 
 #include "comm_test_util.h"
 #include "core/error.h"

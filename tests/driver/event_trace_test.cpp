@@ -8,7 +8,6 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
-#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -17,6 +16,7 @@
 
 #include "bindings/cli/measured_trace.h"
 #include "comm/thread_backend.h"
+#include "core/file_system.h"
 #include "driver/module.h"
 #include "test_support.h"
 
@@ -37,7 +37,7 @@ std::string readFile(const std::string& path) {
 // Runs kSteps steps on 4 thread ranks (stage 0 on ranks 0-1, stage 1 on 2, stage 2 on 3) and
 // returns the events of every rank's trace file.
 std::vector<cli::MeasuredEvent> trainTraced(const std::string& schedule, const std::string& dir) {
-  std::filesystem::remove_all(dir);
+  core::removeAll(dir);
   std::vector<torch::jit::Module> models;
   for (int r = 0; r < kWorld; ++r) {
     torch::manual_seed(5);
@@ -67,7 +67,7 @@ std::vector<cli::MeasuredEvent> trainTraced(const std::string& schedule, const s
   std::vector<cli::MeasuredEvent> all;
   for (int r = 0; r < kWorld; ++r) {
     const std::string path = dir + "/trace_rank" + std::to_string(r) + ".json";
-    REQUIRE(std::filesystem::exists(path));
+    REQUIRE(core::pathExists(path));
     std::vector<cli::MeasuredEvent> events = cli::parseChromeTrace(readFile(path), path);
     for (const cli::MeasuredEvent& e : events) REQUIRE(e.rank == r);
     all.insert(all.end(), events.begin(), events.end());
@@ -107,7 +107,7 @@ void checkCoverage(const std::vector<cli::MeasuredEvent>& events) {
 
 TEST_CASE("trace_events: every rank's Chrome trace covers its stage's forwards and backwards",
           "[staging]") {
-  const std::string dir = (std::filesystem::temp_directory_path() / "autostage_event_trace_test").string();
+  const std::string dir = core::joinPath(core::tempDirectory(), "autostage_event_trace_test");
   for (const char* schedule : {"1f1b", "gpipe"}) {
     INFO(schedule);
     checkCoverage(trainTraced(schedule, dir));
@@ -116,12 +116,12 @@ TEST_CASE("trace_events: every rank's Chrome trace covers its stage's forwards a
     REQUIRE(last.step == kSteps - 1);
     REQUIRE(last.ranks == std::vector<int>{0, 1, 2, 3});
   }
-  std::filesystem::remove_all(dir);
+  core::removeAll(dir);
 }
 
 TEST_CASE("event trace file: bounded to the last steps, rewritten at every step end", "[staging]") {
-  const std::string dir = (std::filesystem::temp_directory_path() / "autostage_event_trace_unit").string();
-  std::filesystem::remove_all(dir);
+  const std::string dir = core::joinPath(core::tempDirectory(), "autostage_event_trace_unit");
+  core::removeAll(dir);
   EventTrace trace(3, dir, 2);
   for (int step = 0; step < 4; ++step) {
     trace.beginStep();
@@ -134,12 +134,12 @@ TEST_CASE("event trace file: bounded to the last steps, rewritten at every step 
     REQUIRE(events.back().endSeconds - events.back().startSeconds == Approx(10e-6));
   }
   REQUIRE(trace.path() == dir + "/trace_rank3.json");
-  std::filesystem::remove_all(dir);
+  core::removeAll(dir);
 }
 
 TEST_CASE("event trace file: one peak_memory instant event per step, kept with its step", "[staging]") {
-  const std::string dir = (std::filesystem::temp_directory_path() / "autostage_event_trace_memory").string();
-  std::filesystem::remove_all(dir);
+  const std::string dir = core::joinPath(core::tempDirectory(), "autostage_event_trace_memory");
+  core::removeAll(dir);
   EventTrace trace(2, dir, 2);
   int64_t before = 0, after = 0;
   for (int step = 0; step < 3; ++step) {
@@ -187,7 +187,7 @@ TEST_CASE("event trace file: one peak_memory instant event per step, kept with i
     REQUIRE(m.transient == m.measuredPeak - 36);
   }
   REQUIRE(cli::loadMeasuredTrace(trace.path()).memory.size() == 1);  // the step shown
-  std::filesystem::remove_all(dir);
+  core::removeAll(dir);
 }
 
 }  // namespace autostage::driver

@@ -2,11 +2,8 @@
 
 #include "catch_torch.h"
 
-#include <filesystem>
-
-#include <ATen/autocast_mode.h>
-
 #include "core/error.h"
+#include "core/file_system.h"
 #include "core/torchscript/autocast.h"
 #include "profiler/cost_model.h"
 #include "profiler/node_pass.h"
@@ -29,9 +26,10 @@ ProfilerOptions quickOptions() {
 }
 
 std::string freshDir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("autostage_profiler_test_" + name);
-  std::filesystem::remove_all(dir);
-  return dir.string();
+  // Note [No std::filesystem next to LibTorch wheels] (core/file_system.h)
+  std::string dir = core::joinPath(core::tempDirectory(), "autostage_profiler_test_" + name);
+  core::removeAll(dir);
+  return dir;
 }
 
 std::vector<core::NodeId> groupsOfKind(const core::Graph& g, const std::string& kind) {
@@ -160,7 +158,7 @@ TEST_CASE("a cached profile is loaded without executing any node", "[profiler]")
   int64_t afterFirst = executionCount();
   CHECK(afterFirst > before + static_cast<int64_t>(nodeGroups(model.graph).size()));
   std::string path = profileCachePath(options, model.graph.hash(), "cpu", "Float");
-  REQUIRE(std::filesystem::exists(path));
+  REQUIRE(core::pathExists(path));
 
   core::GraphProfile second = profileGraph(model, m.inputs, *backend, options);
   CHECK(executionCount() == afterFirst);  // nothing ran
@@ -288,7 +286,7 @@ TEST_CASE("bf16 profiling measures the nodes under autocast", "[profiler]") {
   options.precision = core::Precision::Bf16;
   core::GraphProfile profile = profileNodes(model, m.inputs, *backend, options);
   CHECK(profile.dtype == "Float-autocast-bf16");  // a cache key apart from fp32 profiles
-  CHECK_FALSE(at::autocast::is_cpu_enabled());    // the guard ended with profiling
+  CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));  // the guard ended with profiling
   const double row = width * 2.0;  // one sample's bf16 activation
   int64_t params = 0;
   for (const auto& p : profile.nodes) params += p.paramBytes;

@@ -1,5 +1,4 @@
 // Mixed precision in a stage (Note [Autocast execution], Note [Autocast cache]).
-#include <ATen/autocast_mode.h>
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
@@ -89,23 +88,50 @@ TEST_CASE("a bf16 stage computes what eager autocast computes, recomputed or not
 }
 
 TEST_CASE("the autocast guard restores the caller's state and refuses fp16 on CPU", "[staging]") {
-  REQUIRE_FALSE(at::autocast::is_cpu_enabled());
+  REQUIRE_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   {
     torchscript::AutocastGuard autocast(core::Precision::Bf16);
-    CHECK(at::autocast::is_cpu_enabled());
-    CHECK(at::autocast::get_autocast_cpu_dtype() == at::kBFloat16);
+    CHECK(torchscript::isAutocastEnabled(c10::kCPU));
+    CHECK(torchscript::currentAutocastDtype(c10::kCPU) == at::kBFloat16);
     CHECK(torch::matmul(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() == at::kBFloat16);
   }
-  CHECK_FALSE(at::autocast::is_cpu_enabled());
+  CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   {
     torchscript::AutocastGuard none(core::Precision::Fp32);
-    CHECK_FALSE(at::autocast::is_cpu_enabled());
+    CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   }
   CHECK_THROWS_AS(torchscript::AutocastGuard(core::Precision::Fp16), UnsupportedError);
   CHECK_THROWS_WITH(torchscript::AutocastGuard(core::Precision::Fp16),
                     Catch::Contains("use precision=bf16 on CPU"));
-  CHECK_FALSE(at::autocast::is_cpu_enabled());
+  CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   CHECK_NOTHROW(torchscript::checkAutocastSupported(core::Precision::Fp16, c10::DeviceType::CUDA));
+}
+
+TEST_CASE("the autocast state wrappers read and set each device's state", "[staging]") {
+  // Note [Autocast API versions]: the same calls on LibTorch 1.13 and 2.x; the CUDA state is
+  // thread-local dispatch state, settable without a GPU.
+  for (c10::DeviceType device : {c10::kCPU, c10::kCUDA}) {
+    const bool enabled = torchscript::isAutocastEnabled(device);
+    const c10::ScalarType dtype = torchscript::currentAutocastDtype(device);
+    // LibTorch 1.13's CPU autocast accepts only bfloat16.
+    const c10::ScalarType low = device == c10::kCPU ? at::kBFloat16 : at::kHalf;
+    torchscript::setAutocastDtype(device, low);
+    torchscript::setAutocastEnabled(device, true);
+    CHECK(torchscript::isAutocastEnabled(device));
+    CHECK(torchscript::currentAutocastDtype(device) == low);
+    torchscript::clearAutocastCacheIfEnabled();
+    torchscript::setAutocastEnabled(device, enabled);
+    torchscript::setAutocastDtype(device, dtype);
+    CHECK(torchscript::isAutocastEnabled(device) == enabled);
+    CHECK(torchscript::currentAutocastDtype(device) == dtype);
+  }
+  {
+    torchscript::AutocastGuard outer(core::Precision::Bf16);
+    { torchscript::AutocastGuard inner(core::Precision::Fp16, c10::kCUDA); }
+    CHECK(torchscript::isAutocastEnabled(c10::kCPU));  // the inner guard left the CPU state alone
+    CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCUDA));
+  }
+  CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
 }
 
 }  // namespace autostage::staging
