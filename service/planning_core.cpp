@@ -394,14 +394,23 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call, const Ca
   // next unplanned point. This thread watches the caller and the limit meanwhile (it alone asks
   // the caller: a gRPC context is not asked from several threads) and, when the caller left or
   // the limit passed, lets no thread take another point (Note [Call deadlines]).
-  std::atomic<int> next{0}, planned{0};
+  // Points are taken under `takeMutex`, which the poller holds while it asks the caller and,
+  // when the caller left, ends the sweep: no thread takes a point between the caller saying so
+  // and the sweep stopping, however the threads are scheduled.
+  std::atomic<int> planned{0};
+  int next = 0;
+  std::mutex takeMutex;
+  auto take = [&] {
+    std::lock_guard<std::mutex> lock(takeMutex);
+    return next++;
+  };
   const int threads =
       std::min<int>(answer.points_size(), std::max(1u, std::thread::hardware_concurrency()));
   std::mutex doneMutex;
   std::condition_variable done;
   int working = threads;
   auto work = [&] {
-    for (int i = next++; i < answer.points_size(); i = next++) {
+    for (int i = take(); i < answer.points_size(); i = take()) {
       planPoint(base, answer.mutable_points(i));
       ++planned;
     }
@@ -416,6 +425,7 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call, const Ca
     std::unique_lock<std::mutex> lock(doneMutex);
     while (!done.wait_for(lock, kCallerPoll, [&] { return working == 0; })) {
       if (stop) continue;
+      std::lock_guard<std::mutex> taking(takeMutex);
       try {
         checkCaller(caller, limit, "WhatIf", "the sweep stopped");
       } catch (const Error&) {
