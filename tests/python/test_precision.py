@@ -1,5 +1,6 @@
 """precision="bf16" (autocast stages, fp32 master weights) on 2 and 4 MPI ranks equals plain
-PyTorch under torch.autocast on the same micro-batches; precision="fp16" is refused on CPU."""
+PyTorch under torch.autocast on the same micro-batches, also with ZeRO-1 on 4 ranks;
+precision="fp16" is refused on CPU."""
 import re
 import shutil
 
@@ -16,6 +17,8 @@ def test_bf16_matches_plain_autocast(ranks):
         assert f"rank {rank}: precision checked; 0 failures" in log, log
         if ranks == 2:
             assert f"rank {rank}: fp16 refused: " in log, log
+        else:
+            assert f"rank {rank}: mlp 1f1b recompute=never zero=1 output" in log, log
     # The planner accounted for the precision (Note [Pipeline cost model]).
     assert re.search(r"Estimated profiles of subgraphs: .* precision=bf16", log), log
     assert re.search(r"cast=[1-9]", log), log
