@@ -26,6 +26,7 @@
 #include <string>
 
 #include "bindings/cpp/memory_meters.h"
+#include "bindings/cpp/zero_optimizer.h"
 #include "core/config.h"
 #include "core/proto/deployment_file.h"
 #include "driver/module.h"
@@ -38,9 +39,10 @@ using ConfigOptions = std::map<std::string, std::string>;
 
 class Module : public driver::Module {
  public:
-  // `shardsOptimizer`: the caller's optimizer steps only this rank's ZeRO-1 pieces and calls
-  // gatherParams after each step, as the Python API's does (bind_staging.cpp); otherwise plans
-  // never use ZeRO-1 (zero=auto becomes 0, zero=1 throws UnsupportedError).
+  // `shardsOptimizer`: the caller's optimizer is built over ZeroParameters(module).tensors() and
+  // stepped through ZeroParameters::step (Note [ZeRO-1 in the C++ API]), so plans may use ZeRO-1
+  // (option zero); otherwise it steps whole parameters() and plans never use ZeRO-1 (zero=auto
+  // becomes 0, zero=1 throws UnsupportedError).
   explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig(),
                   bool shardsOptimizer = false)
       : driver::Module(std::move(module), withDefaults(std::move(options), shardsOptimizer)) {}
@@ -63,15 +65,17 @@ class Module : public driver::Module {
 
  private:
   // ZeRO-1 (Note [ZeRO-1] in staging/gradient_sync.h) needs an optimizer that steps only this
-  // rank's pieces and an all-gather after each step: the Python API wraps its optimizer so, a
-  // torch::optim optimizer over parameters() does not. Without it plans never shard.
+  // rank's pieces and an all-gather after each step (ZeroParameters); a torch::optim optimizer
+  // over parameters() does not. Without shardsOptimizer plans never shard.
   static void noZero() {
     core::Config& config = core::globalConfig();
     AUTOSTAGE_CHECK_AS(UnsupportedError, config.getString("zero") != "1",
-                       "zero=1 (ZeRO-1) is not supported by the C++ API yet: its torch::optim "
-                       "optimizer steps whole parameters; set zero=0 (or use the Python API)");
+                       "zero=1 (ZeRO-1) needs an optimizer that steps this rank's pieces: "
+                       "construct autostage::Module(model, options, /*shardsOptimizer=*/true) and "
+                       "step the optimizer through autostage::ZeroParameters, or set zero=0; "
+                       "this module was made for a torch::optim optimizer over parameters()");
     if (config.getString("zero") == "auto")
-      config.set("zero", "0", "autostage::Module (the C++ API has no ZeRO-1)");
+      config.set("zero", "0", "autostage::Module (an optimizer over whole parameters)");
   }
   static ModuleOptions fromConfig(const ConfigOptions& config) {
     for (const auto& [key, value] : config)
