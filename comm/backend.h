@@ -5,7 +5,8 @@
 // Contract shared by every backend:
 //  - Ranks are world ranks; every collective takes the Group it runs over and must be called by
 //    all of that group's members, in the same order. Non-members never take part.
-//  - Tensors must be contiguous and on the backend's device; received tensors are preallocated
+//  - Tensors must be contiguous and on the backend's device (tensorDevice(); MPI takes CUDA
+//    tensors too, through host memory); received tensors are preallocated
 //    with the expected dtype and element count (the receiver knows the shape from the IR).
 //    Operations write into the tensor's storage and never rebind the handle, so views (such as a
 //    batch slice of a larger buffer) can be passed.
@@ -52,6 +53,11 @@ class Backend {
   virtual int localSize() const { return 1; }
   virtual int localRank() const { return 0; }
   Group world() const { return Group::world(worldSize()); }
+  // The device whose tensors this backend moves as they are: where a caller puts tensors it
+  // makes only to communicate (loss sums, norms). CPU unless overridden (NCCL: its GPU). The
+  // MPI backend also takes CUDA tensors, through host copies (Note [CUDA tensors over MPI] in
+  // host_staging.h).
+  virtual c10::Device tensorDevice() const { return c10::Device(c10::DeviceType::CPU); }
 
   // Point-to-point. Messages between one pair with one tag arrive in the order sent. Tags are
   // >= 0; large tags may be limited by the backend (MPI: MPI_TAG_UB, at least 32767).

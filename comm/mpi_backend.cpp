@@ -3,6 +3,7 @@
 #include <climits>
 #include <thread>
 
+#include "comm/host_staging.h"
 #include "comm/mpi_check.h"
 #include "comm/mpi_environment.h"
 #include "comm/mpi_impl.h"
@@ -36,6 +37,10 @@ MPI_Datatype mpiTypeOf(const at::Tensor& tensor) {
       throw UnsupportedError("the MPI backend cannot move dtype " +
                              std::string(c10::toString(tensor.scalar_type())));
   }
+}
+
+void checkMpiTensor(const at::Tensor& tensor, const char* operation) {
+  checkCommTensor(tensor, {c10::DeviceType::CPU, c10::DeviceType::CUDA}, operation);
 }
 
 int mpiCount(const at::Tensor& tensor, const char* operation) {
@@ -77,14 +82,17 @@ void waitRequest(MPI_Request& request, MPI_Status* status, const Deadline& deadl
 
 namespace {
 
-// A pending isend/irecv. The deadline starts when wait() is called.
+// A pending isend/irecv. The deadline starts when wait() is called. Owns the host view of the
+// tensor (Note [CUDA tensors over MPI]): a send's stays alive until it completes; a receive's is
+// copied into the caller's tensor when it completes.
 class MpiWork : public Work {
  public:
-  MpiWork(MPI_Request request, at::Tensor tensor, MpiBackend::Impl* impl, int rank, int peer,
+  MpiWork(MPI_Request request, HostStaging staging, MpiBackend::Impl* impl, int rank, int peer,
           int tag, bool isRecv, double timeoutSeconds)
       : impl_(impl),
         request_(request),
-        tensor_(std::move(tensor)),
+        staging_(std::move(staging)),
+        tensor_(staging_.host()),
         rank_(rank),
         peer_(peer),
         tag_(tag),
@@ -133,10 +141,12 @@ class MpiWork : public Work {
                        tensor_.numel(), " elements (", describeTensor(tensor_), ") from rank ",
                        peer_, " (tag ", tag_, ") but received ", count,
                        "; sender and receiver must agree on dtype and shape");
+    staging_.finish();
   }
   MpiBackend::Impl* impl_;  // the backend outlives its Work handles
   MPI_Request request_;
-  at::Tensor tensor_;
+  HostStaging staging_;
+  at::Tensor tensor_;  // what MPI moves: staging_.host()
   int rank_, peer_, tag_;
   bool isRecv_;
   double timeoutSeconds_;
@@ -201,27 +211,31 @@ void MpiBackend::recv(const at::Tensor& tensor, int src, int tag) {
 }
 
 std::unique_ptr<Work> MpiBackend::isend(const at::Tensor& tensor, int dst, int tag) {
-  checkCommTensor(tensor, c10::DeviceType::CPU, "send");
+  checkMpiTensor(tensor, "send");
   checkPeer(dst, tag, "send");
   checkTag(tag, "send");
+  HostStaging staging = HostStaging::of(tensor, HostUse::Read);
+  const at::Tensor& host = staging.host();
   MPI_Request request;
-  AUTOSTAGE_MPI_CHECK(MPI_Isend(tensor.data_ptr(), mpiCount(tensor, "send"), mpiTypeOf(tensor), dst,
-                                tag, impl_->p2pComm, &request),
+  AUTOSTAGE_MPI_CHECK(MPI_Isend(host.data_ptr(), mpiCount(host, "send"), mpiTypeOf(host), dst, tag,
+                                impl_->p2pComm, &request),
                       "rank ", impl_->rank, " sending to rank ", dst, " tag ", tag);
-  return std::make_unique<MpiWork>(request, tensor, impl_.get(), impl_->rank, dst, tag, false,
-                                   impl_->options.timeoutSeconds);
+  return std::make_unique<MpiWork>(request, std::move(staging), impl_.get(), impl_->rank, dst, tag,
+                                   false, impl_->options.timeoutSeconds);
 }
 
 std::unique_ptr<Work> MpiBackend::irecv(const at::Tensor& tensor, int src, int tag) {
-  checkCommTensor(tensor, c10::DeviceType::CPU, "recv");
+  checkMpiTensor(tensor, "recv");
   checkPeer(src, tag, "recv");
   checkTag(tag, "recv");
+  HostStaging staging = HostStaging::of(tensor, HostUse::Write);
+  const at::Tensor& host = staging.host();
   MPI_Request request;
-  AUTOSTAGE_MPI_CHECK(MPI_Irecv(tensor.data_ptr(), mpiCount(tensor, "recv"), mpiTypeOf(tensor), src,
-                                tag, impl_->p2pComm, &request),
+  AUTOSTAGE_MPI_CHECK(MPI_Irecv(host.data_ptr(), mpiCount(host, "recv"), mpiTypeOf(host), src, tag,
+                                impl_->p2pComm, &request),
                       "rank ", impl_->rank, " receiving from rank ", src, " tag ", tag);
-  return std::make_unique<MpiWork>(request, tensor, impl_.get(), impl_->rank, src, tag, true,
-                                   impl_->options.timeoutSeconds);
+  return std::make_unique<MpiWork>(request, std::move(staging), impl_.get(), impl_->rank, src, tag,
+                                   true, impl_->options.timeoutSeconds);
 }
 
 void MpiBackend::abortJob(const std::string& message) { MpiEnvironment::abortJob(message); }

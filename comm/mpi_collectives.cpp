@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/host_staging.h"
 #include "comm/mpi_backend.h"
 #include "comm/mpi_check.h"
 #include "comm/mpi_environment.h"
@@ -255,14 +256,17 @@ void runCollective(MpiBackend::Impl& impl, const char* operation, const Group& g
 }
 }  // namespace
 
+// Note [CUDA tensors over MPI] (host_staging.h): every collective below runs on host views.
 void MpiBackend::allReduce(const at::Tensor& tensor, ReduceOp op, const Group& group) {
-  checkCommTensor(tensor, c10::DeviceType::CPU, "allReduce");
+  checkMpiTensor(tensor, "allReduce");
   checkMember(group, "allReduce");
   if (op == ReduceOp::Average) checkAverageable(tensor);
   if (group.size() == 1) return;
-  bool halfWidth = tensor.scalar_type() == at::kHalf || tensor.scalar_type() == at::kBFloat16;
+  HostStaging staging = HostStaging::of(tensor, HostUse::ReadWrite);
+  const at::Tensor& host = staging.host();
+  bool halfWidth = host.scalar_type() == at::kHalf || host.scalar_type() == at::kBFloat16;
   // MPI cannot add 16-bit floats: reduce a float32 copy.
-  at::Tensor work = halfWidth ? tensor.to(at::kFloat) : tensor;
+  at::Tensor work = halfWidth ? host.to(at::kFloat) : host;
   MPI_Op mpiOp = work.scalar_type() == at::kBool ? MPI_LOR : MPI_SUM;
   int count = mpiCount(work, "allReduce");
   runCollective(*impl_, "allReduce", group, describeTensor(tensor),
@@ -271,38 +275,46 @@ void MpiBackend::allReduce(const at::Tensor& tensor, ReduceOp op, const Group& g
                                         mpiOp, comm, request);
                 });
   if (op == ReduceOp::Average) work.div_(group.size());
-  if (halfWidth) tensor.copy_(work);
+  if (halfWidth) host.copy_(work);
+  staging.finish();
 }
 
 void MpiBackend::broadcast(const at::Tensor& tensor, int root, const Group& group) {
-  checkCommTensor(tensor, c10::DeviceType::CPU, "broadcast");
+  checkMpiTensor(tensor, "broadcast");
   checkMember(group, "broadcast", root);
   if (group.size() == 1) return;
-  int count = mpiCount(tensor, "broadcast");
+  HostStaging staging =
+      HostStaging::of(tensor, root == impl_->rank ? HostUse::Read : HostUse::Write);
+  const at::Tensor& host = staging.host();
+  int count = mpiCount(host, "broadcast");
   runCollective(*impl_, "broadcast", group, describeTensor(tensor),
                 [&](MPI_Comm comm, MPI_Request* request) {
-                  return MPI_Ibcast(tensor.data_ptr(), count, mpiTypeOf(tensor),
-                                    group.indexOf(root), comm, request);
+                  return MPI_Ibcast(host.data_ptr(), count, mpiTypeOf(host), group.indexOf(root),
+                                    comm, request);
                 });
+  staging.finish();
 }
 
 std::vector<at::Tensor> MpiBackend::allGather(const at::Tensor& tensor, const Group& group) {
-  checkCommTensor(tensor, c10::DeviceType::CPU, "allGather");
+  checkMpiTensor(tensor, "allGather");
   checkMember(group, "allGather");
+  HostStaging staging = HostStaging::of(tensor, HostUse::Read);
+  const at::Tensor& host = staging.host();
   std::vector<int64_t> shape = {group.size()};
   for (int64_t size : tensor.sizes()) shape.push_back(size);
-  at::Tensor gathered = at::empty(shape, tensor.options());
-  int count = mpiCount(tensor, "allGather");
-  MPI_Datatype type = mpiTypeOf(tensor);
+  at::Tensor gathered = at::empty(shape, host.options());
+  int count = mpiCount(host, "allGather");
+  MPI_Datatype type = mpiTypeOf(host);
   if (group.size() == 1) {
-    gathered.select(0, 0).copy_(tensor);
+    gathered.select(0, 0).copy_(host);
   } else {
     runCollective(*impl_, "allGather", group, describeTensor(tensor),
                   [&](MPI_Comm comm, MPI_Request* request) {
-                    return MPI_Iallgather(tensor.data_ptr(), count, type, gathered.data_ptr(),
-                                          count, type, comm, request);
+                    return MPI_Iallgather(host.data_ptr(), count, type, gathered.data_ptr(), count,
+                                          type, comm, request);
                   });
   }
+  if (gathered.device() != tensor.device()) gathered = gathered.to(tensor.device());
   std::vector<at::Tensor> out;
   for (int i = 0; i < group.size(); ++i) out.push_back(gathered.select(0, i));
   return out;
@@ -311,13 +323,15 @@ std::vector<at::Tensor> MpiBackend::allGather(const at::Tensor& tensor, const Gr
 // Note [Sharded collectives]. MPI cannot add 16-bit floats: they reduce as float32 copies.
 void MpiBackend::reduceScatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
                                const Group& group) {
-  checkCommTensor(input, c10::DeviceType::CPU, "reduceScatter");
-  checkCommTensor(output, c10::DeviceType::CPU, "reduceScatter");
+  checkMpiTensor(input, "reduceScatter");
+  checkMpiTensor(output, "reduceScatter");
   checkShards(input, output, group, "reduceScatter");
   if (op == ReduceOp::Average) checkAverageable(input);
+  HostStaging in = HostStaging::of(input, HostUse::Read);
+  HostStaging out = HostStaging::of(output, HostUse::Write);
   bool halfWidth = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
-  at::Tensor send = halfWidth ? input.to(at::kFloat) : input;
-  at::Tensor receive = halfWidth ? at::empty(output.sizes(), send.options()) : output;
+  at::Tensor send = halfWidth ? in.host().to(at::kFloat) : in.host();
+  at::Tensor receive = halfWidth ? at::empty(output.sizes(), send.options()) : out.host();
   if (group.size() == 1) {
     receive.copy_(send.view(receive.sizes()));
   } else {
@@ -330,25 +344,29 @@ void MpiBackend::reduceScatter(const at::Tensor& input, const at::Tensor& output
                   });
   }
   if (op == ReduceOp::Average) receive.div_(group.size());
-  if (halfWidth) output.copy_(receive);
+  if (halfWidth) out.host().copy_(receive);
+  out.finish();
 }
 
 void MpiBackend::allGatherInto(const at::Tensor& input, const at::Tensor& output,
                                const Group& group) {
-  checkCommTensor(input, c10::DeviceType::CPU, "allGatherInto");
-  checkCommTensor(output, c10::DeviceType::CPU, "allGatherInto");
+  checkMpiTensor(input, "allGatherInto");
+  checkMpiTensor(output, "allGatherInto");
   checkShards(output, input, group, "allGatherInto");
   if (group.size() == 1) {
     output.view(-1).copy_(input.reshape(-1));
     return;
   }
-  int count = mpiCount(input, "allGatherInto");
-  MPI_Datatype type = mpiTypeOf(input);
+  HostStaging in = HostStaging::of(input, HostUse::Read);
+  HostStaging out = HostStaging::of(output, HostUse::Write);
+  int count = mpiCount(in.host(), "allGatherInto");
+  MPI_Datatype type = mpiTypeOf(in.host());
   runCollective(*impl_, "allGatherInto", group, describeTensor(input),
                 [&](MPI_Comm comm, MPI_Request* request) {
-                  return MPI_Iallgather(input.data_ptr(), count, type, output.data_ptr(), count,
-                                        type, comm, request);
+                  return MPI_Iallgather(in.host().data_ptr(), count, type,
+                                        out.host().data_ptr(), count, type, comm, request);
                 });
+  out.finish();
 }
 
 void MpiBackend::barrier(const Group& group) {

@@ -42,6 +42,9 @@ struct MpiBackend::Impl {
 
 // MPI datatype for a tensor's elements (float16/bfloat16 as 16-bit words: move, not reduce).
 MPI_Datatype mpiTypeOf(const at::Tensor& tensor);
+// Throws Error unless `tensor` is one the MPI backend moves: checkCommTensor's checks, on the CPU
+// or on CUDA (through host memory: Note [CUDA tensors over MPI] in host_staging.h).
+void checkMpiTensor(const at::Tensor& tensor, const char* operation);
 // Element count as MPI's int; UnsupportedError beyond INT_MAX.
 int mpiCount(const at::Tensor& tensor, const char* operation);
 

@@ -178,6 +178,9 @@ int NcclBackend::worldSize() const { return impl_->control->worldSize(); }
 int NcclBackend::localSize() const { return impl_->control->localSize(); }
 int NcclBackend::localRank() const { return impl_->control->localRank(); }
 int NcclBackend::device() const { return impl_->device; }
+c10::Device NcclBackend::tensorDevice() const {
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(impl_->device));
+}
 
 std::unique_ptr<Work> NcclBackend::pointToPoint(const at::Tensor& tensor, int peer, int tag,
                                                 bool isRecv) {

@@ -32,6 +32,7 @@ class NcclBackend : public Backend {
   int localSize() const override;
   int localRank() const override;
   int device() const;
+  c10::Device tensorDevice() const override;  // cuda:device()
 
   void send(const at::Tensor& tensor, int dst, int tag) override;
   void recv(const at::Tensor& tensor, int src, int tag) override;

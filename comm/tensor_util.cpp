@@ -36,10 +36,20 @@ bool supportedDtype(at::ScalarType type) {
 }  // namespace
 
 void checkCommTensor(const at::Tensor& tensor, c10::DeviceType deviceType, const char* operation) {
+  checkCommTensor(tensor, {deviceType}, operation);
+}
+
+void checkCommTensor(const at::Tensor& tensor, std::initializer_list<c10::DeviceType> deviceTypes,
+                     const char* operation) {
   AUTOSTAGE_CHECK(tensor.defined(), operation, ": expected a defined tensor, got an undefined one");
-  AUTOSTAGE_CHECK(tensor.device().type() == deviceType, operation, ": expected a ",
-                  c10::DeviceTypeName(deviceType), " tensor, got one on ", tensor.device().str(),
-                  "; use the backend for that device (comm::backendFor(tensor))");
+  std::string expected;
+  bool found = false;
+  for (c10::DeviceType type : deviceTypes) {
+    expected += (expected.empty() ? "" : " or ") + c10::DeviceTypeName(type);
+    found = found || tensor.device().type() == type;
+  }
+  AUTOSTAGE_CHECK(found, operation, ": expected a ", expected, " tensor, got one on ",
+                  tensor.device().str(), "; use the backend for that device");
   AUTOSTAGE_CHECK(tensor.is_contiguous(), operation, ": expected a contiguous tensor, got ",
                   describeTensor(tensor), " with strides ", tensor.strides(),
                   "; call .contiguous() first");

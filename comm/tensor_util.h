@@ -3,6 +3,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <initializer_list>
 #include <string>
 
 namespace autostage::comm {
@@ -14,6 +15,10 @@ std::string describeTensor(const at::Tensor& tensor);
 // supports (float32/64, float16, bfloat16, int64/32/16/8, uint8, bool). `operation` names the
 // call in the message.
 void checkCommTensor(const at::Tensor& tensor, c10::DeviceType deviceType, const char* operation);
+// The same, for a backend that takes tensors on any of `deviceTypes` (MPI: CPU, and CUDA through
+// host memory: Note [CUDA tensors over MPI] in host_staging.h).
+void checkCommTensor(const at::Tensor& tensor, std::initializer_list<c10::DeviceType> deviceTypes,
+                     const char* operation);
 
 // Throws Error unless `tensor` is floating point (Average of integers is not defined).
 void checkAverageable(const at::Tensor& tensor);
