@@ -126,10 +126,13 @@ NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned)
   NamedTensors gathered;
   for (const auto& [name, meta] : metas) {
     at::Tensor t;
+    // On the backend's device, where every rank can receive (the owner's may be a GPU).
     if (meta.owner == backend.rank()) {
-      t = mine.at(name).detach().clone().contiguous();
+      t = mine.at(name).detach().to(at::TensorOptions().device(backend.tensorDevice()),
+                                    /*non_blocking=*/false, /*copy=*/true).contiguous();
     } else {
-      t = at::empty(meta.shape, at::dtype(static_cast<at::ScalarType>(meta.dtype)));
+      t = at::empty(meta.shape, at::dtype(static_cast<at::ScalarType>(meta.dtype))
+                                    .device(backend.tensorDevice()));
     }
     if (backend.worldSize() > 1) backend.broadcast(t, meta.owner, backend.world());
     gathered.emplace_back(name, t);

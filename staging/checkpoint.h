@@ -45,7 +45,8 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
                 comm::Backend& backend);
 
 // Every rank's owned tensors, one per name, on every rank, sorted by name (Note [Gathering from
-// owners]). Names must not contain tabs or newlines. Collective over the world.
+// owners]), on the backend's tensorDevice(). Names must not contain tabs or newlines. Collective
+// over the world.
 NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned);
 
 }  // namespace autostage::staging

@@ -24,7 +24,7 @@ void ExecutorOptions::validate() const {
 
 std::string ExecutorOptions::toString() const {
   std::ostringstream out;
-  out << "gradient_bucket_bytes=" << gradientBucketBytes
+  out << "device=" << device.str() << " gradient_bucket_bytes=" << gradientBucketBytes
       << " synchronize_params=" << (synchronizeParams ? "true" : "false")
       << " precision=" << core::precisionName(precision);
   return out.str();
@@ -115,7 +115,9 @@ SampleRange Executor::myRows(const LocalStage& stage, int micro) const {
 
 at::Tensor Executor::allocateRows(core::ValueId value, int64_t rows) const {
   const core::Type type = model_.graph.value(value).type.withBatchSize(rows);
-  return at::empty(type.shape(), at::TensorOptions().dtype(torchscript::dtypeToTorch(type.dtype())));
+  return at::empty(type.shape(), at::TensorOptions()
+                                     .dtype(torchscript::dtypeToTorch(type.dtype()))
+                                     .device(options_.device));
 }
 
 int Executor::outputIndex(const LocalStage& stage, core::ValueId value) const {
@@ -127,6 +129,13 @@ int Executor::outputIndex(const LocalStage& stage, core::ValueId value) const {
 }
 
 // ---- steps -----------------------------------------------------------------------------------
+
+std::vector<at::Tensor> Executor::onStageDevice(const std::vector<at::Tensor>& tensors) const {
+  std::vector<at::Tensor> moved;
+  for (const at::Tensor& t : tensors)
+    moved.push_back(t.defined() && t.device() != options_.device ? t.to(options_.device) : t);
+  return moved;
+}
 
 void Executor::beginStep(const std::vector<at::Tensor>& inputs) {
   int64_t local = agreeLocalBatch(inputs);
@@ -159,7 +168,7 @@ std::vector<at::Tensor> Executor::forward(const std::vector<at::Tensor>& inputs)
                      "budgets no activations for a backward; call it under torch.no_grad(), or "
                      "plan for forward/backward");
   beginStep(inputs);
-  sendFeederRows(inputs);
+  sendFeederRows(onStageDevice(inputs));
   for (LocalStage& local : local_)  // gpipe runs one stage per rank (pipelineShapeProblem)
     for (int m = 0; m < layout_->microBatchCount(); ++m) forwardMicro(local, m);
   std::vector<at::Tensor> outputs = receiveCallerOutputs();
@@ -175,8 +184,9 @@ void Executor::backward(const std::vector<at::Tensor>& outputGrads) {
   AUTOSTAGE_CHECK(layout_.has_value(), "backward() called before forward()");
   AUTOSTAGE_CHECK(outputGrads.size() == outputRoutes_.size(), "backward() needs one gradient per "
                   "model output (", outputRoutes_.size(), "), got ", outputGrads.size());
-  sendCallerGradients(outputGrads);
-  averageLossGradients(outputGrads);
+  const std::vector<at::Tensor> grads = onStageDevice(outputGrads);
+  sendCallerGradients(grads);
+  averageLossGradients(grads);
   for (auto local = local_.rbegin(); local != local_.rend(); ++local)
     for (int m = layout_->microBatchCount() - 1; m >= 0; --m) backwardMicro(*local, m);
   finishBackward();
@@ -192,7 +202,7 @@ std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& input
                      "training, but this one was planned for inference (usage=inference)");
   beginStep(inputs);
   for (int r : outputRoutes_) lossGradients_[r] += 1.0;
-  sendFeederRows(inputs);
+  sendFeederRows(onStageDevice(inputs));
   if (position_ >= 0) {  // Note [Pipeline schedules] (core/pipeline_schedule.h)
     for (const core::PipelineOp& op :
          core::pipelineOrder(deployment_.schedule, position_, core::pipelinePositions(deployment_),

@@ -35,6 +35,10 @@
 namespace autostage::staging {
 
 struct ExecutorOptions {
+  // Where this rank's stages run (the job's placement: Note [Device and transport] in
+  // driver/placement.h). The model's parameters and buffers must already be there; rows,
+  // gradients and losses the executor makes are made there.
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
   int64_t gradientBucketBytes = 25 << 20;  // Note [Gradient scaling]
   bool synchronizeParams = true;           // copy rank 0's parameters at construction
   std::string traceDirectory;              // non-empty: record events (Note [Trace files])
@@ -60,12 +64,13 @@ class Executor {
   ~Executor();  // writes an open trace step
 
   // gpipe forward of all micro-batches (the deployment's schedule must be gpipe). `inputs`: one
-  // tensor per model input, this rank's local batch (dim 0). Returns one tensor per graph
-  // output: rows of this rank's local batch, or the global loss for scalar outputs (Note [Loss
-  // outputs]). Autograd state is kept for backward().
+  // tensor per model input, this rank's local batch (dim 0), on the CPU or options.device (moved
+  // there). Returns one tensor per graph output, on options.device: rows of this rank's local
+  // batch, or the global loss for scalar outputs (Note [Loss outputs]). Autograd state is kept
+  // for backward().
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
   // gpipe backward: `outputGrads` holds one gradient per graph output (undefined = zeros) as
-  // seen by this rank's caller. Back-propagates all micro-batches in reverse order, then sums
+  // seen by this rank's caller, on any device (moved to options.device). Back-propagates all micro-batches in reverse order, then sums
   // parameter gradients over their holders (Note [Gradient scaling]).
   void backward(const std::vector<at::Tensor>& outputGrads);
   // Forward+backward in the deployment's schedule (1f1b or gpipe) of a model whose every output
@@ -104,6 +109,8 @@ class Executor {
 
  private:
   void beginStep(const std::vector<at::Tensor>& inputs);
+  // The tensors on options_.device (undefined ones stay undefined).
+  std::vector<at::Tensor> onStageDevice(const std::vector<at::Tensor>& tensors) const;
   // Checks every rank's inputs and agrees on the local batch size; throws the same Error on
   // every rank when any rank's inputs are wrong or the sizes differ.
   int64_t agreeLocalBatch(const std::vector<at::Tensor>& inputs);

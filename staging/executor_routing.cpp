@@ -169,15 +169,19 @@ std::vector<at::Tensor> Executor::reduceLosses() {
     sums[r] = lossSums_[r];
     any = any || routeKinds_[r] == RouteKind::Loss;
   }
-  at::Tensor total = at::tensor(sums, at::kDouble);
+  // Made on the backend's device (CPU for MPI and thread ranks, the GPU for NCCL); the losses
+  // returned are on the stages' device, like every other output.
+  at::Tensor total = at::tensor(sums, at::dtype(at::kDouble).device(backend_->tensorDevice()));
   if (any && backend_->worldSize() > 1)
     backend_->allReduce(total, comm::ReduceOp::Sum, backend_->world());
+  total = total.cpu();
   std::vector<at::Tensor> losses;
   for (int r : outputRoutes_) {
     const core::Type& type = model_.graph.value(deployment_.routes[r].value).type;
     at::Tensor loss = at::scalar_tensor(total[r].item<double>(), at::kDouble);
     losses.push_back(routeKinds_[r] == RouteKind::Loss
-                         ? loss.to(torchscript::dtypeToTorch(type.dtype())).reshape(type.shape())
+                         ? loss.to(options_.device, torchscript::dtypeToTorch(type.dtype()))
+                               .reshape(type.shape())
                          : at::Tensor());
   }
   return losses;
@@ -212,9 +216,10 @@ void Executor::averageLossGradients(const std::vector<at::Tensor>& outputGrads) 
     if (outputGrads[i].defined()) grads[r] += outputGrads[i].item<double>();
   }
   if (!any) return;
-  at::Tensor total = at::tensor(grads, at::kDouble);
+  at::Tensor total = at::tensor(grads, at::dtype(at::kDouble).device(backend_->tensorDevice()));
   if (backend_->worldSize() > 1)
     backend_->allReduce(total, comm::ReduceOp::Average, backend_->world());
+  total = total.cpu();
   for (size_t r = 0; r < grads.size(); ++r) lossGradients_[r] = total[r].item<double>();
 }
 

@@ -123,7 +123,8 @@ double GradientSync::globalNorm(comm::Backend& backend, const ParamStorage& para
         squares += p.grad().to(at::kDouble).pow(2).sum().item<double>();
     }
   }
-  at::Tensor total = at::full({1}, squares, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor total =
+      at::full({1}, squares, at::dtype(at::kDouble).device(backend.tensorDevice()));
   backend.allReduce(total, comm::ReduceOp::Sum, comm::Group::world(backend.worldSize()));
   return std::sqrt(total.item<double>());
 }
