@@ -43,7 +43,7 @@ struct JobSpec {
 // device and comm_backend and `facts` (Note [Device and transport]; over a backend other than
 // the default "mpi", the transport is the one given: "nccl" runs on CUDA, any other on the CPU),
 // and the memory and link options from `config`. Local (no communication); the same on every
-// rank of a node. Throws ConfigError / UnsupportedError naming what does not fit.
+// rank of a node. Throws ConfigError naming what does not fit.
 JobSpec resolveJob(const comm::Backend& backend, const core::Config& config,
                    const DeviceFacts& facts = {});
 

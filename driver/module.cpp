@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/torchscript/autocast.h"
 #include "driver/auto_planner.h"
+#include "driver/model_device.h"
 #include "driver/plan_sources.h"
 #include "staging/call_inputs.h"
 #include "staging/checkpoint.h"
@@ -64,8 +65,17 @@ struct PipelineStep : torch::CustomClassHolder {
   std::shared_ptr<const torchscript::ImportedModel> model;
   std::shared_ptr<Executor> executor;
   int rank = 0;
-  std::vector<at::Tensor> outputs;
+  std::vector<at::Tensor> outputs;  // on the stages' device
+  c10::Device callerDevice = c10::Device(c10::DeviceType::CPU);  // where the outputs go
 };
+
+// The tensors on `device` (undefined ones stay undefined).
+std::vector<at::Tensor> movedTo(const std::vector<at::Tensor>& tensors, c10::Device device) {
+  std::vector<at::Tensor> moved;
+  for (const at::Tensor& t : tensors)
+    moved.push_back(t.defined() && t.device() != device ? t.to(device) : t);
+  return moved;
+}
 
 // The autograd node behind Module::forward's outputs: its backward is the pipeline backward.
 struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
@@ -73,7 +83,8 @@ struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
                                                 const at::Tensor& anchor,
                                                 c10::intrusive_ptr<PipelineStep> step) {
     ctx->saved_data["step"] = c10::IValue::make_capsule(step);
-    return step->outputs;
+    // The caller's gradients come back on the caller's device; Executor::backward moves them.
+    return movedTo(step->outputs, step->callerDevice);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -152,9 +163,11 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
   backend_ = options_.backend || job_.placement.commBackend == "mpi"
                  ? control
                  : comm::sharedBackend(job_.placement.commBackend);
-  // Stages run on CPU tensors unless the backend is NCCL (CUDA): fp16 autocast needs CUDA.
-  stageDevice_ = stageDeviceOf(*backend_);
-  torchscript::checkAutocastSupported(options_.precision, stageDevice_);
+  // The stages run on the placement's device (fp16 autocast needs CUDA); the model's tensors go
+  // there now, before any trace (Note [Placing the model]).
+  stageDevice_ = stageDeviceOf(job_.placement);
+  torchscript::checkAutocastSupported(options_.precision, stageDevice_.type());
+  placeTensors(stateTensorsOf(module_));
   if (!options_.planner) autoPlanner_ = std::make_unique<AutoPlanner>(backend_);
   anchor_ = at::zeros({}, at::kFloat).requires_grad_(true);
   auto log = core::logger("Module");
@@ -164,11 +177,18 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
 
 Module::~Module() = default;
 
+void Module::placeTensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  comm::runAgreed(*backend_, "placing the model on " + stageDevice_.str(),
+                  [&] { driver::placeTensors(tensors, stageDevice_); });
+}
+
 std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs, bool agreed) {
   const core::PlanUsage usage = at::GradMode::is_enabled() ? core::PlanUsage::ForwardBackward
                                                            : core::PlanUsage::Inference;
-  std::vector<at::Tensor> tensors = prepareStep(inputs, usage, agreed);
+  c10::Device callerDevice = stageDevice_;
+  std::vector<at::Tensor> tensors = prepareStep(inputs, usage, agreed, &callerDevice);
   auto step = c10::make_intrusive<PipelineStep>();
+  step->callerDevice = callerDevice;
   step->model = model_;
   step->executor = executor_;
   step->rank = backend_->rank();
@@ -183,9 +203,11 @@ std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs, 
 }
 
 std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs, bool agreed) {
-  std::vector<at::Tensor> tensors = prepareStep(inputs, core::PlanUsage::TrainStep, agreed);
+  c10::Device callerDevice = stageDevice_;
+  std::vector<at::Tensor> tensors =
+      prepareStep(inputs, core::PlanUsage::TrainStep, agreed, &callerDevice);
   try {
-    return executor_->trainStep(tensors);
+    return movedTo(executor_->trainStep(tensors), callerDevice);
   } catch (...) {
     rethrowWithContext();
   }
@@ -193,8 +215,9 @@ std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs
 
 void Module::rethrowWithContext() const { rethrowAt(whereOf(*executor_, backend_->rank())); }
 
-c10::DeviceType stageDeviceOf(const comm::Backend& backend) {
-  return backend.name() == "nccl" ? c10::DeviceType::CUDA : c10::DeviceType::CPU;
+c10::Device stageDeviceOf(const Placement& placement) {
+  if (placement.device != "cuda") return c10::Device(c10::DeviceType::CPU);
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(placement.deviceIndex));
 }
 
 std::vector<at::Tensor> agreeOnCall(comm::Backend& backend, const std::vector<c10::IValue>& inputs,
@@ -205,7 +228,7 @@ std::vector<at::Tensor> agreeOnCall(comm::Backend& backend, const std::vector<c1
   if (problem.ok()) {
     try {
       tensors = tensorsOf(inputs);
-      checkDevices(tensors, stageDeviceOf(backend));
+      checkDevices(tensors);
       checkBatchDims(tensors);
       summary = inputSummary(tensors);
     } catch (...) {
@@ -227,10 +250,14 @@ std::vector<at::Tensor> agreeOnCall(comm::Backend& backend, const std::vector<c1
 }
 
 std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inputs,
-                                            core::PlanUsage usage, bool agreed) {
+                                            core::PlanUsage usage, bool agreed,
+                                            c10::Device* callerDevice) {
   // Note [One agreement per call].
   std::vector<at::Tensor> tensors =
       agreed ? tensorsOf(inputs) : agreeOnCall(*backend_, inputs, callDescription(usage));
+  // The caller's inputs may be on the CPU: the stages (and the trace) take them on theirs.
+  if (!tensors.empty() && tensors[0].defined()) *callerDevice = tensors[0].device();
+  tensors = movedTo(tensors, stageDevice_);
   const bool training = module_.is_training();
   if (!options_.tracer && training != importedTraining_ && (model_ || parked_.count(training)))
     switchMode(training);  // also back to a parked mode after a failed import of the other
@@ -358,6 +385,7 @@ void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage
   int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
   staging::VerifiedDeployment deployment = obtainDeployment(examples, globalBatch, usage);
   ExecutorOptions executorOptions;
+  executorOptions.device = stageDevice_;
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;
   executorOptions.traceDirectory = options_.traceDirectory;
   executorOptions.traceSteps = options_.traceSteps;
@@ -383,7 +411,11 @@ void Module::importModel(const std::vector<c10::IValue>& examples) {
   // when the first call runs under no_grad, so the graph records which values carry gradients
   // (routes carry them back) and has the same hash whatever the first call was.
   at::AutoGradMode withGradients(true);
-  if (options_.tracer) module_ = options_.tracer(examples);  // traced without autocast
+  if (options_.tracer) {
+    module_ = options_.tracer(examples);  // traced without autocast, on the stages' device
+    // The tracer's caller placed the model before (autostage.Module does); check what it gave.
+    driver::placeTensors(stateTensorsOf(module_), stageDevice_);
+  }
   // The import probe runs under the stages' autocast, so the IR records the dtypes the stages
   // produce and routes carry (Note [Autocast execution]).
   torchscript::AutocastGuard autocast(options_.precision);

@@ -158,14 +158,14 @@ class DryRunFinished : public Error {
   using Error::Error;
 };
 
-// Where the stages of a job over `backend` run: CUDA for NCCL, otherwise the CPU.
-c10::DeviceType stageDeviceOf(const comm::Backend& backend);
+// Where a rank's stages run: cuda:index for a CUDA placement, otherwise the CPU.
+c10::Device stageDeviceOf(const Placement& placement);
 
 // Note [One agreement per call]
 // Before any collective step of a call, the ranks make one exchange (comm::agreeAndGather) that
 // agrees on everything the call depends on: `how` each rank calls (method, mode, no_grad, and for
 // the Python API the call's keywords and constants: checkCalledAlike), its inputs (tensors, batch
-// in dim 0, on the CPU or the stages' device, the same dtypes and shapes on every rank:
+// in dim 0, on the CPU or a CUDA device, the same dtypes and shapes on every rank:
 // checkSameAcrossRanks), and a `problem` a wrapper found before (Note [Bad input on one rank]).
 // Module::forward/trainStep make it themselves; the Python API makes it first (its own steps,
 // switching modes or retracing, are collective too) and then calls them with agreed=true.
@@ -184,9 +184,19 @@ class Module {
 
   // What this job runs on, as resolved when the module was made.
   const JobSpec& job() const { return job_; }
+  // Where this rank's stages run (stageDeviceOf(job().placement)).
+  c10::Device stageDevice() const { return stageDevice_; }
+  // Note [Placing the model] (model_device.h): moves these tensors of the model (parameters and
+  // buffers, by state_dict name) from the CPU to stageDevice() in place, or throws ConfigError
+  // on every rank when one is on another device. The constructor does it for the jit::Module
+  // given; a tracer's caller (autostage.Module) calls it with the traced model's tensors before
+  // the first call. Collective.
+  void placeTensors(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
 
   // gpipe forward (usage forward_backward, or inference under no_grad; Note [One deployment
-  // per usage]); deploys on the first call of its usage. Inputs: tensors, batch in dim 0.
+  // per usage]); deploys on the first call of its usage. Inputs: tensors, batch in dim 0, on
+  // the CPU or a CUDA device (moved to stageDevice()); the outputs come back on input 0's
+  // device, and so do the losses of trainStep.
   // `agreed`: the caller already agreed on this call with agreeOnCall (Note [One agreement per
   // call]).
   std::vector<at::Tensor> forward(const std::vector<c10::IValue>& inputs, bool agreed = false);
@@ -246,8 +256,10 @@ class Module {
  private:
   // Agrees on the inputs across ranks, deploys on the first call or when the traced shapes
   // changed (Note [Bad input on one rank]); returns the tensors.
+  // *callerDevice: the device of the caller's input 0; the tensors returned are on
+  // stageDevice_.
   std::vector<at::Tensor> prepareStep(const std::vector<c10::IValue>& inputs,
-                                      core::PlanUsage usage, bool agreed);
+                                      core::PlanUsage usage, bool agreed, c10::Device* callerDevice);
   // Traces and imports the model for these inputs; drops the deployments of the previous import
   // of this mode.
   void importFor(const std::vector<at::Tensor>& inputs);
@@ -305,7 +317,7 @@ class Module {
   int trainingSelection_ = 0;
   int64_t optimizerStateBytes_ = -1;  // Note [Measured memory]; < 0: not reported
   at::Tensor anchor_;  // requires grad, so the outputs' autograd node is always executable
-  c10::DeviceType stageDevice_ = c10::DeviceType::CPU;  // where the stages run
+  c10::Device stageDevice_ = c10::Device(c10::DeviceType::CPU);  // where the stages run
 };
 
 }  // namespace autostage::driver

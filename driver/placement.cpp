@@ -66,9 +66,6 @@ Placement choosePlacement(const std::string& device, const std::string& commBack
     p.commBackend = "nccl";
     p.why = "comm_backend=auto: one GPU per rank (" + layout + ")";
   }
-  AUTOSTAGE_CHECK_AS(UnsupportedError, p.commBackend == "nccl", "CUDA tensors over MPI (", p.why,
-                     ") are not supported by this version: start one rank per GPU (NCCL), or "
-                     "use device=cpu");
   return p;
 }
 

@@ -15,8 +15,9 @@ namespace autostage::driver {
 // unless the ranks of a node share GPUs (NCCL refuses two ranks on one GPU), where auto picks mpi
 // and says why. Each refusal names what was found and what to do. The facts are per node, so the
 // Module agrees on the outcome across ranks ("choosing the device") and no rank is left waiting.
-// CUDA tensors over MPI (ranks sharing a GPU) are refused for now: the runtime allocates the
-// rows it receives on the CPU.
+// Over mpi, a CUDA job's tensors travel through host memory (Note [CUDA tensors over MPI] in
+// comm/host_staging.h); the stages, their rows, gradients and the model's tensors stay on the
+// rank's GPU (Note [Placing the model] in model_device.h).
 struct DeviceFacts {
   bool cudaBuilt = false;  // this build has the CUDA profiler and the NCCL backend
   int gpuCount = 0;        // GPUs torch sees in this process
@@ -33,7 +34,7 @@ struct Placement {
 };
 
 // Throws ConfigError for an unknown value, device=cuda without CUDA or without a GPU,
-// comm_backend=nccl for a CPU job or for ranks sharing GPUs; UnsupportedError for CUDA over MPI.
+// comm_backend=nccl for a CPU job or for ranks sharing GPUs.
 Placement choosePlacement(const std::string& device, const std::string& commBackend,
                           const DeviceFacts& facts, int localRank, int ranksPerNode);
 

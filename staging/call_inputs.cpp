@@ -21,13 +21,12 @@ std::vector<at::Tensor> tensorsOf(const std::vector<c10::IValue>& inputs) {
   return tensors;
 }
 
-void checkDevices(const std::vector<at::Tensor>& inputs, c10::DeviceType stages) {
+void checkDevices(const std::vector<at::Tensor>& inputs) {
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const c10::DeviceType type = inputs[i].device().type();
-    AUTOSTAGE_CHECK(type == c10::DeviceType::CPU || type == stages, "input ", i, " is on ",
-                    inputs[i].device(), " but this job's stages run on ", c10::Device(stages),
-                    "; pass inputs on the cpu", stages == c10::DeviceType::CPU ? "" : " or on it",
-                    " (autostage moves the rows to the ranks that need them)");
+    const c10::Device device = inputs[i].device();
+    AUTOSTAGE_CHECK(device.is_cpu() || device.is_cuda(), "input ", i, " is on ", device,
+                    "; pass inputs on the cpu or a CUDA device (autostage moves them to the "
+                    "device of this rank's stages, and the rows to the ranks that need them)");
   }
 }
 

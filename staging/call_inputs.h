@@ -15,8 +15,8 @@ std::vector<at::Tensor> tensorsOf(const std::vector<c10::IValue>& inputs);
 
 // Every input must be a tensor with the batch in dim 0, all with the same number of rows.
 void checkBatchDims(const std::vector<at::Tensor>& inputs);
-// Every input must be on the CPU or on the device the stages run on (`stages`).
-void checkDevices(const std::vector<at::Tensor>& inputs, c10::DeviceType stages);
+// Every input must be on the CPU or a CUDA device (the module moves them to its stages' device).
+void checkDevices(const std::vector<at::Tensor>& inputs);
 
 // "(Float[8, 16], Long[8])"; with `batchAsB`, dim 0 is written as B.
 std::string signatureOf(const std::vector<at::Tensor>& inputs, bool batchAsB);

@@ -119,6 +119,18 @@ void bindStaging(py::module_& m) {
       .def_property_readonly("usage",
                              [](const Module& mod) { return core::usageName(mod.usage()); })
       .def("parameters", &Module::parameters)
+      .def(
+          "place_tensors",
+          [](Module& mod, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+            py::gil_scoped_release release;
+            mod.placeTensors(tensors);
+          },
+          py::arg("tensors"),
+          "Note [Placing the model] (driver/model_device.h): moves the model's (name, tensor) "
+          "pairs from the CPU to this rank's stage device in place, or raises ConfigError on "
+          "every rank when one is on another device. Collective.")
+      .def_property_readonly("stage_device",
+                             [](const Module& mod) { return mod.stageDevice().str(); })
       .def("named_parameters", &Module::namedParameters)
       .def("local_tensors",
            [](Module& mod) {

@@ -80,11 +80,14 @@ TEST_CASE("device and transport: auto, explicit choices, and each refusal", "[dr
   CHECK_THROWS_WITH(choosePlacement("cuda", "nccl", oneGpu, 0, 2),
                     Contains("comm_backend=nccl with 2 ranks on this node, 1 GPU(s)") &&
                         Contains("start at most 1 rank(s) per node"));
-  // auto picks MPI there and says why; CUDA over MPI is refused for now, naming the way out.
-  CHECK_THROWS_AS(choosePlacement("auto", "auto", oneGpu, 1, 2), UnsupportedError);
-  CHECK_THROWS_WITH(choosePlacement("auto", "auto", oneGpu, 1, 2),
-                    Contains("NCCL refuses two ranks on one GPU, so CUDA tensors go over MPI") &&
-                        Contains("start one rank per GPU"));
+  // auto picks MPI there and says why: the ranks share the GPU, CUDA tensors go through host
+  // memory (Note [CUDA tensors over MPI]).
+  const Placement shared = choosePlacement("auto", "auto", oneGpu, 1, 2);
+  CHECK(shared.toString() == "cuda:0 over mpi");
+  CHECK(shared.why == "comm_backend=auto: 2 ranks on this node, 1 GPU(s), and NCCL refuses two "
+                      "ranks on one GPU, so CUDA tensors go over MPI");
+  CHECK(choosePlacement("cuda", "mpi", fourGpus, 2, 4).toString() == "cuda:2 over mpi");
+  CHECK(choosePlacement("cuda", "auto", oneGpu, 0, 1).toString() == "cuda:0 over nccl");
 }
 
 TEST_CASE("a transport given by the caller decides the device; device= must agree", "[driver]") {

@@ -247,6 +247,13 @@ def main_cases(one_rank_deployment, results_dir):
         finally:
             autostage.Module(make(), device="auto")
     run_case("device_cuda_without_cuda", cuda_without_cuda)
+
+    def model_on_meta_rank1():  # Note [Placing the model]; no GPU here: meta is "another device"
+        model = make()
+        if rank == 1:
+            model.register_buffer("stray", torch.empty(2, device="meta"))
+        autostage.Module(model)(x, s)
+    run_case("model_on_meta_rank1", model_on_meta_rank1)
     autostage.barrier()
     if rank == 0:
         for name in (path, corrupted, path + ".pt", path + ".pt.wide", path + ".pt.damaged"):

@@ -91,6 +91,9 @@ EXPECTED = {
     "device_cuda_without_cuda": ("ConfigError", [
         "choosing the device failed on ranks 0,1,2,3: device=cuda, but this build of autostage "
         "has no CUDA (it was configured without -DAUTOSTAGE_WITH_CUDA=ON)"]),
+    "model_on_meta_rank1": ("ConfigError", [
+        "placing the model on cpu failed on rank 1: the model's tensor 'stray' is on meta, but "
+        "this rank's stages run on cpu: materialize it on the CPU first"]),
 }
 
 

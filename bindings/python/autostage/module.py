@@ -212,8 +212,13 @@ class Module(torch.nn.Module):
             # The C++ side keeps the tracer: a weak reference avoids a cycle through it. A saved
             # deployment is for the mode of the first call.
             owner = weakref.ref(self)
-            self._impls[mode] = _autostage._Module(lambda xs: owner()._trace(xs),
-                                                   "" if self._impls else self._load_deployment)
+            impl = _autostage._Module(lambda xs: owner()._trace(xs),
+                                      "" if self._impls else self._load_deployment)
+            # Note [Placing the model] (driver/model_device.h): on the stages' device before the
+            # first trace; a tensor on another device is refused on every rank.
+            impl.place_tensors(list(self.model.named_parameters()) +
+                               list(self.model.named_buffers()))
+            self._impls[mode] = impl
         self._impl = self._impls[mode]
         self._impl.set_optimizer_state_bytes(self._optimizer_state_bytes())
         try:

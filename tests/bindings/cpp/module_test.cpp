@@ -94,7 +94,7 @@ TEST_CASE("a module without parameters runs, as in Python", "[api]") {
   }));
 }
 
-TEST_CASE("inputs on another device than the stages' are refused on every rank", "[api]") {
+TEST_CASE("inputs on a device autostage cannot move from are refused on every rank", "[api]") {
   at::set_num_threads(1);
   torch::manual_seed(3);
   const std::vector<torch::jit::Module> copies = perRank(staging::testing::makeMlp());
@@ -110,9 +110,38 @@ TEST_CASE("inputs on another device than the stages' are refused on every rank",
     REQUIRE(errors[r]);
     CHECK_THROWS_WITH(std::rethrow_exception(errors[r]),
                       Catch::Contains("rank 1: input 0 is on meta") &&
-                          Catch::Contains("stages run on cpu") &&
-                          Catch::Contains("pass inputs on the cpu"));
+                          Catch::Contains("pass inputs on the cpu or a CUDA device"));
   }
+}
+
+// Note [Placing the model]: a model whose tensors sit on another device than the stages' is
+// refused when the Module is made, on every rank. Without a GPU here, "another device" is meta
+// (the CUDA cases are unit-tested over device values in tests/driver/model_device_test.cpp).
+TEST_CASE("a model with a parameter on another device is refused on every rank", "[api]") {
+  at::set_num_threads(1);
+  torch::manual_seed(3);
+  std::vector<torch::jit::Module> copies = perRank(staging::testing::makeMlp());
+  copies[1].attr("fc2").toModule().setattr(
+      "weight", at::empty({16, 16}, at::TensorOptions().device(at::kMeta)));
+  auto errors = comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
+    Module module(copies[b.rank()], threadOptions(b));
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    REQUIRE(errors[r]);
+    CHECK_THROWS_AS(std::rethrow_exception(errors[r]), ConfigError);
+    CHECK_THROWS_WITH(std::rethrow_exception(errors[r]),
+                      Catch::Contains("placing the model on cpu failed on rank 1: the model's "
+                                      "tensor 'fc2.weight' is on meta, but this rank's stages "
+                                      "run on cpu"));
+  }
+  // On the stages' device (the CPU here) the model is left as it is, tensors and all.
+  const std::vector<torch::jit::Module> fine = perRank(staging::testing::makeMlp());
+  const void* weight = fine[0].attr("fc1").toModule().attr("weight").toTensor().data_ptr();
+  staging::testing::rethrowFirst(comm::runThreadRanks(kWorld, [&](comm::ThreadBackend& b) {
+    Module module(fine[b.rank()], threadOptions(b));
+  }));
+  CHECK(fine[0].attr("fc1").toModule().attr("weight").toTensor().data_ptr() == weight);
 }
 
 TEST_CASE("loadStateDict loads on every rank and refuses what does not fit, loading nothing",
