@@ -418,7 +418,7 @@ void Module::importModel(const std::vector<c10::IValue>& examples) {
   }
   // The import probe runs under the stages' autocast, so the IR records the dtypes the stages
   // produce and routes carry (Note [Autocast execution]).
-  torchscript::AutocastGuard autocast(options_.precision);
+  torchscript::AutocastGuard autocast(options_.precision, stageDevice_.type());
   model_ = std::make_shared<torchscript::ImportedModel>(
       torchscript::importModule(module_, examples));
 }

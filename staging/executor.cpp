@@ -75,7 +75,8 @@ Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment d
         if (mine && carriesGradient(r)) gradientInputs.push_back(deployment_.routes[r].value);
       }
       local.runner = std::make_unique<StageRunner>(model_.graph, deployment_.stages[local.id],
-                                                   params_, gradientInputs, options_.precision);
+                                                   params_, gradientInputs, options_.precision,
+                                                   options_.device.type());
     }
     memory_ = MemoryWatch(options_.memoryMeter, deployment_, localStages());
   }

@@ -71,12 +71,13 @@ std::vector<core::ValueId> stageParams(const core::Graph& graph,
 
 StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& stage,
                          const ParamStorage& params, std::vector<core::ValueId> gradientInputs,
-                         core::Precision precision)
+                         core::Precision precision, c10::DeviceType device)
     : stage_(stage),
       params_(params),
       function_(torchscript::exportSubgraph(graph, stage.nodes)),
       gradientInputs_(std::move(gradientInputs)),
-      precision_(precision) {
+      precision_(precision),
+      device_(device) {
   core::Boundary boundary = graph.boundary(stage.nodes);
   for (core::ValueId v : boundary.inputs)
     if (!isGraphParam(graph, v) && !isLocalDerived(graph, v)) routedInputs_.push_back(v);
@@ -94,7 +95,7 @@ StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& 
 // differentiable: the gradient still reaches the leaf).
 std::vector<at::Tensor> StageRunner::run(
     const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
-  torchscript::AutocastGuard autocast(precision_);  // Note [Autocast execution]
+  torchscript::AutocastGuard autocast(precision_, device_);  // Note [Autocast execution]
   std::unordered_map<core::ValueId, c10::IValue> derived;
   if (prelude_) {
     std::vector<c10::IValue> args;

@@ -45,9 +45,11 @@ std::vector<core::ValueId> stageParams(const core::Graph& graph,
 class StageRunner {
  public:
   // `gradientInputs` are the routed inputs whose gradient is sent back (carriesGradient routes).
+  // `device`: where the stage runs, whose autocast a mixed precision turns on.
   StageRunner(const core::Graph& graph, const core::StageDeployment& stage,
               const ParamStorage& params, std::vector<core::ValueId> gradientInputs,
-              core::Precision precision = core::Precision::Fp32);
+              core::Precision precision = core::Precision::Fp32,
+              c10::DeviceType device = c10::DeviceType::CPU);
 
   const core::StageDeployment& stage() const { return stage_; }
   // Routed values the stage reads (batch values from the feeder or other stages).
@@ -86,6 +88,7 @@ class StageRunner {
   std::vector<core::ValueId> routedInputs_;
   std::vector<core::ValueId> gradientInputs_;
   core::Precision precision_;
+  c10::DeviceType device_;
   std::map<int, Saved> saved_;
 };
 
