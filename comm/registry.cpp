@@ -88,10 +88,8 @@ std::string backendNameFor(const at::Tensor& tensor) {
     case c10::DeviceType::CPU:
       return "mpi";
     case c10::DeviceType::CUDA:
-      AUTOSTAGE_CHECK_AS(UnsupportedError, AUTOSTAGE_WITH_NCCL,
-                         "a CUDA tensor needs the NCCL backend, but autostage was built without "
-                         "it; rebuild with -DAUTOSTAGE_WITH_CUDA=ON or move the tensor to CPU");
-      return "nccl";
+      // Without NCCL, MPI carries it through host memory (Note [CUDA tensors over MPI]).
+      return AUTOSTAGE_WITH_NCCL ? "nccl" : "mpi";
     default:
       throw UnsupportedError("no comm backend for tensors on " + tensor.device().str() +
                              "; move the tensor to CPU (MPI) or CUDA (NCCL)");

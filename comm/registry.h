@@ -3,8 +3,8 @@
 //
 // registerBuiltinBackends() registers "mpi" (CPU tensors, control plane) and, when built with
 // CUDA, "nccl" (CUDA tensors). createBackend(name) makes a new instance; backendFor(tensor)
-// returns the process's shared instance for the tensor's device (MPI for CPU, NCCL for CUDA),
-// creating it on first use. Creating an MPI or NCCL backend is collective over the world.
+// returns the process's shared instance for the tensor's device (MPI for CPU, NCCL for CUDA, or
+// MPI through host memory in a build without NCCL), creating it on first use. Creating an MPI or NCCL backend is collective over the world.
 
 #include <ATen/core/Tensor.h>
 
