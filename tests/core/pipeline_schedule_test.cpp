@@ -119,9 +119,9 @@ TEST_CASE("no schedule deadlocks, even with routes skipping stages", "[core]") {
 }
 
 TEST_CASE("interleaving shortens the pipeline of equal stages", "[core]") {
-  // Unit-time chunk operations: v = 2 halves each op, so compare rounds / v. 4 positions, 8
-  // micro-batches: 1f1b takes 2 (M + S - 1) = 22 rounds; interleaved 2 (M v + S - 1) + ... less
-  // than 22 * 2 half-rounds.
+  // Unit-time operations: a v = 2 chunk holds half a stage, so one of its rounds is half a
+  // v = 1 round. 4 positions, 8 micro-batches: 1f1b takes 2 (M + S - 1) = 22 rounds; the
+  // interleaved order must take fewer than 2 x 22 half-length rounds.
   const int plain = replay("1f1b", 4, 1, 8);
   const int interleaved = replay("1f1b", 4, 2, 8);
   REQUIRE(plain == 2 * (8 + 4 - 1));
