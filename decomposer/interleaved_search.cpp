@@ -51,7 +51,7 @@ std::vector<std::pair<int, int>> minMaxCuts(const std::vector<double>& cost, int
                             "cannot cut ", cost.size(), " blocks into ", parts, " ranges");
   double low = *std::max_element(cost.begin(), cost.end());
   double high = std::accumulate(cost.begin(), cost.end(), 0.0);
-  if (greedyCuts(cost, parts, low).size() == size_t(parts)) return greedyCuts(cost, parts, low);
+  if (auto cuts = greedyCuts(cost, parts, low); cuts.size() == size_t(parts)) return cuts;
   for (int i = 0; i < 60 && high - low > 1e-12 * high; ++i) {
     const double mid = 0.5 * (low + high);
     (greedyCuts(cost, parts, mid).size() == size_t(parts) ? high : low) = mid;
