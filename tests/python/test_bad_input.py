@@ -174,8 +174,8 @@ def test_killed_rank_makes_the_others_exit_within_the_timeout():
         assert status != 0, log
         elapsed = when - float(kill.group(1))
         # The failing wait began around the kill; + the liveness probe (<= 2 s) and slack for a
-        # loaded machine.
-        assert COMM_TIMEOUT_S - 1 <= elapsed <= COMM_TIMEOUT_S + 15, (rank, elapsed, log)
+        # machine at ten times the load (a hang would wait for mpirun's own limit instead).
+        assert COMM_TIMEOUT_S - 1 <= elapsed <= COMM_TIMEOUT_S + 60, (rank, elapsed, log)
         abort = re.search(rf"aborting the job: uncaught \w+ on rank {rank}: (.*)", log)
         assert abort, log
         reason = abort.group(1)
