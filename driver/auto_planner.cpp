@@ -128,9 +128,11 @@ void checkProfiledFeasibility(const core::Graph& graph, const core::GraphProfile
   }
 }
 
-AutoPlanner::AutoPlanner(const std::shared_ptr<comm::Backend>& backend)
+AutoPlanner::AutoPlanner(const std::shared_ptr<comm::Backend>& backend,
+                         const Placement& placement)
     : comm_(core::globalConfig().getBool("measure_comm") ? measuredCommProfile(backend)
-                                                          : profiler::configuredCommProfile()) {}
+                                                          : profiler::configuredCommProfile()),
+      placement_(placement) {}
 
 core::Deployment AutoPlanner::plan(const PlanningInput& in) {
   const core::Config& config = core::globalConfig();
@@ -159,7 +161,11 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in) {
             askPlanningService(in, nullptr, profileKey, options, config, &serviceFailed))
       return *planned;  // planned with the profile the service keeps of this model
     core::logger("Module")->info("Running profiler ...");
-    auto measurement = profiler::createCpuMeasurementBackend();
+    // Time and memory on the job's own device: CUDA events and the caching allocator's peak for
+    // a CUDA job, so calibration and the load probe use that GPU, and its profile is keyed by
+    // the GPU's model (MeasurementBackend::deviceKind).
+    auto measurement =
+        profiler::createMeasurementBackend(placement_.device, std::max(0, placement_.deviceIndex));
     ModelStateGuard keep(in.model.paramTensors);
     profile_ = profiler::profileGraph(in.model, in.exampleInputs, *measurement, profilerOptions);
     profiledKey_ = key;

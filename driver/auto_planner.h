@@ -10,6 +10,7 @@
 #include "core/deployment.h"
 #include "core/profile.h"
 #include "driver/module.h"
+#include "driver/placement.h"
 
 namespace autostage::driver {
 
@@ -28,12 +29,14 @@ class AutoPlanner {
   // Collective when the world has several ranks and measure_comm is on: every rank measures the
   // communication profile over `backend` once per process and backend, so that planning on rank
   // 0 uses measured p2p and allreduce costs. Otherwise the configured comm_* values are used.
-  explicit AutoPlanner(const std::shared_ptr<comm::Backend>& backend);
+  // Profiles on `placement`'s device (the CUDA measurement backend for a CUDA job).
+  AutoPlanner(const std::shared_ptr<comm::Backend>& backend, const Placement& placement);
   // Rank 0 only.
   core::Deployment plan(const PlanningInput& input);
 
  private:
   core::CommProfile comm_;
+  Placement placement_;
   std::string profiledKey_;  // graph hash + example shapes of profile_
   core::GraphProfile profile_;
 };

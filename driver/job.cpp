@@ -9,8 +9,18 @@
 
 namespace autostage::driver {
 
+namespace {
+
+// Ranks on one GPU when `perNode` ranks share `gpus` GPUs round robin (the busiest GPU's).
+int ranksPerGpu(int perNode, int gpus) {
+  return (std::max(1, perNode) + std::max(1, gpus) - 1) / std::max(1, gpus);
+}
+
+}  // namespace
+
 int64_t JobSpec::memoryPerDevice(int perNode) const {
   if (memoryLimit > 0) return memoryLimit;
+  if (placement.device == "cuda") return gpuMemory / ranksPerGpu(perNode, gpusPerNode);
   return nodeMemory / std::max(1, perNode);
 }
 
@@ -33,8 +43,11 @@ std::string JobSpec::toString() const {
       << placement.why << "), " << core::formatBytes(static_cast<double>(deviceMemory()))
       << " per device ("
       << (memoryLimit > 0 ? std::string("mem_limit_gb")
-                          : "this node's " + core::formatBytes(static_cast<double>(nodeMemory)) +
-                                " over " + std::to_string(ranksPerNode) + " rank(s)")
+          : placement.device == "cuda"
+              ? "the GPU's " + core::formatBytes(static_cast<double>(gpuMemory)) + " over " +
+                    std::to_string(ranksPerGpu(ranksPerNode, gpusPerNode)) + " rank(s)"
+              : "this node's " + core::formatBytes(static_cast<double>(nodeMemory)) + " over " +
+                    std::to_string(ranksPerNode) + " rank(s)")
       << ")";
   return out.str();
 }
@@ -67,6 +80,17 @@ JobSpec resolveJob(const comm::Backend& backend, const core::Config& config,
                      "memory), got ",
                      limitGb);
   job.memoryLimit = static_cast<int64_t>(core::gibToBytes(limitGb));
+  if (job.placement.device == "cuda") {
+    job.gpusPerNode = std::max(1, facts.gpuCount);
+    const int index = std::max(0, job.placement.deviceIndex);
+    if (index < static_cast<int>(facts.gpus.size())) {
+      job.deviceKind = "cuda:" + facts.gpus[index].name;
+      job.gpuMemory = facts.gpus[index].totalBytes;
+    }
+    AUTOSTAGE_CHECK_AS(ConfigError, job.gpuMemory > 0 || job.memoryLimit > 0,
+                       "the memory of cuda:", index, " is not known (the CUDA runtime did not "
+                       "describe it): set mem_limit_gb to the GPU memory a rank may use");
+  }
   job.bandwidth = config.getFloat("comm_bandwidth");
   job.latency = config.getFloat("comm_latency");
   return job;

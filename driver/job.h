@@ -14,28 +14,35 @@ namespace autostage::driver {
 // Note [Resolving the job]
 // A Module resolves the job it runs in once, when it is made, on every rank alike: the world
 // size, the ranks sharing this node (from the comm backend: MPI's shared-memory split, not a
-// launcher's environment variables), the device kind, and the memory of one device: mem_limit_gb
-// when set, else this node's physical memory shared by the ranks on it. Everything that depends
-// on them reads them from here: the cluster the local planner and the planning service plan for,
-// the plan cache key, the memory check of a loaded deployment and the measured-memory record.
-// A dry run (partitioning_dry_run_np=N) plans for N ranks on this node: cluster(N, N).
+// launcher's environment variables), the device (Note [Device and transport]), and the memory of
+// one device: mem_limit_gb when set; else for a CPU job this node's physical memory shared by the
+// ranks on it, for a CUDA job its GPU's total memory shared by the ranks on that GPU (the planner
+// never sees host RAM for a GPU job). The device kind names the model ("cuda:NVIDIA H100 80GB
+// HBM3"), so plans and profiles kept for one GPU model are not used on another.
+// Everything that depends on them reads them from here: the cluster the local planner and the
+// planning service plan for, the plan cache key, the memory check of a loaded deployment and the
+// measured-memory record. A dry run (partitioning_dry_run_np=N) plans for N ranks on this node:
+// cluster(N, N).
 struct JobSpec {
   int worldSize = 1;
   int ranksPerNode = 1;
-  std::string deviceKind = "cpu";  // placement.device
+  std::string deviceKind = "cpu";  // "cpu", or "cuda:" + the GPU's name ("cuda" when unknown)
   Placement placement;             // Note [Device and transport]
   int64_t nodeMemory = 0;          // physical bytes of this node
+  int gpusPerNode = 0;             // CUDA jobs: GPUs this process sees
+  int64_t gpuMemory = 0;           // CUDA jobs: total bytes of this rank's GPU
   int64_t memoryLimit = 0;         // mem_limit_gb in bytes; 0: not set
   double bandwidth = 10e9;         // comm_bandwidth (bytes/s), intra and inter node
   double latency = 20e-6;          // comm_latency (s)
 
-  // Bytes one device has when `ranksPerNode` ranks share a node.
+  // Bytes one device has when `ranksPerNode` ranks share a node (and its GPUs).
   int64_t memoryPerDevice(int ranksPerNode) const;
   // This job's device memory: what a plan made now assumes (Deployment::deviceMemory).
   int64_t deviceMemory() const { return memoryPerDevice(ranksPerNode); }
   // The cluster to plan for: `devices` devices, `perNode` of them per node (0: this job's).
   core::ClusterSpec cluster(int devices, int perNode = 0) const;
-  // "4 rank(s), 2 per node, cpu, 5.80 GiB per device (this node's memory over 2 ranks)".
+  // "4 rank(s), 2 per node, cpu over mpi (...), 5.80 GiB per device (this node's 11.60 GiB
+  // over 2 rank(s))".
   std::string toString() const;
 };
 

@@ -99,6 +99,15 @@ struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
   }
 };
 
+// The example inputs tracing, import and profiling run with: on the stages' device, beside the
+// model's tensors (Note [Placing the model]); the caller's tensors stay where they are.
+std::vector<c10::IValue> examplesOn(const std::vector<at::Tensor>& inputs,
+                                    const c10::Device& device) {
+  std::vector<c10::IValue> examples;
+  for (const at::Tensor& t : inputs) examples.emplace_back(t.device() == device ? t : t.to(device));
+  return examples;
+}
+
 }  // namespace
 
 ModuleOptions ModuleOptions::fromConfig() {
@@ -168,7 +177,9 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
   stageDevice_ = stageDeviceOf(job_.placement);
   torchscript::checkAutocastSupported(options_.precision, stageDevice_.type());
   placeTensors(stateTensorsOf(module_));
-  if (!options_.planner) autoPlanner_ = std::make_unique<AutoPlanner>(backend_);
+  if (!options_.memoryMeter && options_.memoryMeterFor)
+    options_.memoryMeter = options_.memoryMeterFor(job_.placement);
+  if (!options_.planner) autoPlanner_ = std::make_unique<AutoPlanner>(backend_, job_.placement);
   anchor_ = at::zeros({}, at::kFloat).requires_grad_(true);
   auto log = core::logger("Module");
   log->debug("options: {}", options_.toString());
@@ -291,7 +302,7 @@ void Module::importFor(const std::vector<at::Tensor>& inputs) {
   auto log = core::logger("Module");
   if (!options_.tracer) importedTraining_ = module_.is_training();
   log->info("Tracing model ...");
-  std::vector<c10::IValue> examples(inputs.begin(), inputs.end());
+  std::vector<c10::IValue> examples = examplesOn(inputs, stageDevice_);
   comm::runAgreed(*backend_, "tracing and importing the model", [&] { importModel(examples); });
   log->info("Model graph: {} nodes, {} parameter tensors", model_->graph.nodeCount(),
             model_->paramTensors.size());
@@ -381,7 +392,7 @@ void Module::followTraining(const std::shared_ptr<Executor>& executor) {
 
 // On failure the deployment that ran last stays current (Note [Bad input on one rank]).
 void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage) {
-  std::vector<c10::IValue> examples(inputs.begin(), inputs.end());
+  std::vector<c10::IValue> examples = examplesOn(inputs, stageDevice_);
   int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
   staging::VerifiedDeployment deployment = obtainDeployment(examples, globalBatch, usage);
   ExecutorOptions executorOptions;

@@ -90,6 +90,7 @@
 #include "core/precision.h"
 #include "core/torchscript/importer.h"
 #include "driver/job.h"
+#include "driver/placement.h"
 #include "staging/executor.h"
 
 namespace autostage::driver {
@@ -144,6 +145,9 @@ struct ModuleOptions {
   core::Precision precision = core::Precision::Fp32;
   // Measures each rank's memory every step (Note [Measured memory]); null: not measured.
   std::shared_ptr<MemoryMeter> memoryMeter;
+  // Unset or memoryMeter given: not used. Else it makes memoryMeter once the job's device is
+  // resolved (the CUDA caching allocator's counters for a CUDA job, not the host's).
+  std::function<std::shared_ptr<MemoryMeter>(const Placement& placement)> memoryMeterFor;
   // From the config options allow_replan, trace_events, trace_events_dir,
   // trace_events_steps, save_deployment, load_deployment, deployment_file,
   // partitioning_dry_run_np and precision.

@@ -3,7 +3,9 @@
 // transport]). Torch-free logic over the facts of this process, so every rule is unit-tested on
 // machines without a GPU.
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace autostage::driver {
 
@@ -19,9 +21,16 @@ namespace autostage::driver {
 // comm/host_staging.h); the stages, their rows, gradients and the model's tensors stay on the
 // rank's GPU (Note [Placing the model] in model_device.h).
 struct DeviceFacts {
+  struct Gpu {
+    std::string name;        // "NVIDIA H100 80GB HBM3"
+    int64_t totalBytes = 0;  // its memory
+  };
   bool cudaBuilt = false;  // this build has the CUDA profiler and the NCCL backend
   int gpuCount = 0;        // GPUs torch sees in this process
-  // This process: the build flag and torch::cuda::device_count().
+  // Each of them, when known (a CUDA build asks the runtime; tests may leave it empty).
+  std::vector<Gpu> gpus;
+  // This process: the build flag, torch::cuda::device_count() and, in a CUDA build, each
+  // device's properties.
   static DeviceFacts ofThisProcess();
 };
 

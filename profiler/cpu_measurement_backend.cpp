@@ -16,6 +16,7 @@ class CpuMeasurementBackend final : public MeasurementBackend {
   }
   ~CpuMeasurementBackend() override { tracker_.disableCache(); }
   std::string deviceKind() const override { return "cpu"; }
+  std::string device() const override { return "cpu"; }
   double time(const std::function<void()>& work) override {
     double start = now();
     work();

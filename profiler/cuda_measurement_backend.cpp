@@ -65,6 +65,7 @@ class CudaMeasurementBackend final : public MeasurementBackend {
   }
 
   std::string deviceKind() const override { return kind_; }
+  std::string device() const override { return "cuda:" + std::to_string(device_); }
 
   double time(const std::function<void()>& work) override {
     checkCuda(cudaSetDevice(device_), "cudaSetDevice");

@@ -13,8 +13,11 @@ namespace autostage::profiler {
 class MeasurementBackend {
  public:
   virtual ~MeasurementBackend() = default;
-  // e.g. "cpu", "cuda:0"; part of the profile cache key.
+  // The device model, part of the profile cache key: "cpu", "cuda:NVIDIA H100 80GB HBM3".
   virtual std::string deviceKind() const = 0;
+  // The torch device its work runs on ("cpu", "cuda:1"): where reference work (the load probe)
+  // allocates its tensors.
+  virtual std::string device() const = 0;
   // Runs `work` once and returns its duration in seconds, including device work it queued.
   virtual double time(const std::function<void()>& work) = 0;
   // Memory of tensors on this device, in bytes.
@@ -30,5 +33,11 @@ class MeasurementBackend {
 enum class CpuClock { Wall, ProcessCpu };
 
 std::unique_ptr<MeasurementBackend> createCpuMeasurementBackend(CpuClock clock = CpuClock::Wall);
+
+// The backend of a job's device: "cpu" (wall clock) or "cuda" (`index`: the rank's GPU). Throws
+// UnsupportedError for cuda in a build without -DAUTOSTAGE_WITH_CUDA=ON (or for a GPU that is
+// not visible), ConfigError for another name.
+std::unique_ptr<MeasurementBackend> createMeasurementBackend(const std::string& device,
+                                                             int index = 0);
 
 }  // namespace autostage::profiler

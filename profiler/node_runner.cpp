@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <unordered_set>
@@ -142,26 +143,42 @@ c10::IValue detached(const c10::IValue& value) {
 }
 
 // Note [Load normalization]
-// Other jobs sharing the cores slow every kernel by a factor that drifts over seconds. A fixed
-// matmul (about a millisecond of work), re-timed at most every kRefreshSeconds, estimates the
-// current slowdown against the fastest it ever ran in this process; measured times are scaled
-// by that ratio, so node and block measurements taken at different moments stay comparable.
+// Other jobs sharing the device slow every kernel by a factor that drifts over seconds. A fixed
+// matmul on the backend's own device (a GPU job probes its GPU, not the host: 128x128 on the CPU,
+// about a millisecond there; 2048x2048 on CUDA, a fraction of a millisecond on current GPUs),
+// re-timed at most every kRefreshSeconds, estimates the current slowdown against the fastest it
+// ever ran in this process; measured times are scaled by that ratio, so node and block
+// measurements taken at different moments stay comparable. Each device keeps its own history.
 constexpr double kRefreshSeconds = 0.25;
 
+struct LoadProbe {
+  at::Tensor a, b;
+  double lastRefresh = -1e30, current = 1, best = 1e30;
+};
 
 double loadScale(MeasurementBackend& backend) {
   static std::mutex mutex;
-  static double lastRefresh = -1e30, current = 1, best = 1e30;
+  // Never destroyed: CUDA tensors must not be freed after the CUDA runtime shut down at exit.
+  static auto* probes = new std::map<std::string, LoadProbe>();
   std::lock_guard<std::mutex> lock(mutex);
-  if (wallSeconds() - lastRefresh > kRefreshSeconds) {
-    static const at::Tensor a = torch::randn({128, 128}), b = torch::randn({128, 128});
-    std::vector<double> times;
-    for (int i = 0; i < 3; ++i) times.push_back(backend.time([&] { (void)torch::mm(a, b); }));
-    current = median(times);
-    best = std::min(best, current);
-    lastRefresh = wallSeconds();
+  const std::string device = backend.device();
+  LoadProbe& probe = (*probes)[device];
+  if (!probe.a.defined()) {
+    const c10::Device where(device);
+    const int64_t n = where.is_cpu() ? 128 : 2048;
+    at::NoGradGuard noGrad;
+    probe.a = torch::randn({n, n}, torch::TensorOptions().device(where));
+    probe.b = torch::randn({n, n}, torch::TensorOptions().device(where));
   }
-  return std::min(1.0, best / current);
+  if (wallSeconds() - probe.lastRefresh > kRefreshSeconds) {
+    std::vector<double> times;
+    for (int i = 0; i < 3; ++i)
+      times.push_back(backend.time([&] { (void)torch::mm(probe.a, probe.b); }));
+    probe.current = median(times);
+    probe.best = std::min(probe.best, probe.current);
+    probe.lastRefresh = wallSeconds();
+  }
+  return std::min(1.0, probe.best / probe.current);
 }
 
 // One run that records memory figures (deterministic on the CPU allocator) and serves as the

@@ -1,5 +1,7 @@
 #include "bindings/cpp/memory_meters.h"
 
+#include <algorithm>
+
 namespace autostage {
 namespace {
 
@@ -26,6 +28,12 @@ std::shared_ptr<staging::MemoryMeter> memoryMeterOf(
 
 std::shared_ptr<staging::MemoryMeter> cpuMemoryMeter() {
   return memoryMeterOf(profiler::createCpuMeasurementBackend());
+}
+
+std::shared_ptr<staging::MemoryMeter> memoryMeterFor(const driver::Placement& placement) {
+  if (placement.device == "cpu") return cpuMemoryMeter();
+  return memoryMeterOf(
+      profiler::createMeasurementBackend(placement.device, std::max(0, placement.deviceIndex)));
 }
 
 }  // namespace autostage

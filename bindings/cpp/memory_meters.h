@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "driver/placement.h"
 #include "profiler/measurement_backend.h"
 #include "staging/memory_meter.h"
 
@@ -17,5 +18,9 @@ std::shared_ptr<staging::MemoryMeter> memoryMeterOf(
 
 // The meter for CPU stages: the counting CPU allocator (installed on first use).
 std::shared_ptr<staging::MemoryMeter> cpuMemoryMeter();
+
+// The meter of a job's device: cpuMemoryMeter() on the CPU, the caching allocator of the rank's
+// GPU for a CUDA job (profiler::createMeasurementBackend).
+std::shared_ptr<staging::MemoryMeter> memoryMeterFor(const driver::Placement& placement);
 
 }  // namespace autostage

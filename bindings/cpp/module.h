@@ -10,8 +10,9 @@
 //   { torch::NoGradGuard g; module.forward({x}); }    // an inference deployment
 //
 // driver::Module (driver/module.h: forward, trainStep, parameters, stateDict, loadStateDict,
-// train/eval, deployment, job, ...; it gets the plan: Note [Getting a plan]) with the counting
-// CPU allocator measuring each step's memory (measure_memory). Launch with mpirun; one process per rank. Every call marked
+// train/eval, deployment, job, ...; it gets the plan: Note [Getting a plan]) with the job's
+// device allocator (the counting CPU allocator, or the rank's GPU's caching allocator) measuring
+// each step's memory (measure_memory). Launch with mpirun; one process per rank. Every call marked
 // collective must be made on every rank, and forward/trainStep in the same mode and grad mode.
 //
 // The model: a torch::jit::Module, traced or scripted in Python (torch::jit::load) or built in
@@ -86,7 +87,7 @@ class Module : public driver::Module {
     if (!shardsOptimizer) noZero();
     options.shardsOptimizer = shardsOptimizer;
     if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))
-      options.memoryMeter = cpuMemoryMeter();
+      options.memoryMeterFor = memoryMeterFor;
     return options;
   }
 };

@@ -5,7 +5,9 @@
 
 #include <catch2/catch.hpp>  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
 
+#include "comm/comm_options.h"
 #include "comm/thread_backend.h"
+#include "comm/thread_world.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "driver/module.h"
@@ -50,7 +52,8 @@ TEST_CASE("the job: ranks per node from the backend, memory resolved once", "[dr
 
 // Note [Device and transport], over the facts of a CPU build, a GPU node and a shared GPU.
 TEST_CASE("device and transport: auto, explicit choices, and each refusal", "[driver]") {
-  const DeviceFacts cpuBuild{false, 0}, noGpu{true, 0}, fourGpus{true, 4}, oneGpu{true, 1};
+  const DeviceFacts cpuBuild{false, 0, {}}, noGpu{true, 0, {}}, fourGpus{true, 4, {}},
+      oneGpu{true, 1, {}};
   auto text = [](const Placement& p) { return p.toString() + " / " + p.why; };
   CHECK(text(choosePlacement("auto", "auto", cpuBuild, 0, 2)) ==
         "cpu over mpi / device=auto: this build has no CUDA");
@@ -94,17 +97,69 @@ TEST_CASE("a transport given by the caller decides the device; device= must agre
   core::Config config;
   std::vector<std::string> errors(2);
   staging::testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& b) {
-    JobSpec job = resolveJob(b, config, DeviceFacts{true, 2});
+    JobSpec job = resolveJob(b, config, DeviceFacts{true, 2, {}});
     if (job.placement.toString() != "cpu over thread") errors[b.rank()] = job.placement.toString();
     core::Config cuda;
     cuda.set("device", "cuda", "test");
     errors[b.rank()] += staging::testing::errorOf([&] {
-      resolveJob(b, cuda, DeviceFacts{true, 2});
+      resolveJob(b, cuda, DeviceFacts{true, 2, {}});
     });
   }));
   for (const std::string& e : errors)
     CHECK(e ==
           "device=cuda, but the transport given (thread) carries CPU tensors: use device=auto");
+}
+
+// The rank's view of an MPI job, without MPI: resolveJob reads only the name and the layout.
+class MpiLayout final : public comm::ThreadBackend {
+ public:
+  MpiLayout(int worldSize, int rank)
+      : comm::ThreadBackend(std::make_shared<comm::ThreadWorld>(worldSize, comm::CommOptions{}),
+                            rank) {}
+  std::string name() const override { return "mpi"; }
+};
+
+TEST_CASE("a CUDA job: the GPU's model names the device, its memory (shared by the ranks on "
+          "it) is the device memory, never host RAM", "[driver]") {
+  DeviceFacts twoGpus{true, 2, {{"NVIDIA H100 80GB HBM3", int64_t{80} << 30},
+                                {"NVIDIA H100 80GB HBM3", int64_t{80} << 30}}};
+  core::Config config;
+  config.set("device", "cuda", "test");
+  // Two ranks, one GPU each: NCCL, the whole GPU per rank.
+  JobSpec job = resolveJob(MpiLayout(2, 1), config, twoGpus);
+  CHECK(job.placement.toString() == "cuda:1 over nccl");
+  CHECK(job.deviceKind == "cuda:NVIDIA H100 80GB HBM3");
+  CHECK(job.deviceMemory() == int64_t{80} << 30);
+  CHECK(job.cluster(2).deviceKind == "cuda:NVIDIA H100 80GB HBM3");
+  CHECK(job.cluster(2).memoryPerDevice == int64_t{80} << 30);
+  CHECK(job.toString().find("80.00 GiB per device (the GPU's 80.00 GiB over 1 rank(s))") !=
+        std::string::npos);
+  // Four ranks on two GPUs share them over MPI: half a GPU each; a dry run for 8 ranks on this
+  // node plans for a quarter.
+  job = resolveJob(MpiLayout(4, 2), config, twoGpus);
+  CHECK(job.placement.toString() == "cuda:0 over mpi");
+  CHECK(job.deviceMemory() == int64_t{40} << 30);
+  CHECK(job.cluster(8, 8).memoryPerDevice == int64_t{20} << 30);
+  // Three ranks on two GPUs: the busier GPU has two of them.
+  CHECK(resolveJob(MpiLayout(3, 0), config, twoGpus).deviceMemory() == int64_t{40} << 30);
+  // mem_limit_gb is still the limit per device.
+  config.set("mem_limit_gb", "16", "test");
+  CHECK(resolveJob(MpiLayout(4, 0), config, twoGpus).deviceMemory() == int64_t{16} << 30);
+  // GPUs the runtime did not describe: a limit is needed, and the error says so.
+  config.set("mem_limit_gb", "0", "test");
+  CHECK_THROWS_WITH(resolveJob(MpiLayout(2, 0), config, DeviceFacts{true, 2, {}}),
+                    Catch::Contains("the memory of cuda:0 is not known") &&
+                        Catch::Contains("set mem_limit_gb"));
+  config.set("mem_limit_gb", "2", "test");
+  job = resolveJob(MpiLayout(2, 0), config, DeviceFacts{true, 2, {}});
+  CHECK(job.deviceKind == "cuda");
+  CHECK(job.deviceMemory() == int64_t{2} << 30);
+  // A CPU job on the same node keeps host memory.
+  config.set("device", "cpu", "test");
+  config.set("mem_limit_gb", "0", "test");
+  job = resolveJob(MpiLayout(2, 0), config, twoGpus);
+  CHECK(job.deviceKind == "cpu");
+  CHECK(job.deviceMemory() == job.nodeMemory / 2);
 }
 
 TEST_CASE("the plan cache key names the job's layout and memory", "[driver]") {
@@ -121,6 +176,9 @@ TEST_CASE("the plan cache key names the job's layout and memory", "[driver]") {
   CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep) != path);
   other = job;
   other.memoryLimit = int64_t{1} << 30;  // the plan assumes other devices
+  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep) != path);
+  other = job;
+  other.deviceKind = "cuda:NVIDIA A100-SXM4-40GB";  // another device model
   CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep) != path);
   core::globalConfig().set("plan_cache_dir", "", "test");
   CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep).empty());

@@ -1,0 +1,27 @@
+// createMeasurementBackend: the job's device name to its measurement backend.
+#include "profiler/measurement_backend.h"
+
+#include "autostage/build_config.h"
+#include "core/error.h"
+#if AUTOSTAGE_WITH_NCCL  // set with AUTOSTAGE_WITH_CUDA: the CUDA profiler is built
+#include "profiler/cuda_measurement_backend.h"
+#endif
+
+namespace autostage::profiler {
+
+std::unique_ptr<MeasurementBackend> createMeasurementBackend(const std::string& device,
+                                                             int index) {
+  if (device == "cpu") return createCpuMeasurementBackend();
+  AUTOSTAGE_CHECK_AS(ConfigError, device == "cuda", "no measurement backend for device '", device,
+                     "': use cpu or cuda");
+#if AUTOSTAGE_WITH_NCCL
+  return createCudaMeasurementBackend(index);
+#else
+  AUTOSTAGE_CHECK_AS(UnsupportedError, false, "profiling on cuda:", index,
+                     " needs a build with CUDA: configure with -DAUTOSTAGE_WITH_CUDA=ON against "
+                     "a LibTorch with CUDA (scripts/test-gpu does), or use device=cpu");
+  return nullptr;
+#endif
+}
+
+}  // namespace autostage::profiler
