@@ -1,6 +1,7 @@
 #include "driver/module.h"
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -218,11 +219,19 @@ std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs
   std::vector<at::Tensor> tensors =
       prepareStep(inputs, core::PlanUsage::TrainStep, agreed, &callerDevice);
   try {
-    return movedTo(executor_->trainStep(tensors), callerDevice);
+    return movedTo(executor_->trainStep(tensors, lossScale_), callerDevice);
   } catch (...) {
     rethrowWithContext();
   }
 }
+
+void Module::setLossScale(double scale) {
+  AUTOSTAGE_CHECK_AS(ConfigError, std::isfinite(scale) && scale > 0,
+                     "the loss scale must be a positive finite number, got ", scale);
+  lossScale_ = scale;
+}
+
+double Module::unscaleGradients(double scale) { return trainingExecutor().unscaleGradients(scale); }
 
 void Module::rethrowWithContext() const { rethrowAt(whereOf(*executor_, backend_->rank())); }
 

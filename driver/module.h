@@ -208,6 +208,14 @@ class Module {
   // gpipe) for a model returning its loss(es); returns the global-batch losses (Note [Loss
   // outputs]). Deploys on the first call of its usage.
   std::vector<at::Tensor> trainStep(const std::vector<c10::IValue>& inputs, bool agreed = false);
+  // Note [Dynamic loss scaling] (staging/loss_scaler.h): the gradient trainStep starts each loss's
+  // backward from (1 unless set; the returned losses are not scaled), and the unscaling of the
+  // training deployment's gradients: divides them by `scale` and returns their global norm, not
+  // finite when any rank's gradients overflowed (the same on every rank: skip the step on all).
+  // unscaleGradients is collective.
+  void setLossScale(double scale);
+  double lossScale() const { return lossScale_; }
+  double unscaleGradients(double scale);
 
   // Note [Train and eval modes]: sets the mode of the wrapped jit::Module (like
   // torch::nn::Module::train); the next call runs the deployment of that mode. Local; every rank
@@ -317,6 +325,7 @@ class Module {
   bool importedTraining_ = true;
   std::map<bool, ParkedImport> parked_;
   int deploymentCount_ = 0;
+  double lossScale_ = 1.0;  // setLossScale
   std::vector<at::Tensor> trainingParams_;     // this rank's parameters of the training one
   int trainingSelection_ = 0;
   int64_t optimizerStateBytes_ = -1;  // Note [Measured memory]; < 0: not reported

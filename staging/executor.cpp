@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -193,7 +194,11 @@ void Executor::backward(const std::vector<at::Tensor>& outputGrads) {
   finishBackward();
 }
 
-std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& inputs,
+                                            double lossScale) {
+  AUTOSTAGE_CHECK_AS(ConfigError, std::isfinite(lossScale) && lossScale > 0,
+                     "trainStep: the loss scale must be a positive finite number, got ",
+                     lossScale);
   for (size_t i = 0; i < outputRoutes_.size(); ++i) {
     AUTOSTAGE_CHECK_AS(UnsupportedError, routeKinds_[outputRoutes_[i]] == RouteKind::Loss,
                        "trainStep needs a model whose forward returns its loss(es), but output ",
@@ -202,7 +207,7 @@ std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& input
   AUTOSTAGE_CHECK_AS(PlanError, !inferenceOnly(), "trainStep() needs a deployment planned for "
                      "training, but this one was planned for inference (usage=inference)");
   beginStep(inputs);
-  for (int r : outputRoutes_) lossGradients_[r] += 1.0;
+  for (int r : outputRoutes_) lossGradients_[r] += lossScale;
   sendFeederRows(onStageDevice(inputs));
   if (position_ >= 0) {  // Note [Pipeline schedules] (core/pipeline_schedule.h)
     for (const core::PipelineOp& op :
@@ -267,6 +272,18 @@ double Executor::clipGradNorm(double maxNorm) {
   for (const at::Tensor& p : params_.parameters())
     if (p.grad().defined()) p.mutable_grad().mul_(coef);
   return norm;
+}
+
+double Executor::unscaleGradients(double scale) {
+  AUTOSTAGE_CHECK_AS(ConfigError, std::isfinite(scale) && scale > 0,
+                     "unscaling gradients: the loss scale must be a positive finite number, got ",
+                     scale);
+  {
+    at::NoGradGuard noGrad;
+    for (const at::Tensor& p : params_.parameters())
+      if (p.grad().defined()) p.mutable_grad().mul_(1.0 / scale);
+  }
+  return gradientSync_.globalNorm(*backend_, params_);
 }
 
 }  // namespace autostage::staging

@@ -74,9 +74,11 @@ class Executor {
   // parameter gradients over their holders (Note [Gradient scaling]).
   void backward(const std::vector<at::Tensor>& outputGrads);
   // Forward+backward in the deployment's schedule (1f1b or gpipe) of a model whose every output
-  // is a loss (gradient 1 on each rank, as if every rank called loss.backward()); returns the
-  // losses. Gradients as backward().
-  std::vector<at::Tensor> trainStep(const std::vector<at::Tensor>& inputs);
+  // is a loss (gradient `lossScale` on each rank, as if every rank called (loss *
+  // lossScale).backward(); Note [Dynamic loss scaling] in loss_scaler.h); returns the losses,
+  // unscaled. Gradients as backward().
+  std::vector<at::Tensor> trainStep(const std::vector<at::Tensor>& inputs,
+                                    double lossScale = 1.0);
 
   // Sums gradients over their holders now (what backward does unless delayGradAllreduce()).
   // Collective over the world.
@@ -84,6 +86,10 @@ class Executor {
   // Scales every local gradient by min(1, maxNorm / (norm + 1e-6)) where norm is the global
   // gradient norm (Note [Global gradient norm]); returns the norm. Collective over the world.
   double clipGradNorm(double maxNorm);
+  // Divides every local gradient by `scale` and returns the global norm of the result: not
+  // finite when any rank's gradients hold an inf or NaN, the same value on every rank (Note
+  // [Dynamic loss scaling]). Collective over the world.
+  double unscaleGradients(double scale);
   // ZeRO-1 (Note [ZeRO-1] in gradient_sync.h): the pieces of parameters this rank's optimizer
   // steps (length 0: a sharded parameter it owns nothing of), and the all-gather of the stepped pieces into every replica's parameters (collective
   // over the world: every rank calls it after optimizer.step(); ranks without a sharded stage

@@ -22,6 +22,13 @@
 // eval and no_grad calls; when trainingSelection() changes (a replan under allow_replan, or a
 // forward with gradients in the other mode) build the optimizer again over parameters().
 // Errors are autostage::Error subclasses (core/error.h) with the messages the Python API gives.
+// fp16 (precision=fp16, CUDA) with dynamic loss scaling (Note [Dynamic loss scaling]):
+//   autostage::LossScaler scaler;                       // GradScaler's defaults
+//   module.setLossScale(scaler.scale());                // trainStep seeds its backward with it
+//   auto losses = module.trainStep({x, y});             // (or (loss * scaler.scale()).backward())
+//   double norm = module.unscaleGradients(scaler.scale());
+//   if (std::isfinite(norm)) optimizer.step();           // the same verdict on every rank
+//   scaler.update(std::isfinite(norm));
 
 #include <map>
 #include <string>
@@ -31,10 +38,13 @@
 #include "core/config.h"
 #include "core/proto/deployment_file.h"
 #include "driver/module.h"
+#include "staging/loss_scaler.h"
 
 namespace autostage {
 
 using ModuleOptions = driver::ModuleOptions;
+using LossScaler = staging::LossScaler;
+using LossScalerOptions = staging::LossScalerOptions;
 // Config keys and values, as the Python API takes them (autostage.Module(model, partition_num=2)).
 using ConfigOptions = std::map<std::string, std::string>;
 
