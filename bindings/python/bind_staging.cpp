@@ -98,6 +98,31 @@ comm::Backend& world() { return *comm::sharedBackend("mpi"); }
 
 void bindStaging(py::module_& m) {
   comm::registerBuiltinBackends();
+  py::class_<staging::LossScaler>(m, "_LossScaler",
+                                  "Dynamic loss scaling's state (Note [Dynamic loss scaling]).")
+      .def(py::init([](double initScale, double growthFactor, double backoffFactor,
+                       int64_t growthInterval) {
+             return staging::LossScaler(
+                 {initScale, growthFactor, backoffFactor, growthInterval});
+           }),
+           py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"),
+           py::arg("growth_interval"))
+      .def_property_readonly("scale", &staging::LossScaler::scale)
+      .def_property_readonly("growth_tracker", &staging::LossScaler::growthTracker)
+      .def_property_readonly(
+          "growth_factor",
+          [](const staging::LossScaler& s) { return s.options().growthFactor; })
+      .def_property_readonly(
+          "backoff_factor",
+          [](const staging::LossScaler& s) { return s.options().backoffFactor; })
+      .def_property_readonly(
+          "growth_interval",
+          [](const staging::LossScaler& s) { return s.options().growthInterval; })
+      .def("update", &staging::LossScaler::update, py::arg("finite"))
+      .def("set_scale", &staging::LossScaler::setScale, py::arg("scale"))
+      .def("load", &staging::LossScaler::load, py::arg("scale"), py::arg("growth_tracker"))
+      .def("__repr__", &staging::LossScaler::toString);
+
   py::class_<Module>(m, "_Module")
       .def(py::init(&makeModule), py::arg("tracer"), py::arg("deployment_path") = "")
       .def(
@@ -188,6 +213,17 @@ void bindStaging(py::module_& m) {
              return mod.trainingExecutor().clipGradNorm(maxNorm);
            },
            py::arg("max_norm"), "Global gradient norm clipping; returns the norm before clipping.")
+      .def("set_loss_scale", &Module::setLossScale, py::arg("scale"),
+           "The gradient train_step starts each loss's backward from (Note [Dynamic loss "
+           "scaling]); the losses it returns are not scaled.")
+      .def("unscale_grads",
+           [](Module& mod, double scale) {
+             py::gil_scoped_release release;
+             return mod.unscaleGradients(scale);
+           },
+           py::arg("scale"),
+           "Divides the training deployment's gradients by scale; returns their global norm, "
+           "not finite when any rank's gradients overflowed. Collective.")
       .def("zero_shards",
            [](Module& mod) {
              py::list out;

@@ -87,6 +87,7 @@ class Module(torch.nn.Module):
         self._pending_call = None  # the CallStructure of the call in progress (for _trace)
         # Note [ZeRO-1 optimizer] (optimizer.py): {id(shard): (shard, param, offset, length)}.
         self._shards = {}
+        self._grad_scaler = None  # autostage.GradScaler(self): train_step seeds with its scale
         if optimizer is not None:
             owner = weakref.ref(self)
             patch_optimizer(optimizer, self._all_params,
@@ -221,6 +222,10 @@ class Module(torch.nn.Module):
             self._impls[mode] = impl
         self._impl = self._impls[mode]
         self._impl.set_optimizer_state_bytes(self._optimizer_state_bytes())
+        # Note [Dynamic loss scaling] (staging/loss_scaler.h): train_step's backward starts from
+        # the scaler's current scale.
+        self._impl.set_loss_scale(self._grad_scaler.get_scale()
+                                  if self._grad_scaler is not None else 1.0)
         try:
             with _zero_off(self._zero_off):
                 outputs = getattr(self._impl, method)(list(inputs), agreed=True)
