@@ -53,28 +53,43 @@ int pickDevice(const MpiBackend& control) {
   return localRank;
 }
 
-// A queued NCCL operation; wait() polls its completion event against the timeout.
-class NcclWork : public Work {
+// A point-to-point operation; it is launched with its batch (Note [Grouped point-to-point]) when
+// this or another operation of the batch is waited on or polled, or a collective starts. wait()
+// polls the batch's completion event against the timeout.
+class NcclP2pWork : public Work {
  public:
-  NcclWork(NcclBackend::Impl& impl, cudaEvent_t done, ncclComm_t comm, at::Tensor tensor,
-           std::string what)
-      : impl_(impl), done_(done), comm_(comm), tensor_(std::move(tensor)), what_(std::move(what)) {}
-  ~NcclWork() override {
-    if (done_) cudaEventDestroy(done_);
-  }
+  using Batch = P2pGrouper<std::shared_ptr<CUevent_st>>::Batch;
+  NcclP2pWork(NcclBackend::Impl& impl, std::shared_ptr<Batch> batch, ncclComm_t comm,
+              at::Tensor tensor, std::string what)
+      : impl_(impl),
+        batch_(std::move(batch)),
+        comm_(comm),
+        tensor_(std::move(tensor)),
+        what_(std::move(what)) {}
   void wait() override {
     if (completed_) return;
-    impl_.waitDone(done_, comm_, [&] { return what_; });
+    launched();
+    impl_.waitDone(batch_->done().get(), comm_, [&] { return what_; });
     completed_ = true;
   }
   bool isCompleted() override {
-    if (!completed_) completed_ = cudaEventQuery(done_) == cudaSuccess;
+    if (!completed_) {
+      launched();
+      completed_ = cudaEventQuery(batch_->done().get()) == cudaSuccess;
+    }
     return completed_;
   }
 
  private:
+  void launched() {
+    if (!batch_->launched()) impl_.launchP2p();
+    AUTOSTAGE_CHECK_AS(CommError, batch_->launched(), "rank ", impl_.control->rank(),
+                       ": the group of point-to-point transfers with ", what_,
+                       " failed to launch (see the error reported before this one)");
+  }
+
   NcclBackend::Impl& impl_;
-  cudaEvent_t done_;
+  std::shared_ptr<Batch> batch_;
   ncclComm_t comm_;
   at::Tensor tensor_;  // kept alive until the operation finished
   std::string what_;
@@ -88,6 +103,26 @@ void NcclBackend::Impl::orderAfterDefaultStream() {
   AUTOSTAGE_CUDA_CHECK(cudaEventRecord(queued, nullptr), "ordering after the default stream");
   AUTOSTAGE_CUDA_CHECK(cudaStreamWaitEvent(stream, queued, 0), "ordering after the default stream");
   cudaEventDestroy(queued);
+}
+
+void NcclBackend::Impl::launchP2p() {
+  p2p.launch(
+      [&] {
+        orderAfterDefaultStream();
+        AUTOSTAGE_NCCL_CHECK(ncclGroupStart(), "rank ", control->rank(),
+                             " grouping point-to-point transfers");
+      },
+      [&] {
+        AUTOSTAGE_NCCL_CHECK(ncclGroupEnd(), "rank ", control->rank(),
+                             " launching a group of point-to-point transfers");
+        return std::shared_ptr<CUevent_st>(recordDone(),
+                                           [](cudaEvent_t event) { cudaEventDestroy(event); });
+      });
+}
+
+void NcclBackend::Impl::beforeCollective() {
+  launchP2p();
+  orderAfterDefaultStream();
 }
 
 cudaEvent_t NcclBackend::Impl::recordDone() {
@@ -188,21 +223,25 @@ std::unique_ptr<Work> NcclBackend::pointToPoint(const at::Tensor& tensor, int pe
   checkCommTensor(tensor, c10::DeviceType::CUDA, operation);
   checkPeer(peer, tag, operation);
   ncclComm_t comm = impl_->communicator(world());
-  impl_->orderAfterDefaultStream();
-  size_t count = static_cast<size_t>(tensor.numel());
-  if (isRecv)
-    AUTOSTAGE_NCCL_CHECK(
-        ncclRecv(tensor.data_ptr(), count, ncclTypeOf(tensor), peer, comm, impl_->stream), "rank ",
-        rank(), " receiving from rank ", peer);
-  else
-    AUTOSTAGE_NCCL_CHECK(
-        ncclSend(tensor.data_ptr(), count, ncclTypeOf(tensor), peer, comm, impl_->stream), "rank ",
-        rank(), " sending to rank ", peer);
+  // Queued, launched with the rest of its batch (Note [Grouped point-to-point]).
+  void* data = tensor.data_ptr();
+  const size_t count = static_cast<size_t>(tensor.numel());
+  const ncclDataType_t type = ncclTypeOf(tensor);
+  const int me = rank();
+  cudaStream_t stream = impl_->stream;
+  auto batch = impl_->p2p.post([=] {
+    if (isRecv)
+      AUTOSTAGE_NCCL_CHECK(ncclRecv(data, count, type, peer, comm, stream), "rank ", me,
+                           " receiving from rank ", peer);
+    else
+      AUTOSTAGE_NCCL_CHECK(ncclSend(data, count, type, peer, comm, stream), "rank ", me,
+                           " sending to rank ", peer);
+  });
   std::string detail =
       " (tag " + std::to_string(tag) + ", " + operation + " of " + describeTensor(tensor) + ")";
   std::string what = isRecv ? "a tensor from rank " + std::to_string(peer) + detail
                             : "rank " + std::to_string(peer) + " to receive a tensor" + detail;
-  return std::make_unique<NcclWork>(*impl_, impl_->recordDone(), comm, tensor, what);
+  return std::make_unique<NcclP2pWork>(*impl_, std::move(batch), comm, tensor, what);
 }
 
 void NcclBackend::send(const at::Tensor& tensor, int dst, int tag) {
@@ -220,11 +259,14 @@ std::unique_ptr<Work> NcclBackend::irecv(const at::Tensor& tensor, int src, int 
   return pointToPoint(tensor, src, tag, true);
 }
 
+// The control plane blocks too: queued transfers a peer may be waiting for go out first.
 void NcclBackend::broadcastBytes(std::string& data, int root, const Group& group) {
+  impl_->launchP2p();
   impl_->control->broadcastBytes(data, root, group);
 }
 
 std::vector<std::string> NcclBackend::allGatherBytes(const std::string& data, const Group& group) {
+  impl_->launchP2p();
   return impl_->control->allGatherBytes(data, group);
 }
 

@@ -29,7 +29,7 @@ void NcclBackend::allReduce(const at::Tensor& tensor, ReduceOp op, const Group& 
                        : op == ReduceOp::Average       ? ncclAvg
                                                        : ncclSum;
   ncclComm_t comm = impl_->communicator(group);
-  impl_->orderAfterDefaultStream();
+  impl_->beforeCollective();
   AUTOSTAGE_NCCL_CHECK(ncclAllReduce(work.data_ptr(), work.data_ptr(), work.numel(),
                                      ncclTypeOf(work), ncclOp, comm, impl_->stream),
                        "rank ", rank(), " allReduce over group ", group.toString());
@@ -44,7 +44,7 @@ void NcclBackend::broadcast(const at::Tensor& tensor, int root, const Group& gro
   checkMember(group, "broadcast", root);
   if (group.size() == 1) return;
   ncclComm_t comm = impl_->communicator(group);
-  impl_->orderAfterDefaultStream();
+  impl_->beforeCollective();
   AUTOSTAGE_NCCL_CHECK(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                                      ncclTypeOf(tensor), group.indexOf(root), comm, impl_->stream),
                        "rank ", rank(), " broadcast over group ", group.toString());
@@ -63,7 +63,7 @@ std::vector<at::Tensor> NcclBackend::allGather(const at::Tensor& tensor, const G
     gathered.select(0, 0).copy_(tensor);
   } else {
     ncclComm_t comm = impl_->communicator(group);
-    impl_->orderAfterDefaultStream();
+    impl_->beforeCollective();
     AUTOSTAGE_NCCL_CHECK(ncclAllGather(tensor.data_ptr(), gathered.data_ptr(), tensor.numel(),
                                        ncclTypeOf(tensor), comm, impl_->stream),
                          "rank ", rank(), " allGather over group ", group.toString());
@@ -93,7 +93,7 @@ void NcclBackend::reduceScatter(const at::Tensor& input, const at::Tensor& outpu
                          : op == ReduceOp::Average       ? ncclAvg
                                                          : ncclSum;
     ncclComm_t comm = impl_->communicator(group);
-    impl_->orderAfterDefaultStream();
+    impl_->beforeCollective();
     AUTOSTAGE_NCCL_CHECK(ncclReduceScatter(send.data_ptr(), receive.data_ptr(), receive.numel(),
                                            ncclTypeOf(send), ncclOp, comm, impl_->stream),
                          "rank ", rank(), " reduceScatter over group ", group.toString());
@@ -114,7 +114,7 @@ void NcclBackend::allGatherInto(const at::Tensor& input, const at::Tensor& outpu
     return;
   }
   ncclComm_t comm = impl_->communicator(group);
-  impl_->orderAfterDefaultStream();
+  impl_->beforeCollective();
   AUTOSTAGE_NCCL_CHECK(ncclAllGather(input.data_ptr(), output.data_ptr(), input.numel(),
                                      ncclTypeOf(input), comm, impl_->stream),
                        "rank ", rank(), " allGatherInto over group ", group.toString());
@@ -126,6 +126,7 @@ void NcclBackend::allGatherInto(const at::Tensor& input, const at::Tensor& outpu
 // NCCL has no barrier: finish this rank's queued work, then meet over MPI.
 void NcclBackend::barrier(const Group& group) {
   checkMember(group, "barrier");
+  impl_->launchP2p();  // a peer may be waiting for a queued send
   AUTOSTAGE_CUDA_CHECK(cudaStreamSynchronize(impl_->stream), "rank ", rank(), " barrier");
   impl_->control->barrier(group);
 }

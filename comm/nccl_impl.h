@@ -7,11 +7,13 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "comm/nccl_backend.h"
+#include "comm/p2p_group.h"
 #include "core/error.h"
 
 #define AUTOSTAGE_NCCL_CHECK(call, ...)                                                  \
@@ -41,8 +43,18 @@ struct NcclBackend::Impl {
   std::mutex mutex;
   std::map<std::vector<int>, ncclComm_t> comms;
 
+  // Point-to-point operations queued since the last launch (Note [Grouped point-to-point] in
+  // p2p_group.h); a batch completes with the event recorded after its ncclGroupEnd.
+  P2pGrouper<std::shared_ptr<CUevent_st>> p2p;
+
   // The communicator of `group`, created on first use (collective over its members).
   ncclComm_t communicator(const Group& group);
+  // Launches the queued point-to-point operations as one NCCL group, after the work queued on
+  // the default stream.
+  void launchP2p();
+  // Before a collective: launches the queued point-to-point operations (a peer may be blocked on
+  // one of them) and orders after the default stream.
+  void beforeCollective();
   // Makes the backend stream wait for work queued so far on the legacy default stream.
   void orderAfterDefaultStream();
   // An event recorded on the backend stream after the operation just queued.
