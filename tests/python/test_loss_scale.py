@@ -49,3 +49,30 @@ def test_grad_scaler_refuses_misuse():
     off = autostage.GradScaler(model, enabled=False)
     assert off.get_scale() == 1.0 and off.state_dict() == {} and not off.is_enabled()
     assert off.scale(torch.tensor(3.0)).item() == 3.0
+
+
+def test_two_optimizers_unscale_once_and_share_the_verdict():
+    torch.manual_seed(5)
+    net = torch.nn.Linear(3, 2)
+    ref = torch.nn.Linear(3, 2)
+    ref.load_state_dict(net.state_dict())
+    model = autostage.Module(net)
+    x = torch.randn(4, 3)
+    scaler = autostage.GradScaler(model, init_scale=8.0)
+    scaler.scale(model(x).sum()).backward()
+    ref(x).sum().backward()
+    assert torch.allclose(net.weight.grad, 8.0 * ref.weight.grad)
+    opt_a = torch.optim.SGD([net.weight], lr=0.1)
+    opt_b = torch.optim.SGD([net.bias], lr=0.1)
+    scaler.unscale_(opt_a)
+    scaler.unscale_(opt_b)  # the gradients are divided once, not twice
+    assert torch.allclose(net.weight.grad, ref.weight.grad)
+    assert torch.allclose(net.bias.grad, ref.bias.grad)
+    with pytest.raises(RuntimeError, match="already been called on this optimizer"):
+        scaler.unscale_(opt_a)
+    before = net.weight.detach().clone()
+    scaler.step(opt_a)
+    scaler.step(opt_b)
+    scaler.update()
+    assert torch.allclose(net.weight, before - 0.1 * ref.weight.grad)
+    assert scaler.get_scale() == 8.0  # one finite step of the default 2000

@@ -42,6 +42,7 @@ class GradScaler:
         self._state = _autostage._LossScaler(float(init_scale), float(growth_factor),
                                              float(backoff_factor), int(growth_interval))
         self._overflowed = {}  # id(optimizer) -> whether its step overflowed, since update()
+        self._verdict = None   # whether this iteration's gradients overflowed, once unscaled
         module._grad_scaler = self if self._enabled else None
 
     def is_enabled(self):
@@ -72,7 +73,9 @@ class GradScaler:
     def unscale_(self, optimizer):
         """Divides this rank's gradients by the scale and decides, for all ranks at once,
         whether the step overflowed. Collective: call it on every rank (``step`` calls it when
-        you did not, e.g. before gradient clipping)."""
+        you did not, e.g. before gradient clipping). The module's gradients are unscaled once
+        per iteration, by the first optimizer that asks; a second optimizer of the same module
+        gets the same verdict."""
         if not self._enabled:
             return
         if id(optimizer) in self._overflowed:
@@ -81,8 +84,10 @@ class GradScaler:
         if not self._module.ready:
             raise _autostage.Error("GradScaler.unscale_: the module has not run a training step "
                                    "yet (call it after backward)")
-        norm = self._module._impl.unscale_grads(self._state.scale)
-        self._overflowed[id(optimizer)] = not math.isfinite(norm)
+        if self._verdict is None:
+            norm = self._module._impl.unscale_grads(self._state.scale)
+            self._verdict = not math.isfinite(norm)
+        self._overflowed[id(optimizer)] = self._verdict
 
     def step(self, optimizer, *args, **kwargs):
         """``optimizer.step(*args, **kwargs)`` unless the gradients overflowed on any rank
@@ -110,6 +115,7 @@ class GradScaler:
                                    "update() (call scaler.step(optimizer) first)")
             self._state.update(not any(self._overflowed.values()))
         self._overflowed.clear()
+        self._verdict = None
 
     def state_dict(self):
         """torch.cuda.amp.GradScaler's keys, so either loads the other's."""
