@@ -33,7 +33,7 @@ const std::map<std::string, std::set<std::string>> kAllowed = {
     {"decomposer", {"core"}},
     {"service", {"core", "decomposer"}},
     {"comm", {"autostage", "core"}},
-    {"profiler", {"core", "core/torchscript", "comm"}},
+    {"profiler", {"autostage", "core", "core/torchscript", "comm"}},
     {"staging", {"core", "core/torchscript", "comm"}},
     {"driver",
      {"autostage", "core", "core/torchscript", "comm", "profiler", "decomposer", "service",
