@@ -168,14 +168,18 @@ def test_killed_rank_makes_the_others_exit_within_the_timeout():
     assert kill, log
     exits = {int(m.group(1)): (int(m.group(2)), float(m.group(3)))
              for m in re.finditer(r"EXIT rank (\d) status (\d+) at ([\d.]+)", log)}
+    # A survivor's own EXIT line can be lost: when another survivor's MPI_Abort makes mpirun
+    # kill the job, the wrapper shell may die before it echoes. Its abort line (below, required
+    # for every survivor) says it gave up after the timeout; at least one exit must be seen.
+    assert any(rank in exits for rank in range(3)), log
     for rank in range(3):
-        assert rank in exits, log
-        status, when = exits[rank]
-        assert status != 0, log
-        elapsed = when - float(kill.group(1))
-        # The failing wait began around the kill; + the liveness probe (<= 2 s) and slack for a
-        # machine at ten times the load (a hang would wait for mpirun's own limit instead).
-        assert COMM_TIMEOUT_S - 1 <= elapsed <= COMM_TIMEOUT_S + 60, (rank, elapsed, log)
+        if rank in exits:
+            status, when = exits[rank]
+            assert status != 0, log
+            elapsed = when - float(kill.group(1))
+            # The failing wait began around the kill; + the liveness probe (<= 2 s) and slack
+            # for a machine at ten times the load (a hang would wait for mpirun's own limit).
+            assert COMM_TIMEOUT_S - 1 <= elapsed <= COMM_TIMEOUT_S + 60, (rank, elapsed, log)
         abort = re.search(rf"aborting the job: uncaught \w+ on rank {rank}: (.*)", log)
         assert abort, log
         reason = abort.group(1)
