@@ -1,9 +1,5 @@
 #include "service/planning_core.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <optional>
 #include <sstream>
@@ -26,19 +22,6 @@ namespace {
 // hash check and is planned again instead of being served.
 const char* const kAnswerKind = "plan-answer";
 constexpr uint32_t kAnswerVersion = 1;
-
-// Note [Planning at a lower priority]
-// A plan takes up to seconds of CPU; an answer from the store takes about a millisecond. On a
-// machine with fewer cores than plans and calls in flight, both compete for the same cores, and
-// answers from the store queued behind plans made their latency grow with every plan in flight.
-// So every thread that plans (a call's plan, WhatIf points, Neighbours' background plans) lowers
-// its own CPU priority (nice +10; Linux gives each thread its own nice value) before planning:
-// calls answered from the store, and the gRPC threads serving them, run first, and plans use the
-// rest. A plan thread is never reused at normal priority (each plan has its own thread). Where
-// the priority cannot be changed, planning runs as before.
-void planAtLowerPriority() {
-  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
-}
 }  // namespace
 
 // A call's files, decoded only when a plan is made (Note [Planning service]: an answer from the
@@ -324,7 +307,6 @@ std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r
   const uint64_t id = nextPlanThread_++;
   planThreads_.emplace(
       id, std::thread([this, state, id, counted, batchSize, r = std::move(r)]() mutable {
-        planAtLowerPriority();
         makePlan(state, r, batchSize, counted);
         std::lock_guard<std::mutex> lock(mutex_);
         finishedPlanThreads_.push_back(id);
@@ -428,7 +410,6 @@ proto::WhatIfAnswer PlanningCore::whatIf(const proto::WhatIfCall& call, const Ca
   std::condition_variable done;
   int working = threads;
   auto work = [&] {
-    planAtLowerPriority();
     for (int i = take(); i < answer.points_size(); i = take()) {
       planPoint(base, answer.mutable_points(i));
       ++planned;
@@ -517,7 +498,6 @@ proto::NeighboursAnswer PlanningCore::neighbours(const proto::NeighboursCall& ca
 }
 
 void PlanningCore::backgroundLoop() {
-  planAtLowerPriority();
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     backgroundWake_.wait(lock, [&] { return stopping_ || !backgroundQueue_.empty(); });

@@ -1,15 +1,12 @@
 // The planning service (Note [Planning service], Note [Planner store]): a server on a Unix socket
 // in a scratch directory, asked through the client, compared with planning in the process.
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
-#include <cerrno>
 #include <climits>
 #include <condition_variable>
 #include <cstdio>
@@ -647,36 +644,6 @@ TEST_CASE("a profile or graph evicted from the store is asked for again, not dan
   byHash.set_graph_hash(sent.graph_hash());
   byHash.set_profile_hash(sent.profile_hash());
   CHECK(client.plan(byHash, 60).from_store());
-}
-
-// Note [Planning at a lower priority]: plan threads (a call's, WhatIf's, Neighbours') run at nice
-// +10 relative to the threads serving calls.
-TEST_CASE("plans are made at a lower CPU priority than the calls answered from the store",
-          "[service]") {
-  auto niceOfThisThread = [] {
-    errno = 0;
-    return ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
-  };
-  const int callerNice = niceOfThisThread();
-  Model m = syntheticModel();
-  PlanningCore core("");
-  std::mutex mutex;
-  std::vector<int> planNice;
-  core.setPlanHookForTesting([&] {
-    std::lock_guard<std::mutex> lock(mutex);
-    planNice.push_back(niceOfThisThread());
-  });
-  proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
-  core.plan(call);
-  proto::WhatIfCall sweep;
-  *sweep.mutable_base() = call;
-  sweep.add_batch_sizes(64);
-  sweep.add_batch_sizes(128);
-  core.whatIf(sweep);
-  CHECK(niceOfThisThread() == callerNice);  // the calling thread is not lowered
-  std::lock_guard<std::mutex> lock(mutex);
-  REQUIRE(planNice.size() == 3);  // the plan and two WhatIf points
-  for (int nice : planNice) CHECK(nice == std::min(19, callerNice + 10));
 }
 
 }  // namespace
