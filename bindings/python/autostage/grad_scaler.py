@@ -25,6 +25,7 @@ import math
 import torch
 
 from . import _autostage
+from .module import Module
 
 
 class GradScaler:
@@ -33,7 +34,6 @@ class GradScaler:
 
     def __init__(self, module, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True):
-        from .module import Module  # the module imports this one's users, not the reverse
         if not isinstance(module, Module):
             raise TypeError("autostage.GradScaler(module, ...) takes the autostage.Module whose "
                             f"gradients it scales, not a {type(module).__name__}")
