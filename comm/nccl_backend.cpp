@@ -223,19 +223,19 @@ std::unique_ptr<Work> NcclBackend::pointToPoint(const at::Tensor& tensor, int pe
   checkCommTensor(tensor, c10::DeviceType::CUDA, operation);
   checkPeer(peer, tag, operation);
   ncclComm_t comm = impl_->communicator(world());
-  // Queued, launched with the rest of its batch (Note [Grouped point-to-point]).
-  void* data = tensor.data_ptr();
+  // Queued, launched with the rest of its batch (Note [Grouped point-to-point]). The queued
+  // operation holds the tensor: its batch keeps it alive until the batch's works are gone.
   const size_t count = static_cast<size_t>(tensor.numel());
   const ncclDataType_t type = ncclTypeOf(tensor);
   const int me = rank();
   cudaStream_t stream = impl_->stream;
-  auto batch = impl_->p2p.post([=] {
+  auto batch = impl_->p2p.post([tensor, count, type, peer, comm, stream, me, isRecv] {
     if (isRecv)
-      AUTOSTAGE_NCCL_CHECK(ncclRecv(data, count, type, peer, comm, stream), "rank ", me,
-                           " receiving from rank ", peer);
+      AUTOSTAGE_NCCL_CHECK(ncclRecv(tensor.data_ptr(), count, type, peer, comm, stream), "rank ",
+                           me, " receiving from rank ", peer);
     else
-      AUTOSTAGE_NCCL_CHECK(ncclSend(data, count, type, peer, comm, stream), "rank ", me,
-                           " sending to rank ", peer);
+      AUTOSTAGE_NCCL_CHECK(ncclSend(tensor.data_ptr(), count, type, peer, comm, stream), "rank ",
+                           me, " sending to rank ", peer);
   });
   std::string detail =
       " (tag " + std::to_string(tag) + ", " + operation + " of " + describeTensor(tensor) + ")";

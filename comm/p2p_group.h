@@ -50,8 +50,9 @@ class P2pGrouper {
 
   // Launches the open batch, when there is one: start() (ncclGroupStart), every queued operation
   // in posting order, then end() (ncclGroupEnd), whose result is the batch's completion. A new
-  // batch opens with the next post. An exception leaves the batch unlaunched and closed (its
-  // works report the error when they wait: they find it not launched).
+  // batch opens with the next post. The operations (and what they hold, e.g. their tensors) stay
+  // with the batch until its last work lets it go. An exception leaves the batch unlaunched and
+  // closed (its works report the error when they wait: they find it not launched).
   void launch(const std::function<void()>& start, const std::function<Done()>& end) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!open_) return;
@@ -60,7 +61,6 @@ class P2pGrouper {
     start();
     for (const auto& operation : batch->operations_) operation();
     batch->done_ = end();
-    batch->operations_.clear();
   }
 
   // Operations queued and not launched yet.
