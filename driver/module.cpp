@@ -1,7 +1,6 @@
 #include "driver/module.h"
 
 #include <algorithm>
-#include <cmath>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -19,6 +18,7 @@
 #include "driver/plan_sources.h"
 #include "staging/call_inputs.h"
 #include "staging/checkpoint.h"
+#include "staging/loss_scaler.h"
 #include "staging/sample_range.h"
 #include "staging/state_dict_load.h"
 
@@ -226,8 +226,7 @@ std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs
 }
 
 void Module::setLossScale(double scale) {
-  AUTOSTAGE_CHECK_AS(ConfigError, std::isfinite(scale) && scale > 0,
-                     "the loss scale must be a positive finite number, got ", scale);
+  staging::checkLossScale(scale, "setLossScale");
   lossScale_ = scale;
 }
 

@@ -3,7 +3,6 @@
 #include <atomic>
 
 #include <algorithm>
-#include <cmath>
 #include <set>
 #include <sstream>
 
@@ -15,6 +14,7 @@
 #include "core/pipeline_schedule.h"
 #include "core/plan_usage.h"
 #include "core/torchscript/type_convert.h"
+#include "staging/loss_scaler.h"
 
 namespace autostage::staging {
 
@@ -196,9 +196,7 @@ void Executor::backward(const std::vector<at::Tensor>& outputGrads) {
 
 std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& inputs,
                                             double lossScale) {
-  AUTOSTAGE_CHECK_AS(ConfigError, std::isfinite(lossScale) && lossScale > 0,
-                     "trainStep: the loss scale must be a positive finite number, got ",
-                     lossScale);
+  checkLossScale(lossScale, "trainStep");
   for (size_t i = 0; i < outputRoutes_.size(); ++i) {
     AUTOSTAGE_CHECK_AS(UnsupportedError, routeKinds_[outputRoutes_[i]] == RouteKind::Loss,
                        "trainStep needs a model whose forward returns its loss(es), but output ",
@@ -275,9 +273,7 @@ double Executor::clipGradNorm(double maxNorm) {
 }
 
 double Executor::unscaleGradients(double scale) {
-  AUTOSTAGE_CHECK_AS(ConfigError, std::isfinite(scale) && scale > 0,
-                     "unscaling gradients: the loss scale must be a positive finite number, got ",
-                     scale);
+  checkLossScale(scale, "unscaling gradients");
   {
     at::NoGradGuard noGrad;
     for (const at::Tensor& p : params_.parameters())

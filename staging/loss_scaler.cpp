@@ -18,6 +18,11 @@ void LossScalerOptions::validate() const {
                      "loss scaling: growth_interval must be >= 1, got ", growthInterval);
 }
 
+void checkLossScale(double scale, const std::string& what) {
+  AUTOSTAGE_CHECK_AS(ConfigError, std::isfinite(scale) && scale > 0, what,
+                     ": the loss scale must be a positive finite number, got ", scale);
+}
+
 LossScaler::LossScaler(LossScalerOptions options)
     : options_(options), scale_(options.initScale) {
   options_.validate();
@@ -39,8 +44,7 @@ double LossScaler::update(bool finite) {
 void LossScaler::setScale(double scale) { load(scale, 0); }
 
 void LossScaler::load(double scale, int64_t tracker) {
-  AUTOSTAGE_CHECK_AS(ConfigError, std::isfinite(scale) && scale > 0,
-                     "loss scaling: the scale must be a positive finite number, got ", scale);
+  checkLossScale(scale, "loss scaling");
   AUTOSTAGE_CHECK_AS(ConfigError, tracker >= 0 && tracker < options_.growthInterval,
                      "loss scaling: the growth tracker must be in [0, growth_interval=",
                      options_.growthInterval, "), got ", tracker);

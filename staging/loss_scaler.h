@@ -28,6 +28,10 @@ struct LossScalerOptions {
   void validate() const;
 };
 
+// Throws ConfigError "<what>: the loss scale must be a positive finite number, got <scale>"
+// unless it is one.
+void checkLossScale(double scale, const std::string& what);
+
 class LossScaler {
  public:
   explicit LossScaler(LossScalerOptions options = {});
