@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
   const double rssAfter = residentMib();
 
   std::printf(
-      "model %s (%d nodes, call %.2f MiB), %d devices x 40 GiB at 312 TFLOP/s, batch %lld, "
+      "model %s (%zu nodes, call %.2f MiB), %d devices x 40 GiB at 312 TFLOP/s, batch %lld, "
       "%d stages\n",
       spec.c_str(), model.graph.nodeCount(), call.ByteSizeLong() / 1048576.0, devices,
       static_cast<long long>(batch), first.stages());

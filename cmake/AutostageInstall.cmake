@@ -62,4 +62,5 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/autostageConfigVersion.cm
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/autostageConfig.cmake
               ${PROJECT_BINARY_DIR}/autostageConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/AutostageTorch.cmake  # used by the runtime component
         DESTINATION ${AUTOSTAGE_CMAKE_DIR})

@@ -35,7 +35,7 @@ std::vector<std::string> valueNames(const core::Graph& g, const std::vector<core
 std::shared_ptr<ImportedModel> importModule(const py::object& module, const py::sequence& inputs) {
   auto scripted = torch::jit::as_module(module);
   AUTOSTAGE_CHECK(scripted.has_value(), "expected a torch.jit.ScriptModule, got ",
-                  std::string(py::str(module.get_type())));
+                  std::string(py::str(py::type::handle_of(module))));
   std::vector<c10::IValue> values;
   for (const py::handle& obj : inputs) values.push_back(toIValue(obj));
   return std::make_shared<ImportedModel>(torchscript::importModule(*scripted, values));
