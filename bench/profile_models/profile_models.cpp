@@ -2,7 +2,8 @@
 // prints, per model, the node count, the profiling time and the calibration error.
 //
 // usage: profile_models [--json] [--threads N] [model...]   (models: bert24 resnet50)
-// Models are traced by tests/profiler/make_models.py (run once with /usr/bin/python3).
+// Models are traced by tests/profiler/make_models.py (run once with the build's Python, into the build's test_models/ folder, shared with
+// the profiler tests).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -28,10 +29,10 @@ struct Loaded {
 };
 
 Loaded load(const std::string& name) {
-  std::string dir = (std::filesystem::temp_directory_path() / "autostage_profiler_models").string();
+  std::string dir = AUTOSTAGE_TEST_MODEL_DIR;
   std::string model = dir + "/" + name + ".pt", input = dir + "/" + name + ".input.pt";
   if (!std::filesystem::exists(model) || !std::filesystem::exists(input)) {
-    std::string command = "/usr/bin/python3 " + std::string(AUTOSTAGE_SOURCE_DIR) +
+    std::string command = std::string(AUTOSTAGE_PYTHON_EXECUTABLE) + " " + AUTOSTAGE_SOURCE_DIR +
                           "/tests/profiler/make_models.py " + dir + " " + name;
     if (std::system(command.c_str()) != 0) throw std::runtime_error("failed: " + command);
   }

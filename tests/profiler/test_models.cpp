@@ -61,14 +61,14 @@ def forward(self, x):
 }
 
 std::string tracedModelDir() {
-  return (std::filesystem::temp_directory_path() / "autostage_profiler_models").string();
+  return AUTOSTAGE_TEST_MODEL_DIR;
 }
 
 TestModel loadTracedModel(const std::string& name) {
   std::string dir = tracedModelDir();
   std::string model = dir + "/" + name + ".pt", input = dir + "/" + name + ".input.pt";
   if (!std::filesystem::exists(model) || !std::filesystem::exists(input)) {
-    std::string command = "/usr/bin/python3 " + std::string(AUTOSTAGE_SOURCE_DIR) +
+    std::string command = std::string(AUTOSTAGE_PYTHON_EXECUTABLE) + " " + AUTOSTAGE_SOURCE_DIR +
                           "/tests/profiler/make_models.py " + dir + " " + name;
     if (std::system(command.c_str()) != 0)
       throw std::runtime_error("could not create test model: " + command);

@@ -22,7 +22,8 @@ TestModel makeBatchEightOnlyModel();
 // gets no input where the reshape fails (batch sizes other than 8).
 TestModel makeFailureBeforeIdenticalModel();
 // A traced model from make_models.py: "transformer", "resnet18", "bert24", "resnet50".
-// Runs /usr/bin/python3 once to create the files (in $TMPDIR/autostage_profiler_models).
+// Runs the build's Python (the one with its torch) once to create the files, in the build's own
+// test_models/ folder.
 TestModel loadTracedModel(const std::string& name);
 // Directory loadTracedModel uses.
 std::string tracedModelDir();

@@ -5,6 +5,7 @@ model is then refused on every rank and changes nothing. Each phase does this tw
 a BatchNorm model (one stage per rank), saving and loading through autostage.save_checkpoint /
 load_checkpoint, and with Adam on an MLP with 2 stages (replicated on 4 ranks), saving the
 optimizer's global state (state_dict(from_global=True))."""
+import copy
 import sys
 
 import torch
@@ -204,7 +205,9 @@ def check_adam(phase, path, rank, world, failures):
         fresh = Mlp()
         fresh.load_state_dict(state)
         fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=ADAM_LR)
-        fresh_optimizer.load_state_dict(optim_state)
+        # PyTorch 2.x's load_state_dict keeps the dict's tensors (1.13 copied them): stepping
+        # fresh_optimizer would advance optim_state's own `step` before it is saved.
+        fresh_optimizer.load_state_dict(copy.deepcopy(optim_state))
         compare_optimizer(fresh_optimizer.state_dict(), ref_optimizer.state_dict(),
                           "Adam: a plain optimizer loaded with the gathered state", failures)
         for model_, optimizer_ in ((fresh, fresh_optimizer), (reference, ref_optimizer)):
@@ -235,14 +238,14 @@ def check_adam(phase, path, rank, world, failures):
             if message not in str(e):
                 failures.append(f"Adam: unexpected message for a bad state dict: {e}")
     wrapped.load_state_dict(saved_model)  # before deployment
-    optimizer.load_state_dict(saved_optim, from_global=True)
+    optimizer.load_state_dict(copy.deepcopy(saved_optim), from_global=True)  # 2.x keeps tensors
     train(wrapped, optimizer, STEPS, STEPS, rank, world)
     reference, ref_optimizer = plain_adam(2 * STEPS)
     compare(wrapped.state_dict(), reference, "Adam: resumed for 3 more steps", failures)
     compare_optimizer(optimizer.state_dict(from_global=True), ref_optimizer.state_dict(),
                       "Adam: optimizer state after resuming for 3 more steps", failures)
     # Loading after deployment scatters the entries to their owners: back to the saved state.
-    optimizer.load_state_dict(saved_optim, from_global=True)
+    optimizer.load_state_dict(copy.deepcopy(saved_optim), from_global=True)
     compare_optimizer(optimizer.state_dict(from_global=True), saved_optim,
                       "Adam: optimizer state loaded after deployment", failures)
 

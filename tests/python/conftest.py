@@ -1,10 +1,12 @@
-"""Run with: PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/python"""
+"""Run with: /usr/bin/python3 -m pytest tests/python (build/), or BUILD_UNDER_TEST=build-torch2
+.venv-torch2/bin/python -m pytest tests/python (scripts/test's PyTorch 2.x leg)."""
 import os
 import sys
 
-_build = os.path.join(os.path.dirname(__file__), "..", "..", "build", "python")
-if os.path.isdir(_build) and _build not in sys.path:
-    sys.path.insert(0, os.path.abspath(_build))
+from mpi_launch import BUILD_PYTHON
+
+if os.path.isdir(BUILD_PYTHON) and BUILD_PYTHON not in sys.path:
+    sys.path.insert(0, BUILD_PYTHON)
 
 # These tests check results, not timings: no minimum span for the profiler's timing passes
 # (Note [Measurement passes] in profiler/node_runner.h), as mpi_launch.mpi_env sets for ranks.

@@ -5,7 +5,19 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BUILD_PYTHON = os.path.abspath(os.path.join(HERE, "..", "..", "build", "python"))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+# The build under test: build/ (the LibTorch 1.13 leg) unless BUILD_UNDER_TEST names another, as
+# scripts/test does for the PyTorch 2.x leg (build-torch2/, run with that leg's interpreter).
+BUILD = os.path.abspath(os.environ.get("BUILD_UNDER_TEST") or os.path.join(ROOT, "build"))
+BUILD_PYTHON = os.path.join(BUILD, "python")
+CLI = os.environ.get("AUTOSTAGE_CLI", os.path.join(BUILD, "bindings", "cli", "autostage"))
+
+
+def build_has_cuda():
+    """Whether the build under test was configured with -DAUTOSTAGE_WITH_CUDA=ON (read from its
+    generated autostage/build_config.h)."""
+    with open(os.path.join(BUILD, "include", "autostage", "build_config.h")) as f:
+        return "#define AUTOSTAGE_WITH_NCCL 1" in f.read()
 
 
 def mpi_env(**extra):

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mpi_launch import HERE, mpi_env, mpirun
+from mpi_launch import HERE, build_has_cuda, mpi_env, mpirun
 
 COMM_TIMEOUT_S = 10
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
@@ -88,9 +88,14 @@ EXPECTED = {
     "complex_dtype": ("UnsupportedError", ["tracing and importing the model failed on ranks"]),
     "no_feasible_plan": ("PlanError", ["planning failed on rank 0:"]),
     "allow_replan_shape_changed": ("OK", []),
+    # A CPU build (the 1.13 leg) and a CUDA build on this GPU-less machine (the 2.x leg) refuse
+    # device=cuda for different reasons, each named.
     "device_cuda_without_cuda": ("ConfigError", [
-        "choosing the device failed on ranks 0,1,2,3: device=cuda, but this build of autostage "
-        "has no CUDA (it was configured without -DAUTOSTAGE_WITH_CUDA=ON)"]),
+        "choosing the device failed on ranks 0,1,2,3: device=cuda, but " + (
+            "torch sees no GPU in this process (check CUDA_VISIBLE_DEVICES and the driver with "
+            "nvidia-smi), or use device=cpu" if build_has_cuda() else
+            "this build of autostage has no CUDA (it was configured without "
+            "-DAUTOSTAGE_WITH_CUDA=ON)")]),
     "model_on_meta_rank1": ("ConfigError", [
         "placing the model on cpu failed on rank 1: the model's tensor 'stray' is on meta, but "
         "this rank's stages run on cpu: materialize it on the CPU first"]),

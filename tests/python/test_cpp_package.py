@@ -10,10 +10,8 @@ import sys
 
 import pytest
 
-from mpi_launch import HERE, mpi_env, mpirun
+from mpi_launch import BUILD, ROOT, mpi_env, mpirun
 
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-BUILD = os.path.join(ROOT, "build")
 STEPS = 4
 
 

@@ -14,10 +14,10 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER_DIR = os.path.join(HERE, "equivalence")
-BUILD_PYTHON = os.path.abspath(os.path.join(HERE, "..", "..", "build", "python"))
 sys.path.insert(0, DRIVER_DIR)
 
 from driver import CONFIGS, INTERLEAVED  # noqa: E402
+from mpi_launch import BUILD_PYTHON  # noqa: E402
 
 OPTIONS = {  # column of CONFIGS -> the values every model must hit
     "partition": (2, (1, 2, 4)),

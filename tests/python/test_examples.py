@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
+from mpi_launch import BUILD_PYTHON
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-BUILD_PYTHON = os.path.join(ROOT, "build", "python")
 EXAMPLES = os.path.join(ROOT, "examples")
 ENV_KEYS = ("OMP_NUM_THREADS", "PYTHONPATH", "AUTOSTAGE_PROFILE_REPEATS",
             "AUTOSTAGE_PROFILE_PASS_SECONDS",

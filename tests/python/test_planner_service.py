@@ -13,10 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from mpi_launch import HERE, mpi_env, mpirun_command, run_driver
-
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-CLI = os.environ.get("AUTOSTAGE_CLI", os.path.join(ROOT, "build", "bindings", "cli", "autostage"))
+from mpi_launch import CLI, HERE, mpi_env, mpirun_command, run_driver
 
 
 def launch(address, ranks=2):

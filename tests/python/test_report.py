@@ -12,8 +12,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-CLI = os.environ.get("AUTOSTAGE_CLI", os.path.join(ROOT, "build", "bindings", "cli", "autostage"))
+from mpi_launch import CLI
 CHROMIUM = shutil.which("chromium")
 WIDTH, HEIGHT = 1200, 1700
 STAGE0_LIGHT = (0x7F, 0xB3, 0xE0)  # stageColor(0) in bindings/cli/svg.cpp

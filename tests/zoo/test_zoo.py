@@ -15,12 +15,12 @@ import pytest
 from catalog import RANK_COUNTS, ZOO
 from doc_table import replace_table, table
 from driver import RTOL
-from mpi_launch import mpi_env, mpirun
+from mpi_launch import BUILD, mpi_env, mpirun
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 DOCS = os.path.join(ROOT, "docs", "models.md")
-RESULTS = os.environ.get("ZOO_RESULTS_DIR", os.path.join(ROOT, "build", "zoo"))
+RESULTS = os.environ.get("ZOO_RESULTS_DIR", os.path.join(BUILD, "zoo"))
 _results = {}  # rank count -> that run's result rows (every rank's)
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
