@@ -197,12 +197,14 @@ def local_state_dict(state_dict, current_groups, all_groups, shards=None):
             if id(p) in shards:
                 _, param, offset, length = shards[id(p)]
                 saved = saved_index[id(param)]
-                if saved in state_dict["state"]:
+                if state_dict["state"].get(saved):
                     state[local_index[id(p)]] = _cut(state_dict["state"][saved], param, offset,
                                                      length)
                 continue
             saved = saved_index[id(p)]
-            if saved in state_dict["state"]:
+            # An empty entry is no state (reading optimizer.state[p] of a parameter that has
+            # none adds one; LibTorch 1.13's Adam.__setstate__ fails on it): left out.
+            if state_dict["state"].get(saved):
                 state[local_index[id(p)]] = state_dict["state"][saved]
     groups = [dict(saved, params=indices) for saved, indices in zip(saved_groups, local_packed)]
     return {"state": state, "param_groups": groups}

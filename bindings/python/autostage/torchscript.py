@@ -1,6 +1,7 @@
 """Model -> IR: trace (or take a ScriptModule) and import its forward into the autostage IR."""
 
 import inspect
+import warnings
 
 import torch
 
@@ -90,7 +91,14 @@ def _trace(model, inputs, model_name=None):
     model_name = model_name or type(model).__name__
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
-        traced = torch.jit.trace(model, inputs, strict=False, check_trace=False)
+        with warnings.catch_warnings():
+            # Note [TorchScript deprecation on 2.x]: PyTorch 2.11 warns that torch.jit.trace is
+            # deprecated. The warning is meant for a user's own call; this one is autostage's
+            # capture, which the torch.export front end replaces (issue 26). Only that warning
+            # is silenced, only around this call.
+            warnings.filterwarnings("ignore", category=DeprecationWarning,
+                                    message=r".*torch\.jit\.\w+` is deprecated")
+            traced = torch.jit.trace(model, inputs, strict=False, check_trace=False)
         _check_no_python_ops(traced, model_name)
         return traced
     except _autostage.Error:
