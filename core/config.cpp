@@ -17,34 +17,35 @@ namespace autostage::core {
 
 const std::vector<OptionSpec>& optionTable() {
   using T = OptionType;
+  constexpr bool kPlanInput = true;  // Note [Plan inputs] in config.h
   static const std::vector<OptionSpec> table = {
       // Logging
       {"log_level", T::String, "info", "level of every logger: trace, debug, info, warn, error, off"},
       {"log_levels", T::String, "", "per-logger levels overriding log_level, e.g. `Profiler=debug,Comm=warn`"},
       {"log_all_ranks", T::Bool, "false", "print info lines on every rank, not only rank 0"},
       // Planning (decomposer)
-      {"decomposer", T::String, "dp", "planner: dp, data_parallel, uniform or param_balanced"},
-      {"max_blocks", T::Int, "256", "coarsen the graph to at most this many blocks before the stage search"},
-      {"partition_num", T::Int, "0", "force this many pipeline stages (0: let the planner choose)"},
-      {"pipeline_num", T::Int, "0", "force this many micro-batches (0: let the planner choose)"},
-      {"min_pipeline", T::Int, "1", "smallest micro-batch count the planner tries"},
-      {"max_pipeline", T::Int, "32", "largest micro-batch count the planner tries (powers of two)"},
-      {"schedule", T::String, "auto", "pipeline schedule: gpipe, 1f1b or auto (planner chooses)"},
+      {"decomposer", T::String, "dp", "planner: dp, data_parallel, uniform or param_balanced", kPlanInput},
+      {"max_blocks", T::Int, "256", "coarsen the graph to at most this many blocks before the stage search", kPlanInput},
+      {"partition_num", T::Int, "0", "force this many pipeline stages (0: let the planner choose)", kPlanInput},
+      {"pipeline_num", T::Int, "0", "force this many micro-batches (0: let the planner choose)", kPlanInput},
+      {"min_pipeline", T::Int, "1", "smallest micro-batch count the planner tries", kPlanInput},
+      {"max_pipeline", T::Int, "32", "largest micro-batch count the planner tries (powers of two)", kPlanInput},
+      {"schedule", T::String, "auto", "pipeline schedule: gpipe, 1f1b or auto (planner chooses)", kPlanInput},
       {"recompute", T::String, "auto",
-       "activation recomputation per stage: auto (planner chooses), always or never"},
+       "activation recomputation per stage: auto (planner chooses), always or never", kPlanInput},
       {"zero", T::String, "auto",
        "ZeRO-1 in replicated stages (optimizer state split over a stage's replicas): auto "
        "(planner chooses per stage, when it makes the plan fit or costs nothing), 1 (every "
-       "replicated stage) or 0 (never)"},
+       "replicated stage) or 0 (never)", kPlanInput},
       {"virtual_stages", T::String, "auto",
        "stages per rank for the interleaved 1f1b schedule: auto (planner chooses 1, 2 or 4), 1 "
-       "(no interleaving), 2 or 4"},
-      {"mem_limit_gb", T::Float, "0", "device memory to plan for in GiB (0: the device's own memory)"},
-      {"mem_margin", T::Float, "0.1", "fraction of device memory kept free as a safety margin"},
-      {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)"},
+       "(no interleaving), 2 or 4", kPlanInput},
+      {"mem_limit_gb", T::Float, "0", "device memory to plan for in GiB (0: the device's own memory)", kPlanInput},
+      {"mem_margin", T::Float, "0.1", "fraction of device memory kept free as a safety margin", kPlanInput},
+      {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)", kPlanInput},
       {"gradient_bucket_bytes", T::Int, "26214400",
        "bytes of gradients summed over a stage's replicas in one allreduce; the planner counts one "
-       "such bucket (at most the stage's parameter bytes) in a replicated stage's memory"},
+       "such bucket (at most the stage's parameter bytes) in a replicated stage's memory", kPlanInput},
       // Profiling
       {"plan_cache_dir", T::String, "",
        "directory of cached deployments keyed by graph, world size, batch and planner options; a "
@@ -56,25 +57,25 @@ const std::vector<OptionSpec>& optionTable() {
       {"planner_timeout_s", T::Float, "30",
        "how long rank 0 waits for the planning service before planning locally"},
       {"profile_cache_dir", T::String, "", "directory of cached profiles keyed by graph hash, device and dtype (empty: no cache)"},
-      {"profile_batch_sizes", T::String, "", "comma-separated micro-batch sizes to profile at (empty: a quarter and a half of the example batch)"},
-      {"profile_repeats", T::Int, "3", "timed runs per node, batch size and pass; each pass keeps their median (warm-up excluded)"},
-      {"profile_passes", T::Int, "3", "passes through the model, each timing every node; a figure is the smallest pass median, so a moment of contention on a shared machine does not skew it"},
-      {"profile_pass_seconds", T::Float, "1.5", "least time the timing passes at one batch size span: more passes (at most 16) are added until they do"},
-      {"profile_calibration_blocks", T::Int, "4", "real multi-node blocks measured to calibrate the composed cost model"},
+      {"profile_batch_sizes", T::String, "", "comma-separated micro-batch sizes to profile at (empty: a quarter and a half of the example batch)", kPlanInput},
+      {"profile_repeats", T::Int, "3", "timed runs per node, batch size and pass; each pass keeps their median (warm-up excluded)", kPlanInput},
+      {"profile_passes", T::Int, "3", "passes through the model, each timing every node; a figure is the smallest pass median, so a moment of contention on a shared machine does not skew it", kPlanInput},
+      {"profile_pass_seconds", T::Float, "1.5", "least time the timing passes at one batch size span: more passes (at most 16) are added until they do", kPlanInput},
+      {"profile_calibration_blocks", T::Int, "4", "real multi-node blocks measured to calibrate the composed cost model", kPlanInput},
       // Communication fallbacks used when only one rank exists to measure with
-      {"comm_bandwidth", T::Float, "10e9", "point-to-point bandwidth in bytes/s when it cannot be measured"},
-      {"allreduce_bandwidth", T::Float, "10e9", "allreduce bus bandwidth in bytes/s when it cannot be measured"},
-      {"comm_latency", T::Float, "20e-6", "per-message latency in seconds when it cannot be measured"},
+      {"comm_bandwidth", T::Float, "10e9", "point-to-point bandwidth in bytes/s when it cannot be measured", kPlanInput},
+      {"allreduce_bandwidth", T::Float, "10e9", "allreduce bus bandwidth in bytes/s when it cannot be measured", kPlanInput},
+      {"comm_latency", T::Float, "20e-6", "per-message latency in seconds when it cannot be measured", kPlanInput},
       {"measure_comm", T::Bool, "true",
        "measure point-to-point and allreduce costs between the ranks before planning (false: "
-       "plan with comm_bandwidth, allreduce_bandwidth and comm_latency)"},
+       "plan with comm_bandwidth, allreduce_bandwidth and comm_latency)", kPlanInput},
       {"comm_timeout_s", T::Float, "60", "seconds a blocking receive or collective waits before failing with the peer named"},
       {"device", T::String, "auto",
        "where the stages run: auto (CUDA when autostage was built with it and a GPU is visible), "
        "cpu or cuda; rank r uses cuda:(local rank mod GPU count)"},
       {"comm_backend", T::String, "auto",
        "how tensors travel between ranks: auto (nccl for a CUDA job with a GPU per rank, else "
-       "mpi), nccl or mpi; MPI is always the control plane"},
+       "mpi), nccl or mpi; MPI is always the control plane", kPlanInput},
       // Plan reuse
       {"save_deployment", T::Bool, "false",
        "rank 0 writes the deployment it planned to deployment_file"},
@@ -88,7 +89,7 @@ const std::vector<OptionSpec>& optionTable() {
       // Runtime
       {"precision", T::String, "fp32",
        "fp32, or mixed precision with fp32 master weights: bf16 (CPU and CUDA autocast) or fp16 "
-       "(CUDA only; CPU autocast in LibTorch 1.13 supports only bf16)"},
+       "(CUDA only; CPU autocast in LibTorch 1.13 supports only bf16)", kPlanInput},
       {"allow_replan", T::Bool, "false", "when a later batch changes the traced shape (dims other than 0) or dtype: retrace and replan (true) or raise an error (false)"},
       {"measure_memory", T::Bool, "true",
        "measure every rank's peak memory each step and log it beside the plan's prediction (debug "
@@ -98,6 +99,13 @@ const std::vector<OptionSpec>& optionTable() {
       {"trace_events_steps", T::Int, "10", "steps kept in each trace_events file (the latest ones)"},
   };
   return table;
+}
+
+std::vector<std::string> planInputOptions() {
+  std::vector<std::string> keys;
+  for (const auto& o : optionTable())
+    if (o.planInput) keys.push_back(o.key);
+  return keys;
 }
 
 std::string optionTypeName(OptionType type) {

@@ -23,7 +23,18 @@ struct OptionSpec {
   OptionType type;
   std::string defaultValue;  // in the text form accepted by Config::set
   std::string doc;           // one line, shown by show_config and in the README table
+  bool planInput = false;    // Note [Plan inputs]
 };
+
+// Note [Plan inputs]
+// An option is a plan input when a plan made under one value may be wrong under another: the
+// planner's own options, the profiler's (they change the measured figures the planner reads),
+// the communication costs and how they are measured, the precision. A kept plan is reused only
+// for the same values of all of them (driver/plan_cache.cpp derives its key from this list, so
+// an option added to the table with planInput set is in the key without another edit).
+// Options resolved into the job instead (device, memory: Note [Resolving the job] in
+// driver/job.h) enter the key as the resolved values.
+std::vector<std::string> planInputOptions();
 
 // Every option autostage knows, in display order.
 const std::vector<OptionSpec>& optionTable();

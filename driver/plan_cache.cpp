@@ -11,21 +11,15 @@
 #include "core/proto/deployment_file.h"
 
 namespace autostage::driver {
-namespace {
 
 // Note [Plan cache]
 // With plan_cache_dir set, rank 0 keeps every deployment it plans in that directory under a key
 // of what the plan depends on: the graph hash (model and traced shapes), the job (world size,
 // ranks per node, device kind and memory: Note [Resolving the job] in job.h), global batch, the
-// plan's usage (Note [Plan usage]) and every planner, profiler and comm option. A later launch with the same key loads the file instead of profiling and planning. A
-// cache file that cannot be read (damaged, older format) is reported and replaced by a fresh plan.
-const char* const kPlanKeyOptions[] = {
-    "decomposer", "max_blocks", "partition_num", "pipeline_num", "min_pipeline", "max_pipeline",
-    "schedule", "recompute", "zero", "virtual_stages", "mem_limit_gb", "mem_margin", "opt_param_factor",
-    "gradient_bucket_bytes", "comm_bandwidth", "allreduce_bandwidth", "comm_latency",
-    "profile_batch_sizes", "precision"};
-
-}  // namespace
+// plan's usage (Note [Plan usage]) and the value of every plan input of the option table (Note
+// [Plan inputs] in core/config.h). A later launch with the same key loads the file instead of
+// profiling and planning. A cache file that cannot be read (damaged, older format) is reported
+// and replaced by a fresh plan.
 
 std::string planCachePath(const std::string& graphHash, const JobSpec& job, int64_t globalBatch,
                           core::PlanUsage usage) {
@@ -36,7 +30,8 @@ std::string planCachePath(const std::string& graphHash, const JobSpec& job, int6
   const int worldSize = job.worldSize;
   key << graphHash << '\n' << worldSize << '\n' << job.ranksPerNode << '\n' << globalBatch
       << '\n' << core::usageName(usage) << '\n' << job.deviceKind << '\n' << job.deviceMemory();
-  for (const char* option : kPlanKeyOptions) key << '\n' << option << '=' << config.text(option);
+  for (const std::string& option : core::planInputOptions())
+    key << '\n' << option << '=' << config.text(option);
   return dir + "/plan-" + graphHash + "-np" + std::to_string(worldSize) + "-b" +
          std::to_string(globalBatch) + "-" + core::usageName(usage) + "-" +
          core::fnv1aHex(key.str()).substr(0, 8) + ".deployment";

@@ -1,6 +1,10 @@
 // Note [Resolving the job], the plan cache key built from it, and Note [One agreement per call].
 #include "driver/job.h"
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
@@ -182,6 +186,40 @@ TEST_CASE("the plan cache key names the job's layout and memory", "[driver]") {
   CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep) != path);
   core::globalConfig().set("plan_cache_dir", "", "test");
   CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep).empty());
+}
+
+TEST_CASE("every plan input of the option table is in the plan cache key, nothing else",
+          "[driver]") {
+  core::Config& config = core::globalConfig();
+  config.set("plan_cache_dir", "/tmp/autostage-cache-key-test", "test");
+  JobSpec job;
+  job.worldSize = 2;
+  job.ranksPerNode = 2;
+  job.nodeMemory = int64_t{8} << 30;
+  const std::string path = planCachePath("abc", job, 32, core::PlanUsage::TrainStep);
+  const std::vector<std::string> inputs = core::planInputOptions();
+  // Issue 28: the hand-kept list of the key lacked these although plans depend on them.
+  for (const char* key : {"measure_comm", "profile_passes", "profile_repeats", "comm_backend"})
+    CHECK(std::find(inputs.begin(), inputs.end(), key) != inputs.end());
+  for (const core::OptionSpec& option : core::optionTable()) {
+    const std::string before = config.text(option.key);
+    // Another valid value of the option's type.
+    std::string other;
+    switch (option.type) {
+      case core::OptionType::Bool: other = before == "true" ? "false" : "true"; break;
+      case core::OptionType::Int: other = std::to_string(std::stoll(before) + 1); break;
+      case core::OptionType::Float: other = std::to_string(std::stod(before) * 2 + 1); break;
+      case core::OptionType::String: other = before + "x"; break;
+    }
+    if (option.key == "plan_cache_dir") continue;  // where the key is used, not part of it
+    config.set(option.key, other, "test");
+    INFO(option.key << ": " << before << " -> " << other);
+    CHECK((planCachePath("abc", job, 32, core::PlanUsage::TrainStep) != path) ==
+          option.planInput);
+    config.set(option.key, before, "test");
+  }
+  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep) == path);
+  config.set("plan_cache_dir", "", "test");
 }
 
 TEST_CASE("one exchange agrees on a wrapper's problem, how ranks call and their inputs",
