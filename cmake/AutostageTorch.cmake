@@ -8,9 +8,9 @@
 # searches the system's folders first: a wheel's LibTorch (given as Torch_DIR or through
 # torch.utils.cmake_prefix_path) on a machine that also has Debian's libtorch-dev 1.13 gets
 # /usr/lib/.../libtorch.so -- 2.x headers linked against 1.13 libraries; its
-# find_package(Caffe2 PATHS <beside it>) likewise takes Debian's Caffe2 package (torch_cpu). Giving the wheel's root
-# as CMAKE_PREFIX_PATH is no cure: its include/ has protobuf headers, which find_package(Protobuf)
-# then takes. So with Torch_DIR set, Caffe2_DIR is set beside it and the libraries TorchConfig
+# find_package(Caffe2 PATHS <beside it>) likewise takes Debian's Caffe2 package (torch_cpu).
+# Giving the wheel's root as CMAKE_PREFIX_PATH is no cure: its include/ has protobuf headers,
+# which find_package(Protobuf) then takes. So with Torch_DIR set, Caffe2_DIR is set beside it and the libraries TorchConfig
 # looks up by name are looked up first, in that LibTorch's lib/ only (cached results are what
 # TorchConfig then uses); and whatever the caller gave, a library that is not the found
 # package's own is refused.

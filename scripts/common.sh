@@ -76,7 +76,10 @@ prepare_torch2() {
     return
   fi
   local base=${TORCH2_BASE_PYTHON:-python3}
-  command -v "$base" >/dev/null || { echo "scripts: $base not found; set TORCH2_BASE_PYTHON to a Python 3.10+ interpreter" >&2; return 1; }
+  if ! command -v "$base" >/dev/null; then
+    echo "scripts: $base not found; set TORCH2_BASE_PYTHON to a Python 3.10+ interpreter" >&2
+    return 1
+  fi
   step "PyTorch 2.x venv: $TORCH2_VENV from $($base --version) and $TORCH2_REQUIREMENTS"
   [ -x "$TORCH2_PYTHON" ] || "$base" -m venv "$TORCH2_VENV"
   mkdir -p "$TORCH2_WHEELS"

@@ -33,7 +33,8 @@ driver::TraceCallback pythonTracer(py::object tracer) {
       py::object script = (*shared)(tensors);
       auto module = torch::jit::as_module(script);
       AUTOSTAGE_CHECK(module.has_value(), "the tracer returned a ",
-                      std::string(py::str(py::type::handle_of(script))), ", not a torch.jit.ScriptModule");
+                      std::string(py::str(py::type::handle_of(script))),
+                      ", not a torch.jit.ScriptModule");
       return *module;
     } catch (py::error_already_set& e) {
       errorClass = py::str(e.type().attr("__name__"));
