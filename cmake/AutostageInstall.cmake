@@ -21,7 +21,7 @@ install(EXPORT autostagePlannerTargets NAMESPACE autostage:: DESTINATION ${AUTOS
 # each other as "core/...", "staging/...").
 set(AUTOSTAGE_HEADER_FOLDERS core core/ir core/proto decomposer service)
 if(TARGET autostage_api)
-  list(APPEND AUTOSTAGE_HEADER_FOLDERS core/torchscript comm profiler staging driver bindings/cpp)
+  list(APPEND AUTOSTAGE_HEADER_FOLDERS core/torchscript frontend/export comm profiler staging driver bindings/cpp)
 endif()
 foreach(folder IN LISTS AUTOSTAGE_HEADER_FOLDERS)
   file(GLOB headers ${PROJECT_SOURCE_DIR}/${folder}/*.h)
@@ -33,8 +33,9 @@ install(FILES ${PROJECT_BINARY_DIR}/include/autostage/build_config.h
         DESTINATION ${AUTOSTAGE_HEADER_DIR}/autostage)
 
 if(TARGET autostage_api)
-  set(runtime autostage_torchscript autostage_comm autostage_profiler autostage_staging
+  set(runtime autostage_export autostage_torchscript autostage_comm autostage_profiler autostage_staging
       autostage_driver autostage_api)
+  set_target_properties(autostage_export PROPERTIES EXPORT_NAME export)
   set_target_properties(autostage_torchscript PROPERTIES EXPORT_NAME torchscript)
   set_target_properties(autostage_comm PROPERTIES EXPORT_NAME comm)
   set_target_properties(autostage_profiler PROPERTIES EXPORT_NAME profiler)

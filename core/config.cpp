@@ -86,6 +86,10 @@ const std::vector<OptionSpec>& optionTable() {
       {"partitioning_dry_run_np", T::Int, "0",
        "plan for this many ranks on however many are running, save the plan to "
        "deployment_file and exit (0: off)"},
+      // Capture
+      {"front_end", T::String, "auto",
+       "how a Python model is captured: torchscript (torch.jit.trace), export (torch.export, "
+       "PyTorch 2.5+; Note [Front ends]) or auto (torchscript for now)"},
       // Runtime
       {"precision", T::String, "fp32",
        "fp32, or mixed precision with fp32 master weights: bf16 (CPU and CUDA autocast) or fp16 "

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/torchscript/autocast.h"
+#include "frontend/export/interpreter.h"
 #include "driver/auto_planner.h"
 #include "driver/model_device.h"
 #include "driver/plan_sources.h"
@@ -431,7 +432,24 @@ void Module::importModel(const std::vector<c10::IValue>& examples) {
   // (routes carry them back) and has the same hash whatever the first call was.
   at::AutoGradMode withGradients(true);
   if (options_.tracer) {
-    module_ = options_.tracer(examples);  // traced without autocast, on the stages' device
+    CapturedModel captured = options_.tracer(examples);  // without autocast, on the stages' device
+    if (captured.imported) {
+      std::vector<std::pair<std::string, at::Tensor>> tensors;
+      for (size_t i = 0; i < captured.imported->paramTensors.size(); ++i)
+        tensors.emplace_back(captured.imported->paramNames[i], captured.imported->paramTensors[i]);
+      driver::placeTensors(tensors, stageDevice_);
+      std::vector<c10::IValue> probeInputs;  // copies: the probe runs in-place updates too
+      for (const c10::IValue& v : examples) probeInputs.push_back(v.toTensor().clone());
+      for (const at::Tensor& t : captured.imported->paramTensors)
+        probeInputs.push_back(t.detach().clone().requires_grad_(t.requires_grad()));
+      // As the TorchScript import's probe: the dtypes the stages produce under their autocast.
+      torchscript::AutocastGuard autocast(options_.precision, stageDevice_.type());
+      exportfe::recordTypes(captured.imported->graph, std::move(probeInputs));
+      model_ = std::move(captured.imported);
+      logCapture();
+      return;
+    }
+    module_ = captured.script;
     // The tracer's caller placed the model before (autostage.Module does); check what it gave.
     driver::placeTensors(stateTensorsOf(module_), stageDevice_);
   }
@@ -440,6 +458,14 @@ void Module::importModel(const std::vector<c10::IValue>& examples) {
   torchscript::AutocastGuard autocast(options_.precision, stageDevice_.type());
   model_ = std::make_shared<torchscript::ImportedModel>(
       torchscript::importModule(module_, examples));
+  logCapture();
+}
+
+void Module::logCapture() const {
+  if (backend_->rank() != 0) return;
+  core::logger("Module")->info("Captured {} with {}: {} nodes, {} parameter/buffer tensors",
+                               model_->graph.name(), model_->frontEnd, model_->graph.nodeCount(),
+                               model_->paramTensors.size());
 }
 
 // Runs on every rank with the same (agreed) local batch, so the error needs no exchange.

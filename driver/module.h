@@ -116,9 +116,16 @@ struct PlanningInput {
 // throws is re-thrown as PlanError on every rank.
 using PlanningCallback = std::function<core::Deployment(const PlanningInput& input)>;
 
-// Produces the TorchScript module to import for a call's inputs (the Python binding traces the
-// user's nn.Module with them). Unset: the module given to the constructor is imported as is.
-using TraceCallback = std::function<torch::jit::Module(const std::vector<c10::IValue>& inputs)>;
+// What a tracer captured: a TorchScript module to import (script), or a model a front end
+// already imported into the IR (imported; the torch.export front end, autostage/export.py).
+struct CapturedModel {
+  torch::jit::Module script{"autostage_untraced"};
+  std::shared_ptr<torchscript::ImportedModel> imported;
+};
+
+// Captures the model for a call's inputs (the Python binding exports or traces the user's
+// nn.Module with them). Unset: the module given to the constructor is imported as is.
+using TraceCallback = std::function<CapturedModel(const std::vector<c10::IValue>& inputs)>;
 
 struct ModuleOptions {
   // null: MPI, with tensors over "mpi" or "nccl" as device and comm_backend choose (Note
@@ -286,6 +293,7 @@ class Module {
   // Note [One deployment per usage]: the optimizer's parameters follow `executor`.
   void followTraining(const std::shared_ptr<Executor>& executor);
   void importModel(const std::vector<c10::IValue>& examples);
+  void logCapture() const;  // which front end captured it (Note [Front ends], autostage/export.py)
   // Note [Getting a plan], steps 4 and 5: the plan for this call, taken by rank 0 from the first
   // source that has one, broadcast and verified on every rank. Collective.
   staging::VerifiedDeployment obtainDeployment(const std::vector<c10::IValue>& examples,

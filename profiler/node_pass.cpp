@@ -136,9 +136,13 @@ std::vector<Unit> buildUnits(const core::Graph& graph, const std::vector<NodeGro
   return units;
 }
 
-// The interpreter wraps errors in a multi-line traceback; its last non-empty line says what
-// went wrong (e.g. `RuntimeError: shape '[8, 16]' is invalid for input of size 256`).
-std::string lastLine(const std::string& text) {
+// The TorchScript interpreter wraps errors in a multi-line traceback; its last non-empty line
+// says what went wrong (e.g. `RuntimeError: shape '[8, 16]' is invalid for input of size 256`).
+// A c10::Error's what() ends in the C++ backtrace, so its message without it is read instead
+// (the torch.export front end's errors, frontend/export/interpreter.cpp).
+std::string lastLine(const std::exception& error) {
+  const auto* c10Error = dynamic_cast<const c10::Error*>(&error);
+  std::string text = c10Error ? c10Error->what_without_backtrace() : error.what();
   std::istringstream in(text);
   std::string line, last;
   while (std::getline(in, line))
@@ -179,7 +183,7 @@ void ForwardPass::retime(std::vector<GroupSamples>& samples) {
     } catch (const std::exception& e) {  // measured before; a later failure costs this pass only
       core::logger("Profiler")
           ->warn("{}: a later timing pass failed: {}", nodeLabel(model_.graph, unit.last),
-                 lastLine(e.what()));
+                 lastLine(e));
     }
   }
   for (auto [group, representative] : copied_)
@@ -237,7 +241,7 @@ std::string ForwardPass::runUnit(Unit& unit, int64_t batch, GroupSamples* sample
     for (size_t i = 0; i < outputs.size(); ++i) values_[unit.function->outputs()[i]] = outputs[i];
   } catch (const std::exception& e) {
     std::string shapes = describeInputs(model_.graph, args, unit.function->inputs());
-    return lastLine(e.what()) + (shapes.empty() ? "" : " (inputs: " + shapes + ")");
+    return lastLine(e) + (shapes.empty() ? "" : " (inputs: " + shapes + ")");
   }
   return "";
 }

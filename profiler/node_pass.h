@@ -7,6 +7,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <memory>
+#include <exception>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -118,8 +119,8 @@ class ForwardPass {
   bool savingArgs_ = true;
 };
 
-// The last non-empty line of an error text (the interpreter's traceback ends with what went
-// wrong).
-std::string lastLine(const std::string& text);
+// The last non-empty line of an error's text (the interpreter's traceback ends with what went
+// wrong); a c10::Error's message without its C++ backtrace.
+std::string lastLine(const std::exception& error);
 
 }  // namespace autostage::profiler

@@ -30,12 +30,18 @@ driver::TraceCallback pythonTracer(py::object tracer) {
     try {
       py::list tensors;
       for (const c10::IValue& v : inputs) tensors.append(v.toTensor());
-      py::object script = (*shared)(tensors);
-      auto module = torch::jit::as_module(script);
+      py::object captured = (*shared)(tensors);
+      driver::CapturedModel out;
+      if (py::isinstance<torchscript::ImportedModel>(captured)) {
+        out.imported = captured.cast<std::shared_ptr<torchscript::ImportedModel>>();
+        return out;
+      }
+      auto module = torch::jit::as_module(captured);
       AUTOSTAGE_CHECK(module.has_value(), "the tracer returned a ",
-                      std::string(py::str(py::type::handle_of(script))),
-                      ", not a torch.jit.ScriptModule");
-      return *module;
+                      std::string(py::str(py::type::handle_of(captured))),
+                      ", not a torch.jit.ScriptModule or autostage IR");
+      out.script = *module;
+      return out;
     } catch (py::error_already_set& e) {
       errorClass = py::str(e.type().attr("__name__"));
       message = py::str(e.value());

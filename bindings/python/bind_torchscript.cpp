@@ -78,6 +78,7 @@ void bindTorchscript(py::module_& m) {
           "output_names",
           [](const ImportedModel& ir) { return valueNames(ir.graph, ir.graph.outputs()); })
       .def_property_readonly("tuple_output", [](const ImportedModel& ir) { return ir.tupleOutput; })
+      .def_property_readonly("front_end", [](const ImportedModel& ir) { return ir.frontEnd; })
       .def_property_readonly("graph_hash", [](const ImportedModel& ir) { return ir.graph.hash(); })
       .def_property_readonly("graph", [](const ImportedModel& ir) { return ir.graph; },
                              "A copy of the IR graph (autostage.Graph).")
@@ -95,7 +96,13 @@ void bindTorchscript(py::module_& m) {
       .def_readonly("output_names", &ExportedSubgraph::outputNames)
       .def_property_readonly(
           "graph_text",
-          [](const ExportedSubgraph& s) { return s.function.graph()->toString(false); })
+          [](const ExportedSubgraph& s) {
+            return s.function.graph() ? s.function.graph()->toString(false) : std::string();
+          },
+          "The TorchScript graph it runs; empty for a torch.export capture (run by the ATen "
+          "dispatcher, see executor).")
+      .def_property_readonly("executor",
+                             [](const ExportedSubgraph& s) { return s.function.executor(); })
       .def("__call__", &runExported, "Runs the subgraph; returns a tuple of its outputs.");
 
   m.def("_import_module", &importModule, py::arg("script_module"), py::arg("example_inputs"),

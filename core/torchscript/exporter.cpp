@@ -113,6 +113,14 @@ ExportedFunction::ExportedFunction(std::shared_ptr<torch::jit::Graph> graph,
       inputs_(std::move(inputs)),
       outputs_(std::move(outputs)) {}
 
+ExportedFunction::ExportedFunction(std::shared_ptr<const exportfe::Program> program,
+                                   std::vector<core::ValueId> inputs,
+                                   std::vector<core::ValueId> outputs)
+    : packed_(false),
+      program_(std::move(program)),
+      inputs_(std::move(inputs)),
+      outputs_(std::move(outputs)) {}
+
 ExportedFunction ExportedFunction::rebind(std::vector<core::ValueId> inputs,
                                           std::vector<core::ValueId> outputs) const {
   AUTOSTAGE_INTERNAL_ASSERT(inputs.size() == inputs_.size() && outputs.size() == outputs_.size(),
@@ -128,6 +136,7 @@ ExportedFunction ExportedFunction::rebind(std::vector<core::ValueId> inputs,
 std::vector<c10::IValue> ExportedFunction::run(std::vector<c10::IValue> inputs) const {
   AUTOSTAGE_CHECK(inputs.size() == inputs_.size(), "exported subgraph takes ", inputs_.size(),
                   " inputs (its boundary values), but ", inputs.size(), " were given");
+  if (program_) return program_->run(std::move(inputs));
   torch::jit::Stack stack = std::move(inputs);
   function_->run(stack);
   if (packed_) {
@@ -144,6 +153,10 @@ ExportedFunction exportSubgraph(const core::Graph& graph, std::vector<core::Node
   std::sort(nodes.begin(), nodes.end());
   checkSubset(graph, nodes);
   core::Boundary boundary = graph.boundary(nodes);
+  if (exportfe::isExportGraph(graph))
+    return ExportedFunction(
+        std::make_shared<const exportfe::Program>(graph, nodes, boundary.inputs, boundary.outputs),
+        boundary.inputs, boundary.outputs);
   TorchGraphBuilder builder(graph);
   for (core::ValueId v : boundary.inputs) builder.addInput(v);
   for (core::NodeId id : nodes) builder.addNode(graph.node(id));

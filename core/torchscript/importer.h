@@ -31,6 +31,9 @@ struct ImportedModel {
   std::vector<std::string> paramNames;
   // True when forward returned a tuple that was flattened into the graph outputs.
   bool tupleOutput = false;
+  // The front end that captured the model: "TorchScript" (importModule) or "torch.export"
+  // (autostage/export.py through the binding's builder; frontend/export/interpreter.h).
+  std::string frontEnd = "TorchScript";
 };
 
 ImportedModel importModule(const torch::jit::Module& module,

@@ -37,10 +37,11 @@ def named_tensors(model):
 
 
 def check_model(model, inputs, split_count=2, reference_context=contextlib.nullcontext,
-                reference=None):
-    """Compares `model` run through its IR against an identical eager copy, step by step."""
+                reference=None, capture=None):
+    """Compares `model` run through its IR against an identical eager copy, step by step.
+    `capture` makes the IR (trace_to_ir, or export_to_ir in test_export.py)."""
     reference = copy.deepcopy(model) if reference is None else reference
-    ir = autostage.trace_to_ir(model, inputs)
+    ir = (capture or autostage.trace_to_ir)(model, inputs)
     own, ref = named_tensors(model), named_tensors(reference)
     assert len(ir.param_names) == len(ir.param_tensors)
     for name, tensor in zip(ir.param_names, ir.param_tensors):

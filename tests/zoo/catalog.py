@@ -40,6 +40,7 @@ class Entry:
     input_text: str = ""
     local_batch: int = 4
     note: str = ""
+    options: dict = dataclasses.field(default_factory=dict)  # autostage.Module options
 
     def model(self):
         torch.manual_seed(0)
@@ -265,6 +266,14 @@ ZOO = [
     Entry("Conformer", "torchaudio", conformer_tiny, conformer_batch, conformer_loss,
           [(2, 2, 2, "forward"), (4, 4, 1, "forward")], input_text="10x16 frames + lengths"),
 ]
+try:  # issue 26: transformers models, on the leg that installs transformers (PyTorch 2.x)
+    import transformers  # noqa: F401
+    HAS_TRANSFORMERS = True
+except ImportError:
+    HAS_TRANSFORMERS = False
+if HAS_TRANSFORMERS:
+    from catalog_transformers import ZOO as _TRANSFORMERS_ZOO
+    ZOO += _TRANSFORMERS_ZOO
 BY_NAME = {e.name: e for e in ZOO}
 
 

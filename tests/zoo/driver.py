@@ -77,14 +77,16 @@ def run_config(entry, partition, pipeline, call, cache_dir, rank, world):
     wrapped = autostage.Module(
         model, optimizer, partition_num=partition, pipeline_num=pipeline,
         schedule="1f1b" if call == "train_step" else "gpipe", recompute="never", profile_cache_dir=cache_dir, profile_repeats=3, profile_passes=1,
-        profile_pass_seconds=0, profile_batch_sizes="", decomposer="dp", mem_limit_gb=0)
+        profile_pass_seconds=0, profile_batch_sizes="", decomposer="dp", mem_limit_gb=0,
+        **dict({"front_end": "auto"}, **entry.options))  # options are process-wide: each sets it
     mismatch, info = Mismatch(), None
     local = entry.local_batch
     rows = slice(rank * local, (rank + 1) * local)
     for step in range(STEPS):
         args, kwargs, target = entry.batch(world * local, step)
         local_args = tuple(a[rows] for a in args)
-        local_kwargs = {k: v[rows] for k, v in kwargs.items()}
+        local_kwargs = {k: v[rows] if isinstance(v, torch.Tensor) else v
+                        for k, v in kwargs.items()}
         optimizer.zero_grad()
         if call == "train_step":
             out = wrapped.train_step(*local_args, **local_kwargs)
@@ -126,12 +128,14 @@ def expect_plan_error(entry, partition, pipeline, cache_dir, rank, world):
     """A plan shape the model cannot have: PlanError on every rank, naming why."""
     model = entry.model()
     wrapped = autostage.Module(model, None, partition_num=partition, pipeline_num=pipeline,
+                               **dict({"front_end": "auto"}, **entry.options),
                                profile_cache_dir=cache_dir, profile_repeats=3,
                                profile_passes=1, profile_pass_seconds=0)
     args, kwargs, _ = entry.batch(world * entry.local_batch, 0)
     rows = slice(rank * entry.local_batch, (rank + 1) * entry.local_batch)
     try:
-        wrapped(*(a[rows] for a in args), **{k: v[rows] for k, v in kwargs.items()})
+        wrapped(*(a[rows] for a in args), **{k: v[rows] if isinstance(v, torch.Tensor) else v
+                                             for k, v in kwargs.items()})
     except autostage.PlanError as e:
         return str(e).splitlines()[0]
     raise AssertionError(f"partition_num={partition} did not raise PlanError")

@@ -9,6 +9,8 @@ import torch
 
 from . import _autostage
 from .checkpoint import load_state_dict_checked
+from .export import available as _export_available
+from .export import export_to_ir
 from .optimizer import make_shards, patch_optimizer, patch_zero_step, zero_problem
 from .structure import CallProblem, CallStructure, _CallWrapper
 from .torchscript import _check_shapes_static, _trace
@@ -312,11 +314,17 @@ class Module(torch.nn.Module):
         call's signature and output structure for this mode (Note [Call signature])."""
         call, mode = self._pending_call, self.model.training
         wrapper = _CallWrapper.around(self.model, call)
-        traced = _trace(wrapper, tuple(inputs), type(self.model).__name__)
-        _check_shapes_static(traced, type(self.model).__name__)
+        name = type(self.model).__name__
+        # Note [Front ends] (export.py); a ScriptModule has no Python forward to export.
+        if front_end() == "export" and not isinstance(self.model, torch.jit.ScriptModule):
+            captured = export_to_ir(wrapper, tuple(inputs), name,
+                                    lambda line: _autostage._log_info("Module", line))
+        else:
+            captured = _trace(wrapper, tuple(inputs), name)
+            _check_shapes_static(captured, name)
         self._output_structures[mode] = wrapper.output_structure
         self._traced_calls[mode] = call.signature
-        return traced
+        return captured
 
     def _bind(self, inputs, kwargs):
         """(CallStructure or None, ("ErrorClass", message) for what is wrong with this call on
@@ -393,6 +401,25 @@ def _option_value(key):
     show_config's ``key = value  (source)`` lines; strings are quoted)."""
     match = re.search(rf'^{re.escape(key)} = "?([^"\s]*)', _autostage.show_config(), re.M)
     return match.group(1) if match is not None else ""
+
+
+def front_end():
+    """The front end that captures models in this process, "export" or "torchscript" (option
+    front_end; Note [Front ends] in export.py)."""
+    setting = _option_value("front_end") or "auto"
+    if setting not in ("auto", "export", "torchscript"):
+        raise _autostage.ConfigError(
+            f"front_end={setting!r} is not a front end: use auto, export or torchscript")
+    if setting == "export" and not _export_available():
+        raise _autostage.ConfigError(
+            f"front_end=export needs torch.export with the training IR (PyTorch 2.5 or later); "
+            f"this is PyTorch {torch.__version__}: use front_end=torchscript or auto")
+    if setting == "auto":
+        # TorchScript until the export path covers what it does (issue 26: a model whose batch
+        # dimension export specialises, nn.Transformer's attention, needs a capture per
+        # micro-batch size), then export where torch.export exists.
+        return "torchscript"
+    return setting
 
 
 def _option_enabled(key):

@@ -260,9 +260,14 @@ class _CallWrapper(torch.nn.Module):
         self.training = model.training
         object.__setattr__(self, "_model", model)  # not registered: no "model." prefix
         object.__setattr__(self, "_call", call)
-        object.__setattr__(self, "output_structure", None)
         names = call.input_names(model)
         object.__setattr__(self, "forward", self._named_forward(names))
+
+    @property
+    def output_structure(self):
+        """The structure of the last call's output (None before the first call)."""
+        recorded = self.forward.recorded
+        return recorded[-1] if recorded else None
 
     @classmethod
     def around(cls, model, call):
@@ -272,6 +277,10 @@ class _CallWrapper(torch.nn.Module):
         return named(model, call)
 
     def _named_forward(self, names):
+        # Kept by the function, not the module: torch.export restores the module's attributes
+        # (copies of them) after tracing, so a list the module held would lose the record.
+        recorded = []
+
         def forward(*flat):
             args, kwargs = self._call.rebuild(flat)
             output = self._model(*args, **kwargs)
@@ -279,9 +288,10 @@ class _CallWrapper(torch.nn.Module):
                 structure = OutputStructure(output, type(self._model).__name__)
             except CallProblem as e:
                 raise getattr(_autostage, e.error_class)(str(e)) from None
-            object.__setattr__(self, "output_structure", structure)
+            recorded.append(structure)
             tensors = structure.take_tensors()
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
+        forward.recorded = recorded
         # torch.jit.trace names the graph inputs after forward's parameters.
         forward.__signature__ = inspect.Signature(
             [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)

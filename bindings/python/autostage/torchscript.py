@@ -76,13 +76,18 @@ def _check_shapes_static(traced, model_name):
         if node.kind() == "aten::where" and node.inputsSize() == 1:
             what = "torch.where(condition)"
         if what is not None:
-            scope = node.scopeName().replace("__module.", "") or "forward"
-            raise _autostage.UnsupportedError(
-                f"unsupported data-dependent operation {node.kind()} ({what}, in {scope}) in "
-                f"{model_name}: the size of its result depends on the values of its inputs, so "
-                "autostage can neither plan stages for fixed shapes nor split it by samples; "
-                "wrap the part of the model before it (e.g. a detection model's backbone) and "
-                "run the rest outside autostage")
+            raise data_dependent_error(node.kind(), what,
+                                       node.scopeName().replace("__module.", ""), model_name)
+
+
+def data_dependent_error(kind, what, scope, model_name):
+    """Note [Data-dependent shapes]: the error both front ends raise."""
+    return _autostage.UnsupportedError(
+        f"unsupported data-dependent operation {kind} ({what}, in {scope or 'forward'}) in "
+        f"{model_name}: the size of its result depends on the values of its inputs, so "
+        "autostage can neither plan stages for fixed shapes nor split it by samples; "
+        "wrap the part of the model before it (e.g. a detection model's backbone) and "
+        "run the rest outside autostage")
 
 
 def _trace(model, inputs, model_name=None):

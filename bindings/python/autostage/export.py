@@ -1,0 +1,372 @@
+"""Model -> IR with torch.export (PyTorch 2.x): the front end that replaces TorchScript.
+
+Note [Front ends]
+autostage has one IR and two front ends. On PyTorch 2.x, ``autostage.Module`` captures the model
+with ``torch.export.export(strict=False)`` (the training IR: ATen operator overloads before
+decomposition, parameters and buffers lifted to graph inputs) and writes that program into the IR
+here; each stage then runs its nodes through the ATen dispatcher from C++
+(frontend/export/interpreter.h, Note [Export node kinds]), with autograd recorded as in eager
+PyTorch. On LibTorch 1.13, and for C++ users' ``torch::jit::load`` models, the TorchScript front
+end traces (torchscript.py) and runs TorchScript functions. The option ``front_end`` chooses
+(auto: export where torch.export exists); nothing falls back silently from one to the other.
+
+Dynamic batch: every batch input's dim 0 is exported as ``Dim.AUTO``, so size arithmetic stays
+symbolic (``sym_size`` nodes and ``_operator::*`` nodes) and micro-batches of any size run the
+same graph. Where the model specialises the batch dimension (export found it must be one value),
+the capture says so once in the log; the stages then run only micro-batches of that size, and
+a plan that splits the batch otherwise fails with the operator named.
+"""
+
+import operator
+
+import torch
+
+from . import _autostage
+from .torchscript import _DATA_DEPENDENT_OPS, data_dependent_error
+
+# ScalarType, Layout and MemoryFormat are ints in a boxed call (c10's enum values).
+_SCALAR_TYPES = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
+    torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.complex64: 9,
+    torch.complex128: 10, torch.bool: 11, torch.bfloat16: 15,
+}
+_LAYOUTS = {torch.strided: 0, torch.sparse_coo: 1}
+_MEMORY_FORMATS = {torch.contiguous_format: 0, torch.preserve_format: 1,
+                   torch.channels_last: 2, torch.channels_last_3d: 3}
+# IR dtype names (core/ir/type.h).
+_DTYPE_NAMES = {
+    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half",
+    torch.bfloat16: "BFloat16", torch.int64: "Long", torch.int32: "Int", torch.int16: "Short",
+    torch.int8: "Char", torch.uint8: "Byte", torch.bool: "Bool",
+}
+# Python arithmetic on sizes (Note [Export node kinds]).
+_ARITHMETIC = {
+    operator.add: "add", operator.sub: "sub", operator.mul: "mul", operator.floordiv: "floordiv",
+    operator.truediv: "truediv", operator.mod: "mod", operator.neg: "neg", operator.pow: "pow",
+    operator.eq: "eq", operator.ne: "ne", operator.lt: "lt", operator.le: "le",
+    operator.gt: "gt", operator.ge: "ge",
+}
+if hasattr(torch, "sym_max"):  # PyTorch 2.x (this module is imported on 1.13 too)
+    _ARITHMETIC.update({torch.sym_max: "max", torch.sym_min: "min"})
+# Checks export inserts for its own shape guards; they return nothing and are not run.
+_SKIPPED = ("aten::_assert_scalar", "aten::sym_constrain_range_for_size",
+            "aten::sym_constrain_range", "aten::_assert_async")
+
+
+def available():
+    """True when this PyTorch has torch.export with the training IR (2.5 and later)."""
+    return hasattr(torch, "export") and hasattr(torch.export, "Dim") and \
+        hasattr(torch.export.Dim, "AUTO")
+
+
+def _size(value):
+    """A concrete size of the captured example: a SymInt's hint, else the int."""
+    if isinstance(value, torch.SymInt):
+        hint = value.node.hint
+        return int(hint) if hint is not None else -1
+    return int(value)
+
+
+def _tensor_type(t, requires_grad=None):
+    if t.dtype not in _DTYPE_NAMES:
+        raise _autostage.UnsupportedError(
+            f"unsupported dtype {t.dtype} in the exported program: autostage's IR carries "
+            f"{', '.join(str(d) for d in _DTYPE_NAMES)}")
+    dims = [str(_size(d)).replace("-1", "*") for d in t.shape] or ["scalar"]
+    grad = t.requires_grad if requires_grad is None else requires_grad
+    return f"{_DTYPE_NAMES[t.dtype]}({', '.join(dims + (['requires_grad'] if grad else []))})"
+
+
+def _value_type(val, where):
+    if isinstance(val, torch.Tensor):
+        return _tensor_type(val)
+    if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
+        return "int"
+    if isinstance(val, (torch.SymFloat, float)):
+        return "float"
+    if isinstance(val, (torch.SymBool, bool)):
+        return "bool"
+    raise _autostage.UnsupportedError(
+        f"unsupported value {type(val).__name__} produced by {where} in the exported program: "
+        "autostage's IR carries tensors, ints, floats and bools between operators")
+
+
+def _schema_element_type(argument_type):
+    """The IR element type of a list argument (`int[]`, `Tensor[]`, `Tensor?[]`, ...)."""
+    if isinstance(argument_type, torch._C.OptionalType):  # int[]? (mean's dim)
+        argument_type = argument_type.getElementType()
+    if not isinstance(argument_type, torch._C.ListType):
+        return None
+    text = str(argument_type.getElementType())
+    return {"int": "int", "SymInt": "int", "float": "float", "bool": "bool", "Tensor": "Tensor",
+            "Optional[Tensor]": "Tensor?"}.get(text)
+
+
+class _Importer:
+    """One pass over ``ep.graph``, writing each node through the C++ builder."""
+
+    def __init__(self, ep, model, model_name):
+        self.ep, self.model, self.model_name = ep, model, model_name
+        self.builder = _autostage._ExportBuilder(model_name)
+        self.ids = {}       # fx node -> IR value id (or list of ids for multi-output nodes)
+        self.constants = {}  # (type, repr) -> IR value id, one constant node per value
+
+    # Inputs -------------------------------------------------------------------------------
+    def inputs(self, user_inputs):
+        spec_of = {s.arg.name: s for s in self.ep.graph_signature.input_specs
+                   if hasattr(s.arg, "name")}
+        placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
+        kinds = torch.export.graph_signature.InputKind
+        user = [n for n in placeholders if spec_of[n.name].kind == kinds.USER_INPUT]
+        self.user_nodes = user
+        if len(user) != len(user_inputs):
+            raise _autostage.Error(
+                f"the exported program has {len(user)} user inputs for {len(user_inputs)} tensors")
+        for node, tensor in zip(user, user_inputs):
+            self.ids[node] = self.builder.add_input(node.name, _tensor_type(tensor), False)
+        named = dict(self.model.named_parameters(remove_duplicate=False))
+        named.update(self.model.named_buffers(remove_duplicate=False))
+        tensors, names = [], []
+        seen = {}  # id(tensor) -> IR input: tied parameters (lifted once per name) appear once
+        for node in placeholders:
+            spec = spec_of[node.name]
+            if spec.kind == kinds.USER_INPUT:
+                continue
+            if spec.kind in (kinds.PARAMETER, kinds.BUFFER):
+                tensor = named[spec.target]
+            elif spec.kind == kinds.CONSTANT_TENSOR:
+                tensor = self.ep.constants[spec.target]
+            else:
+                raise _autostage.UnsupportedError(
+                    f"unsupported input {node.name} of kind {spec.kind.name} in the exported "
+                    f"program of {self.model_name}")
+            if id(tensor) in seen:
+                self.ids[node] = seen[id(tensor)]
+                continue
+            self.ids[node] = seen[id(tensor)] = self.builder.add_input(
+                spec.target, _tensor_type(tensor), True)
+            tensors.append(tensor)
+            names.append(spec.target)
+        return tensors, names
+
+    # Constants and arguments --------------------------------------------------------------
+    def constant(self, value, type_text):
+        key = (type_text, repr(value))
+        if key not in self.constants:
+            self.constants[key] = self.builder.add_node(
+                "prim::Constant", [], [type_text], [""], value, "")[0]
+        return self.constants[key]
+
+    def argument(self, value, argument_type, where):
+        """The IR value id for one argument of an operator call."""
+        if isinstance(value, torch.fx.Node):
+            ref = self.ids.get(value)
+            if isinstance(ref, list) or ref is None:
+                raise _autostage.UnsupportedError(
+                    f"unsupported use of {value.name} (a {value.target} result) by {where}")
+            return ref
+        if value is None:
+            return self.constant(None, "NoneType")
+        if isinstance(value, bool):
+            return self.constant(value, "bool")
+        if isinstance(value, int):
+            return self.constant(value, "int")
+        if isinstance(value, float):
+            return self.constant(value, "float")
+        if isinstance(value, str):
+            return self.constant(value, "str")
+        if isinstance(value, torch.dtype):
+            return self.constant(_SCALAR_TYPES[value], "int")
+        if isinstance(value, torch.layout):
+            return self.constant(_LAYOUTS[value], "int")
+        if isinstance(value, torch.memory_format):
+            return self.constant(_MEMORY_FORMATS[value], "int")
+        if isinstance(value, torch.device):
+            return self.constant(str(value), "Device")
+        if isinstance(value, (list, tuple)):
+            return self.list_argument(list(value), argument_type, where)
+        raise _autostage.UnsupportedError(
+            f"unsupported argument {value!r} ({type(value).__name__}) of {where} in the exported "
+            f"program of {self.model_name}")
+
+    def list_argument(self, values, argument_type, where):
+        element = _schema_element_type(argument_type) if argument_type is not None else None
+        if element is None:
+            raise _autostage.UnsupportedError(
+                f"unsupported list argument of type {argument_type} of {where}")
+        if element in ("int", "float", "bool") and \
+                not any(isinstance(v, torch.fx.Node) for v in values):
+            return self.constant([v for v in values], f"{element}[]")
+        ids = [self.argument(v, None, where) for v in values]
+        return self.builder.add_node("prim::ListConstruct", ids, [f"{element}[]"], [""], None,
+                                     "")[0]
+
+    # Nodes --------------------------------------------------------------------------------
+    def node(self, node):
+        target = node.target
+        if target is operator.getitem:
+            producer, index = node.args
+            ref = self.ids.get(producer)
+            if not isinstance(ref, list):
+                raise _autostage.UnsupportedError(
+                    f"unsupported indexing of {producer.name} at {node.name}")
+            self.ids[node] = ref[index]
+            return
+        if target in _ARITHMETIC:
+            ids = [self.argument(a, None, node.name) for a in node.args]
+            self.ids[node] = self.builder.add_node(
+                f"_operator::{_ARITHMETIC[target]}", ids,
+                [_value_type(node.meta["val"], node.name)], [node.name], None, "")[0]
+            return
+        if not isinstance(target, torch._ops.OpOverload):
+            raise _autostage.UnsupportedError(
+                f"unsupported operation {getattr(target, '__name__', target)} ({node.name}) in "
+                f"the exported program of {self.model_name}: autostage runs ATen operators "
+                "and size arithmetic; control flow (torch.cond, while_loop) and other "
+                "higher-order operators cannot be cut into stages")
+        schema = target._schema
+        if schema.name in _SKIPPED:
+            return
+        self.check_shapes_backed(node, schema)
+        kind = f"{schema.name}.{target._overloadname}"
+        where = f"{kind} ({node.name})"
+        ids = []
+        for i, argument in enumerate(schema.arguments):
+            if i < len(node.args) and not argument.kwarg_only:
+                value = node.args[i]
+            elif argument.name in node.kwargs:
+                value = node.kwargs[argument.name]
+            elif argument.has_default_value():
+                value = argument.default_value
+            else:
+                raise _autostage.UnsupportedError(
+                    f"{where} lacks its argument '{argument.name}'")
+            ids.append(self.argument(value, argument.type, where))
+        val = node.meta.get("val")
+        multiple = len(schema.returns) > 1 or (
+            len(schema.returns) == 1 and isinstance(val, (list, tuple)))
+        values = list(val) if multiple else ([] if not schema.returns else [val])
+        types = [_value_type(v, where) for v in values]
+        names = [f"{node.name}.{i}" for i in range(len(values))] if multiple else [node.name]
+        outputs = self.builder.add_node(kind, ids, types, names[:len(types)], None,
+                                        _scope(node))
+        self.ids[node] = list(outputs) if multiple else (outputs[0] if outputs else None)
+
+    def check_shapes_backed(self, node, schema):
+        """Note [Data-dependent shapes] (torchscript.py): export gives an operation whose
+        result's size depends on the input values an unbacked size (no example value); refused
+        by name, as the TorchScript front end refuses it."""
+        values = node.meta.get("val")
+        values = values if isinstance(values, (list, tuple)) else [values]
+        for value in values:
+            if isinstance(value, torch.Tensor) and any(
+                    isinstance(d, torch.SymInt) and d.node.hint is None for d in value.shape):
+                what = _DATA_DEPENDENT_OPS.get(schema.name)
+                if schema.name == "aten::where":
+                    what = "torch.where(condition)"
+                raise data_dependent_error(schema.name, what or "a result sized by input values",
+                                           _scope(node), self.model_name)
+
+    def outputs(self):
+        kinds = torch.export.graph_signature.OutputKind
+        for spec in self.ep.graph_signature.output_specs:
+            if spec.kind != kinds.USER_OUTPUT:
+                raise _autostage.UnsupportedError(
+                    f"unsupported output {spec.arg} of kind {spec.kind.name} in the exported "
+                    f"program of {self.model_name}")
+        output = next(n for n in self.ep.graph.nodes if n.op == "output")
+        flat = output.args[0]
+        for value in flat:
+            if not isinstance(value, torch.fx.Node):
+                raise _autostage.UnsupportedError(
+                    f"the model returns the constant {value!r} among its tensors")
+            self.builder.add_output(self.argument(value, None, "the output"))
+        return len(flat)
+
+
+class _CustomFunctions:
+    """Records the custom torch.autograd.Function classes a model applies while it is exported
+    (torch.export inlines their forward and loses their backward)."""
+
+    def __init__(self):
+        self.names, self.original = [], None
+
+    def __enter__(self):
+        function = torch.autograd.Function
+        self.original = function.__dict__["apply"]
+        names, original = self.names, self.original
+
+        def apply(cls, *args, **kwargs):
+            if cls.__module__.split(".")[0] != "torch":  # torch's own run under export
+                names.append(cls.__qualname__)
+            return original.__func__(cls, *args, **kwargs)
+        function.apply = classmethod(apply)
+        return self
+
+    def __exit__(self, *exc):
+        torch.autograd.Function.apply = self.original
+
+
+def _scope(node):
+    """The module path of the node's innermost module (`layers.3.attn`), as in the partition log."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    return path.split("@")[0]
+
+
+def _export_reason(error):
+    text = str(error).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return " ".join(lines[:6])[:1200] if lines else type(error).__name__
+
+
+def export_to_ir(model, inputs, model_name=None, log=None):
+    """Captures ``model`` (called as ``model(*inputs)`` with tensors) with torch.export and
+    returns its :class:`autostage.IR` (Note [Front ends]). Parameters stay the module's own
+    tensors. Raises UnsupportedError quoting export's reason when export rejects the model."""
+    model_name = model_name or type(model).__name__
+    inputs = tuple(inputs)
+    dynamic = tuple({0: torch.export.Dim.AUTO} if t.dim() > 0 else None for t in inputs)
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        with _CustomFunctions() as functions:
+            ep = torch.export.export(model, inputs, dynamic_shapes=dynamic, strict=False)
+        if functions.names:
+            raise _autostage.UnsupportedError(
+                f"unsupported operation torch.autograd.Function (the custom autograd.Function "
+                f"{functions.names[0]}) in {model_name}: torch.export records the operations of "
+                "its forward and drops its backward, so its gradients would be wrong; write it "
+                "with torch operations (autograd then derives its backward), or set "
+                "front_end=torchscript")
+    except _autostage.Error:
+        raise
+    except Exception as e:  # export reports graph breaks, data-dependent shapes, ... as errors
+        raise _autostage.UnsupportedError(
+            f"torch.export of {model_name} failed ({type(e).__name__}: {_export_reason(e)}); "
+            "autostage captures the model with torch.export (front_end=export): make the "
+            "forward exportable (no data-dependent control flow or output sizes, no returned "
+            "cache objects; pass use_cache=False to transformers models), or set "
+            "front_end=torchscript") from e
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+    importer = _Importer(ep, model, model_name)
+    tensors, names = importer.inputs(inputs)
+    fixed = [n.name for n, t in zip(importer.user_nodes, inputs)
+             if t.dim() > 0 and not isinstance(n.meta["val"].shape[0], torch.SymInt)]
+    if fixed and log is not None:
+        log(f"torch.export specialised the batch dimension of {', '.join(fixed)} to the "
+            f"captured size {inputs[0].shape[0]}: the model's code fixes it, so its stages run "
+            "only micro-batches of that size")
+    for node in ep.graph.nodes:
+        if node.op == "call_function":
+            importer.node(node)
+        elif node.op not in ("placeholder", "output"):
+            raise _autostage.UnsupportedError(
+                f"unsupported {node.op} node {node.name} in the exported program of "
+                f"{model_name}")
+    count = importer.outputs()
+    return importer.builder.finish(tensors, names, count != 1)

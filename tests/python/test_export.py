@@ -1,0 +1,144 @@
+"""Issue 26: the torch.export front end (autostage/export.py, frontend/export/interpreter.h).
+Whole-graph and split execution through the ATen dispatcher must match the plain model exactly
+(outputs, parameter gradients, BatchNorm statistics), at the captured batch size and at others.
+Runs where torch.export has the training IR (the PyTorch 2.x leg)."""
+import copy
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import autostage
+from autostage.export import available
+from test_torchscript import LossModel, TiedModel, check_model, run_parts
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.skipif(not available(), reason="torch.export training IR needs 2.5+")
+
+
+@pytest.fixture(autouse=True)
+def _front_end_reset():
+    """Options are process-wide: later tests in this process get the default front end."""
+    yield
+    autostage._autostage._set_option("front_end", "auto")
+
+
+def export_check(model, inputs, **kwargs):
+    ir = check_model(model, inputs, capture=autostage.export_to_ir, **kwargs)
+    assert ir.front_end == "torch.export"
+    assert ir.export(list(range(ir.node_count))).executor == "dispatcher"
+    return ir
+
+
+def test_mlp_kinds_and_scopes():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8), nn.Tanh())
+    ir = export_check(model, (torch.randn(8, 16),), split_count=3)
+    assert ir.param_names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    text = str(ir)
+    assert "aten::linear.default" in text and 'scope="2"' in text
+    assert "TorchScript" not in ir.front_end
+
+
+def test_batchnorm_train_mode_updates_the_buffers():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5)).train()
+    ir = export_check(model, (torch.randn(4, 3, 16, 16),))
+    assert "1.running_mean" in ir.param_names
+    assert int(model[1].num_batches_tracked) == 2  # whole + one split run, like the reference
+
+
+def test_transformer_encoder_loss_tied_and_resnet():
+    torch.manual_seed(2)
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
+                                       batch_first=True)
+    export_check(nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False),
+                 (torch.randn(2, 5, 32),), split_count=3)
+    ir = export_check(TiedModel(), (torch.randint(0, 20, (3, 7)),))
+    assert ir.param_names.count("embed.weight") + ir.param_names.count("out.weight") == 1
+    ir = export_check(LossModel(), (torch.randn(5, 10), torch.randint(0, 3, (5,))))
+    assert " LOSS" in str(ir)
+    torchvision = pytest.importorskip("torchvision")
+    export_check(torchvision.models.resnet18(num_classes=10).train(),
+                 (torch.randn(2, 3, 32, 32),))
+
+
+class Reshaping(nn.Module):
+    """Size arithmetic on the batch: view(batch * 2, -1), a split, a number times a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = h.view(h.size(0) * 2, 2, -1).reshape(h.size(0), -1)
+        a, b = h.split(8, dim=1)
+        return self.out((a + b * 2).view(-1, 4)).view(x.size(0), -1)
+
+
+def test_other_batch_sizes_run_the_captured_graph():
+    torch.manual_seed(3)
+    model = Reshaping()
+    ir = autostage.export_to_ir(model, (torch.randn(4, 8),))
+    assert "_operator::mul" in str(ir)  # the batch stays symbolic
+    n = ir.node_count
+    for batch in (1, 3, 7):
+        x = torch.randn(batch, 8)
+        for parts in ([list(range(n))], [list(range(n // 2)), list(range(n // 2, n))]):
+            got = run_parts(ir, [x], parts)
+            assert torch.equal(got[0], model(x)), (batch, parts)
+
+
+def test_a_graph_break_is_refused_with_exports_reason():
+    class Branchy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return y if y.sum() > 0 else -y  # control flow on a tensor's value
+
+    with pytest.raises(autostage.UnsupportedError,
+                       match=r"torch.export of Branchy failed \(.*data-dependent.*"
+                             r"front_end=torchscript"):
+        autostage.export_to_ir(Branchy(), (torch.randn(3, 4),))
+
+
+def test_module_trains_like_plain_pytorch_with_keywords_and_output_structure():
+    class KeywordModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 3)
+
+        def forward(self, x, labels=None, scale=1.0):
+            logits = self.fc(x) * scale
+            loss = nn.functional.cross_entropy(logits, labels)
+            return {"loss": loss, "logits": logits}
+
+    torch.manual_seed(4)
+    model = KeywordModel().double()
+    reference = copy.deepcopy(model)
+    wrapped = autostage.Module(model, front_end="export")
+    for step in range(2):
+        x = torch.randn(6 + step, 6, dtype=torch.float64)
+        labels = torch.randint(0, 3, (6 + step,))
+        out = wrapped(x, labels=labels, scale=0.5)
+        expected = reference(x, labels=labels, scale=0.5)
+        assert set(out) == {"loss", "logits"}
+        assert torch.equal(out["loss"], expected["loss"])
+        assert torch.equal(out["logits"], expected["logits"])
+        out["loss"].backward()
+        expected["loss"].backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad), name
+
+
+def test_front_end_option_is_checked():
+    with pytest.raises(autostage.ConfigError, match="front_end='jit' is not a front end"):
+        autostage.Module(nn.Linear(2, 2), front_end="jit")(torch.randn(2, 2))

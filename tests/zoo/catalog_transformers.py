@@ -1,0 +1,102 @@
+"""HuggingFace transformers models for the zoo (issue 26), on the leg that has transformers
+(the PyTorch 2.x leg pins it; scripts/requirements-torch2.txt).
+
+Each model is built from a small config with random initialisation (no downloads), every dropout
+probability 0, and called as a training loop calls it: ``model(input_ids, attention_mask=...,
+labels=..., use_cache=False)``, the loss read from the returned ModelOutput. They are captured
+by the torch.export front end (front_end=export; Note [Front ends] in autostage/export.py):
+nothing in them is adapted to autostage.
+"""
+import torch
+
+from catalog import Entry, _generator, lm_batch
+
+VOCAB = 50
+
+
+def _causal_lm(config_class, model_class, **extra):
+    def build():
+        import transformers
+        config = getattr(transformers, config_class)(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+            attention_dropout=0.0, **extra)
+        return getattr(transformers, model_class)(config)
+    return build
+
+
+def gpt2():
+    import transformers
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0))
+
+
+def _masked_lm(config_class, model_class, **extra):
+    def build():
+        import transformers
+        config = getattr(transformers, config_class)(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=2, max_position_embeddings=32, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0, **extra)
+        return getattr(transformers, model_class)(config)
+    return build
+
+
+def t5():
+    import transformers
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+        dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0))
+
+
+def vit():
+    import transformers
+    return transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=16, patch_size=4, num_channels=3, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=2, num_attention_heads=2, num_labels=10, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0))
+
+
+def causal_batch(rows, step):
+    args, kwargs, target = lm_batch(rows, step)
+    return args, dict(kwargs, use_cache=False), target
+
+
+def masked_batch(rows, step):
+    args, kwargs, target = lm_batch(rows, step)
+    ids = args[0] + 2  # ids 0 and 1 are padding for RoBERTa's positions
+    return (ids,), dict(kwargs, labels=ids), target
+
+
+def image_batch(rows, step):
+    g = _generator(step)
+    pixels = torch.randn(rows, 3, 16, 16, generator=g, dtype=torch.float64)
+    return (pixels,), {"labels": torch.randint(0, 10, (rows,), generator=g)}, None
+
+
+FAMILY = "HF transformers (torch.export)"
+TEXT = "8 tokens; attention_mask, labels by keyword"
+LM_PLANS = [(1, 1, 2, "forward"), (2, 2, 2, "forward"), (4, 2, 2, "forward")]
+EXPORT = {"front_end": "export"}
+ZOO = [
+    Entry("GPT-2", FAMILY, gpt2, causal_batch, None, LM_PLANS, loss_key="loss", options=EXPORT,
+          input_text=TEXT + ", use_cache=False"),
+    Entry("BERT (masked LM)", FAMILY, _masked_lm("BertConfig", "BertForMaskedLM"),
+          masked_batch, None, [(2, 2, 2, "forward"), (4, 4, 1, "forward")], loss_key="loss", options=EXPORT,
+          input_text=TEXT),
+    Entry("RoBERTa (masked LM)", FAMILY,
+          _masked_lm("RobertaConfig", "RobertaForMaskedLM", pad_token_id=1),
+          masked_batch, None, [(2, 1, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss", options=EXPORT,
+          input_text=TEXT),
+    Entry("Llama", FAMILY, _causal_lm("LlamaConfig", "LlamaForCausalLM"), causal_batch, None,
+          LM_PLANS, loss_key="loss", options=EXPORT, input_text=TEXT + ", use_cache=False"),
+    Entry("Qwen2", FAMILY, _causal_lm("Qwen2Config", "Qwen2ForCausalLM"), causal_batch, None,
+          [(2, 2, 2, "forward"), (4, 4, 1, "forward")], loss_key="loss", options=EXPORT,
+          input_text=TEXT + ", use_cache=False"),
+    Entry("T5 (encoder-decoder)", FAMILY, t5, causal_batch, None,
+          [(2, 2, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss", options=EXPORT,
+          input_text=TEXT + "; decoder inputs from labels"),
+    Entry("ViT", FAMILY, vit, image_batch, None, [(2, 2, 2, "forward"), (4, 2, 1, "forward")],
+          loss_key="loss", options=EXPORT, input_text="3x16x16, labels by keyword"),
+]
