@@ -88,8 +88,9 @@ const std::vector<OptionSpec>& optionTable() {
        "deployment_file and exit (0: off)"},
       // Capture
       {"front_end", T::String, "auto",
-       "how a Python model is captured: torchscript (torch.jit.trace), export (torch.export, "
-       "PyTorch 2.5+; Note [Front ends]) or auto (torchscript for now)"},
+       "how a Python model is captured: auto (export where torch.export has the training IR, "
+       "PyTorch 2.5+; else torchscript), export (torch.export) or torchscript (torch.jit.trace); "
+       "Note [Front ends]"},
       // Runtime
       {"precision", T::String, "fp32",
        "fp32, or mixed precision with fp32 master weights: bf16 (CPU and CUDA autocast) or fp16 "

@@ -29,9 +29,8 @@ core::AttributeValue attributeOf(const py::handle& value) {
     for (const py::handle& e : value) floats = floats || py::isinstance<py::float_>(e);
     if (floats) return value.cast<std::vector<double>>();
     std::vector<int64_t> ints;
-    for (const py::handle& e : value) ints.push_back(py::isinstance<py::bool_>(e)
-                                                         ? int64_t(e.cast<bool>())
-                                                         : e.cast<int64_t>());
+    for (const py::handle& e : value)
+      ints.push_back(py::isinstance<py::bool_>(e) ? int64_t(e.cast<bool>()) : e.cast<int64_t>());
     return ints;
   }
   throw UnsupportedError("unsupported constant " + std::string(py::repr(value)) +
@@ -69,17 +68,18 @@ class ExportBuilder {
   // Completes the import: the parameter tensors (the model's own, one per PARAM input in order).
   std::shared_ptr<ImportedModel> finish(const std::vector<at::Tensor>& tensors,
                                         const std::vector<std::string>& names, bool tupleOutput) {
-    AUTOSTAGE_INTERNAL_ASSERT(tensors.size() == model_->graph.paramInputs().size() &&
-                                  names.size() == tensors.size(),
-                              "export builder: ", tensors.size(), " parameter tensors for ",
-                              model_->graph.paramInputs().size(), " parameter inputs");
+    AUTOSTAGE_INTERNAL_ASSERT(
+        tensors.size() == model_->graph.paramInputs().size() && names.size() == tensors.size(),
+        "export builder: ", tensors.size(), " parameter tensors for ",
+        model_->graph.paramInputs().size(), " parameter inputs");
     model_->paramTensors = tensors;
     model_->paramNames = names;
     model_->tupleOutput = tupleOutput;
     model_->graph.classifyValues();
     model_->graph.verify();
-    core::logger("Module")->debug("imported '{}' from torch.export: {} nodes, {} parameters/buffers",
-                                  model_->graph.name(), model_->graph.nodeCount(), names.size());
+    core::logger("Module")->debug(
+        "imported '{}' from torch.export: {} nodes, {} parameters/buffers", model_->graph.name(),
+        model_->graph.nodeCount(), names.size());
     return model_;
   }
 
@@ -95,8 +95,7 @@ void bindExport(py::module_& m) {
       .def("add_input", &ExportBuilder::addInput, py::arg("name"), py::arg("type"),
            py::arg("param"))
       .def("add_node", &ExportBuilder::addNode, py::arg("kind"), py::arg("inputs"),
-           py::arg("output_types"), py::arg("output_names"), py::arg("constant"),
-           py::arg("scope"))
+           py::arg("output_types"), py::arg("output_names"), py::arg("constant"), py::arg("scope"))
       .def("add_output", &ExportBuilder::addOutput, py::arg("value"))
       .def("finish", &ExportBuilder::finish, py::arg("tensors"), py::arg("names"),
            py::arg("tuple_output"));

@@ -1,7 +1,7 @@
 #include "frontend/export/interpreter.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ScalarOps.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <cmath>
 #include <optional>
@@ -13,16 +13,35 @@ namespace autostage::exportfe {
 namespace {
 
 // Note [Export node kinds]: Python arithmetic on sizes.
-enum class Arith { Add, Sub, Mul, FloorDiv, TrueDiv, Mod, Neg, Pow, Eq, Ne, Lt, Le, Gt, Ge, Max, Min };
+enum class Arith {
+  Add,
+  Sub,
+  Mul,
+  FloorDiv,
+  TrueDiv,
+  Mod,
+  Neg,
+  Pow,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  Max,
+  Min
+};
 
 const std::unordered_map<std::string, Arith>& arithmeticKinds() {
   static const std::unordered_map<std::string, Arith> kinds = {
-      {"add", Arith::Add}, {"sub", Arith::Sub},         {"mul", Arith::Mul},
-      {"floordiv", Arith::FloorDiv}, {"truediv", Arith::TrueDiv}, {"mod", Arith::Mod},
-      {"neg", Arith::Neg}, {"pow", Arith::Pow},         {"eq", Arith::Eq},
-      {"ne", Arith::Ne},   {"lt", Arith::Lt},           {"le", Arith::Le},
-      {"gt", Arith::Gt},   {"ge", Arith::Ge},           {"max", Arith::Max},
-      {"min", Arith::Min}};
+      {"add", Arith::Add},         {"sub", Arith::Sub},
+      {"mul", Arith::Mul},         {"floordiv", Arith::FloorDiv},
+      {"truediv", Arith::TrueDiv}, {"mod", Arith::Mod},
+      {"neg", Arith::Neg},         {"pow", Arith::Pow},
+      {"eq", Arith::Eq},           {"ne", Arith::Ne},
+      {"lt", Arith::Lt},           {"le", Arith::Le},
+      {"gt", Arith::Gt},           {"ge", Arith::Ge},
+      {"max", Arith::Max},         {"min", Arith::Min}};
   return kinds;
 }
 
@@ -36,18 +55,25 @@ c10::IValue arithmetic(Arith op, const std::vector<c10::IValue>& in) {
   auto isInt = [](const c10::IValue& v) { return v.isInt() || v.isBool(); };
   auto asInt = [](const c10::IValue& v) { return v.isBool() ? int64_t(v.toBool()) : v.toInt(); };
   auto asDouble = [&](const c10::IValue& v) { return isInt(v) ? double(asInt(v)) : v.toDouble(); };
-  if (op == Arith::Neg) return isInt(in.at(0)) ? c10::IValue(-asInt(in[0])) : c10::IValue(-in[0].toDouble());
+  if (op == Arith::Neg)
+    return isInt(in.at(0)) ? c10::IValue(-asInt(in[0])) : c10::IValue(-in[0].toDouble());
   const bool ints = isInt(in.at(0)) && isInt(in.at(1));
   const double a = asDouble(in[0]), b = asDouble(in[1]);
   switch (op) {
-    case Arith::Add: return ints ? c10::IValue(asInt(in[0]) + asInt(in[1])) : c10::IValue(a + b);
-    case Arith::Sub: return ints ? c10::IValue(asInt(in[0]) - asInt(in[1])) : c10::IValue(a - b);
-    case Arith::Mul: return ints ? c10::IValue(asInt(in[0]) * asInt(in[1])) : c10::IValue(a * b);
+    case Arith::Add:
+      return ints ? c10::IValue(asInt(in[0]) + asInt(in[1])) : c10::IValue(a + b);
+    case Arith::Sub:
+      return ints ? c10::IValue(asInt(in[0]) - asInt(in[1])) : c10::IValue(a - b);
+    case Arith::Mul:
+      return ints ? c10::IValue(asInt(in[0]) * asInt(in[1])) : c10::IValue(a * b);
     case Arith::FloorDiv:
-      return ints ? c10::IValue(floorDiv(asInt(in[0]), asInt(in[1]))) : c10::IValue(std::floor(a / b));
-    case Arith::TrueDiv: return c10::IValue(a / b);
+      return ints ? c10::IValue(floorDiv(asInt(in[0]), asInt(in[1])))
+                  : c10::IValue(std::floor(a / b));
+    case Arith::TrueDiv:
+      return c10::IValue(a / b);
     case Arith::Mod:
-      if (ints) return c10::IValue(asInt(in[0]) - floorDiv(asInt(in[0]), asInt(in[1])) * asInt(in[1]));
+      if (ints)
+        return c10::IValue(asInt(in[0]) - floorDiv(asInt(in[0]), asInt(in[1])) * asInt(in[1]));
       return c10::IValue(a - std::floor(a / b) * b);
     case Arith::Pow:
       if (ints && asInt(in[1]) >= 0) {
@@ -56,15 +82,24 @@ c10::IValue arithmetic(Arith op, const std::vector<c10::IValue>& in) {
         return c10::IValue(r);
       }
       return c10::IValue(std::pow(a, b));
-    case Arith::Eq: return c10::IValue(a == b);
-    case Arith::Ne: return c10::IValue(a != b);
-    case Arith::Lt: return c10::IValue(a < b);
-    case Arith::Le: return c10::IValue(a <= b);
-    case Arith::Gt: return c10::IValue(a > b);
-    case Arith::Ge: return c10::IValue(a >= b);
-    case Arith::Max: return ints ? c10::IValue(std::max(asInt(in[0]), asInt(in[1]))) : c10::IValue(std::max(a, b));
-    case Arith::Min: return ints ? c10::IValue(std::min(asInt(in[0]), asInt(in[1]))) : c10::IValue(std::min(a, b));
-    case Arith::Neg: break;
+    case Arith::Eq:
+      return c10::IValue(a == b);
+    case Arith::Ne:
+      return c10::IValue(a != b);
+    case Arith::Lt:
+      return c10::IValue(a < b);
+    case Arith::Le:
+      return c10::IValue(a <= b);
+    case Arith::Gt:
+      return c10::IValue(a > b);
+    case Arith::Ge:
+      return c10::IValue(a >= b);
+    case Arith::Max:
+      return ints ? c10::IValue(std::max(asInt(in[0]), asInt(in[1]))) : c10::IValue(std::max(a, b));
+    case Arith::Min:
+      return ints ? c10::IValue(std::min(asInt(in[0]), asInt(in[1]))) : c10::IValue(std::min(a, b));
+    case Arith::Neg:
+      break;
   }
   AUTOSTAGE_INTERNAL_ASSERT(false, "unhandled arithmetic operation");
 }
@@ -82,7 +117,8 @@ c10::IValue constantOf(const core::Node& node, const core::Type& type) {
   const core::AttributeValue& v = attr->value;
   auto fail = [&] {
     throw UnsupportedError("unsupported constant of type " + type.toString() + " at " +
-                           describe(node) + ": the export front end writes None, bool, int, "
+                           describe(node) +
+                           ": the export front end writes None, bool, int, "
                            "float, str, Device and lists of bool/int/float");
   };
   switch (t.kind()) {
@@ -131,14 +167,19 @@ ListKind listKindOf(const core::Type& type, const core::Node& node) {
                      " builds a ", type.toString(), ", not a list");
   const core::Type& e = type.elements().at(0);
   switch (e.kind()) {
-    case core::TypeKind::Int: return ListKind::Int;
-    case core::TypeKind::Float: return ListKind::Float;
-    case core::TypeKind::Bool: return ListKind::Bool;
-    case core::TypeKind::Tensor: return ListKind::Tensor;
+    case core::TypeKind::Int:
+      return ListKind::Int;
+    case core::TypeKind::Float:
+      return ListKind::Float;
+    case core::TypeKind::Bool:
+      return ListKind::Bool;
+    case core::TypeKind::Tensor:
+      return ListKind::Tensor;
     case core::TypeKind::Optional:
       if (e.elements().at(0).isTensor()) return ListKind::OptionalTensor;
       break;
-    default: break;
+    default:
+      break;
   }
   throw UnsupportedError("unsupported list of " + e.toString() + " at " + describe(node) +
                          ": the export front end runs lists of int, float, bool, Tensor and "
@@ -201,6 +242,19 @@ c10::IValue wrapNumber(const c10::IValue& v) {
 template <typename Step>
 void callOperator(const Step& step, std::vector<c10::IValue>& stack) {
   try {
+    if (step.reshape) {  // Note [View of a dropped contiguous]
+      std::vector<c10::IValue> arguments = stack;
+      try {
+        step.op->callBoxed(stack);
+      } catch (const c10::Error& e) {
+        if (std::string(e.what_without_backtrace()).find("view size is not compatible") ==
+            std::string::npos)
+          throw;
+        stack = std::move(arguments);
+        step.reshape->callBoxed(stack);
+      }
+      return;
+    }
     step.op->callBoxed(stack);
   } catch (const c10::OutOfMemoryError&) {
     throw;
@@ -220,12 +274,13 @@ struct Program::Impl {
   struct Step {
     StepKind kind;
     std::optional<c10::OperatorHandle> op;
+    std::optional<c10::OperatorHandle> reshape;  // aten::view only
     c10::IValue constant;
     ListKind list = ListKind::Int;
     Arith arith = Arith::Add;
     std::vector<int> inputs, outputs;
-    std::vector<bool> wrap;   // per input: a number for a Tensor argument
-    std::vector<int> release; // slots whose last reader is this step
+    std::vector<bool> wrap;    // per input: a number for a Tensor argument
+    std::vector<int> release;  // slots whose last reader is this step
     std::string where;
   };
   std::vector<Step> steps;
@@ -264,8 +319,8 @@ Program::Impl::Step Program::Impl::compile(const core::Graph& graph, const core:
   } else if (node.kind.rfind("_operator::", 0) == 0) {
     step.kind = StepKind::Arithmetic;
     auto it = arithmeticKinds().find(node.kind.substr(11));
-    AUTOSTAGE_CHECK_AS(UnsupportedError, it != arithmeticKinds().end(), "unsupported ",
-                       step.where, ": the export front end runs the size arithmetic "
+    AUTOSTAGE_CHECK_AS(UnsupportedError, it != arithmeticKinds().end(), "unsupported ", step.where,
+                       ": the export front end runs the size arithmetic "
                        "add/sub/mul/floordiv/truediv/mod/neg/pow/comparisons/max/min");
     step.arith = it->second;
   } else {
@@ -275,8 +330,8 @@ Program::Impl::Step Program::Impl::compile(const core::Graph& graph, const core:
     step.kind = StepKind::Operator;
     size_t dot = node.kind.find('.', node.kind.find("::") + 2);
     std::string name = node.kind.substr(0, dot), overload = node.kind.substr(dot + 1);
-    auto handle = c10::Dispatcher::singleton().findSchema(
-        {name, overload == "default" ? "" : overload});
+    auto handle =
+        c10::Dispatcher::singleton().findSchema({name, overload == "default" ? "" : overload});
     AUTOSTAGE_CHECK_AS(UnsupportedError, handle.has_value(), "unsupported ", step.where,
                        ": the ATen dispatcher has no operator ", node.kind,
                        " (a custom operator must be registered in every rank's process)");
@@ -287,6 +342,8 @@ Program::Impl::Step Program::Impl::compile(const core::Graph& graph, const core:
                        c10::toString(handle->schema()), " takes ", arguments.size(),
                        " arguments; the graph was not written by this front end");
     for (const c10::Argument& a : arguments) step.wrap.push_back(takesTensor(a));
+    if (node.kind == "aten::view.default")
+      step.reshape = c10::Dispatcher::singleton().findSchemaOrThrow("aten::reshape", "");
   }
   return step;
 }
@@ -370,17 +427,28 @@ namespace {
 
 core::DType irDtype(at::ScalarType type, const std::string& where) {
   switch (type) {
-    case at::kFloat: return core::DType::Float32;
-    case at::kDouble: return core::DType::Float64;
-    case at::kHalf: return core::DType::Float16;
-    case at::kBFloat16: return core::DType::BFloat16;
-    case at::kLong: return core::DType::Int64;
-    case at::kInt: return core::DType::Int32;
-    case at::kShort: return core::DType::Int16;
-    case at::kChar: return core::DType::Int8;
-    case at::kByte: return core::DType::UInt8;
-    case at::kBool: return core::DType::Bool;
-    default: break;
+    case at::kFloat:
+      return core::DType::Float32;
+    case at::kDouble:
+      return core::DType::Float64;
+    case at::kHalf:
+      return core::DType::Float16;
+    case at::kBFloat16:
+      return core::DType::BFloat16;
+    case at::kLong:
+      return core::DType::Int64;
+    case at::kInt:
+      return core::DType::Int32;
+    case at::kShort:
+      return core::DType::Int16;
+    case at::kChar:
+      return core::DType::Int8;
+    case at::kByte:
+      return core::DType::UInt8;
+    case at::kBool:
+      return core::DType::Bool;
+    default:
+      break;
   }
   throw UnsupportedError(std::string("unsupported dtype ") + c10::toString(type) + " of " + where +
                          ": autostage's IR carries float, double, half, bfloat16, integer and "
@@ -401,9 +469,10 @@ void recordTypes(core::Graph& graph, std::vector<c10::IValue> inputs) {
     if (!values[i].isTensor() || !graph.value(produced[i]).type.isTensor()) continue;
     const at::Tensor& t = values[i].toTensor();
     if (!t.defined()) continue;
-    graph.setType(produced[i], core::Type::tensor(irDtype(t.scalar_type(),
-                                                          "value %" + graph.value(produced[i]).name),
-                                                  t.sizes().vec(), t.requires_grad()));
+    graph.setType(
+        produced[i],
+        core::Type::tensor(irDtype(t.scalar_type(), "value %" + graph.value(produced[i]).name),
+                           t.sizes().vec(), t.requires_grad()));
   }
   graph.classifyValues();
 }

@@ -17,6 +17,13 @@
 // given for a Tensor argument (`x * 2` is `aten::mul.Tensor(x, 2)`) becomes a wrapped-number
 // tensor, as PyTorch's Python binding makes it, so type promotion matches eager exactly.
 // TorchScript kinds never contain '.', so the kinds alone tell the two front ends' graphs apart.
+//
+// Note [View of a dropped contiguous]
+// `x.permute(...).contiguous().view(...)` records no operator for `.contiguous()` when the
+// permuted tensor happened to be contiguous at the captured sizes (nn.MultiheadAttention's output
+// at some batch sizes), so at another micro-batch size the view may meet a non-contiguous tensor
+// that eager PyTorch would have copied first. aten::view.default therefore runs as aten::reshape
+// (the same copy, same values, same gradients) when, and only when, the view is impossible.
 
 #include <ATen/core/ivalue.h>
 

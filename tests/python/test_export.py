@@ -124,7 +124,7 @@ def test_module_trains_like_plain_pytorch_with_keywords_and_output_structure():
     torch.manual_seed(4)
     model = KeywordModel().double()
     reference = copy.deepcopy(model)
-    wrapped = autostage.Module(model, front_end="export")
+    wrapped = autostage.Module(model, front_end="export", partition_num=1, pipeline_num=1)
     for step in range(2):
         x = torch.randn(6 + step, 6, dtype=torch.float64)
         labels = torch.randint(0, 3, (6 + step,))

@@ -226,6 +226,8 @@ def _segmentation(name, **kwargs):
     return build
 
 
+# Models whose capture needs the TorchScript front end (front_end=auto is torch.export on 2.x).
+TORCHSCRIPT = {"front_end": "torchscript"}
 BN_PLANS = [(1, 1, 2, "forward"), (2, 2, 2, "forward"), (4, 4, 2, "forward")]  # 1 replica each
 # Replicated stages (2 ranks for 1 stage, 4 ranks for 2 stages), then 4 stages.
 REPLICA_PLANS = [(2, 1, 2, "forward"), (4, 2, 2, "forward"), (4, 4, 1, "forward")]
@@ -252,7 +254,9 @@ ZOO = [
           _segmentation("deeplabv3_mobilenet_v3_large", num_classes=4, aux_loss=True),
           segmentation_batch(32, 4), segmentation_loss,
           [(1, 1, 2, "forward"), (4, 4, 1, "PlanError")], input_text="3x32x32",
-          note="forward reads x.shape[-2:] first and uses it last: one cuttable block"),
+          note="forward reads x.shape[-2:] first and uses it last: one cuttable block (traced "
+               "with TorchScript on both legs; torch.export makes those sizes constants, and "
+               "the model then trains at 4 stages: table below)", options=TORCHSCRIPT),
     Entry("nn.Transformer", "torch.nn", lambda: nn.Transformer(
         d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,
         dropout=0.0, batch_first=True), transformer_batch, mse_loss, REPLICA_PLANS,
@@ -262,18 +266,24 @@ ZOO = [
           loss_key="loss",
           input_text="8 tokens; attention_mask, labels by keyword"),
     Entry("wav2vec2 (tiny config)", "torchaudio", wav2vec2_tiny, wav2vec2_batch,
-          wav2vec2_loss, REPLICA_PLANS, input_text="400 samples; lengths by keyword"),
+          wav2vec2_loss, REPLICA_PLANS, input_text="400 samples; lengths by keyword",
+          note="TorchScript on both legs: torch.export refuses its LayerDrop branch on a random "
+               "number (`if self.training and torch.rand(1) <= layer_drop`, data-dependent)",
+          options=TORCHSCRIPT),
     Entry("Conformer", "torchaudio", conformer_tiny, conformer_batch, conformer_loss,
-          [(2, 2, 2, "forward"), (4, 4, 1, "forward")], input_text="10x16 frames + lengths"),
+          [(2, 2, 2, "forward"), (4, 4, 1, "forward")], input_text="10x16 frames + lengths",
+          note="TorchScript on both legs: torch.export refuses `max(lengths)` as a size "
+               "(data-dependent), which the trace bakes in as a constant", options=TORCHSCRIPT),
 ]
-try:  # issue 26: transformers models, on the leg that installs transformers (PyTorch 2.x)
+# Issue 26: models captured with torch.export, on the leg that has it and transformers (2.x).
+try:
     import transformers  # noqa: F401
-    HAS_TRANSFORMERS = True
+    HAS_EXPORT_ZOO = hasattr(torch, "export") and hasattr(torch.export, "Dim")
 except ImportError:
-    HAS_TRANSFORMERS = False
-if HAS_TRANSFORMERS:
-    from catalog_transformers import ZOO as _TRANSFORMERS_ZOO
-    ZOO += _TRANSFORMERS_ZOO
+    HAS_EXPORT_ZOO = False
+if HAS_EXPORT_ZOO:
+    from catalog_transformers import ZOO as _EXPORT_ZOO
+    ZOO += _EXPORT_ZOO
 BY_NAME = {e.name: e for e in ZOO}
 
 

@@ -1,5 +1,7 @@
-"""HuggingFace transformers models for the zoo (issue 26), on the leg that has transformers
-(the PyTorch 2.x leg pins it; scripts/requirements-torch2.txt).
+"""Models captured with torch.export for the zoo (issue 26), on the leg that has it and
+transformers (the PyTorch 2.x leg pins it; scripts/requirements-torch2.txt): HuggingFace
+transformers models, and one torchvision model whose plan shapes differ from its TorchScript
+capture's.
 
 Each model is built from a small config with random initialisation (no downloads), every dropout
 probability 0, and called as a training loop calls it: ``model(input_ids, attention_mask=...,
@@ -9,7 +11,8 @@ nothing in them is adapted to autostage.
 """
 import torch
 
-from catalog import Entry, _generator, lm_batch
+from catalog import (Entry, _generator, _segmentation, lm_batch, segmentation_batch,
+                     segmentation_loss)
 
 VOCAB = 50
 
@@ -65,7 +68,7 @@ def causal_batch(rows, step):
 
 def masked_batch(rows, step):
     args, kwargs, target = lm_batch(rows, step)
-    ids = args[0] + 2  # ids 0 and 1 are padding for RoBERTa's positions
+    ids = args[0] % (VOCAB - 2) + 2  # ids 0 and 1 are padding for RoBERTa's positions
     return (ids,), dict(kwargs, labels=ids), target
 
 
@@ -79,24 +82,33 @@ FAMILY = "HF transformers (torch.export)"
 TEXT = "8 tokens; attention_mask, labels by keyword"
 LM_PLANS = [(1, 1, 2, "forward"), (2, 2, 2, "forward"), (4, 2, 2, "forward")]
 EXPORT = {"front_end": "export"}
+# Causal LMs' loss is float32: transformers computes it from logits.float().
+NOTE = "loss in float32 (transformers' logits.float()): compared within rtol 1e-5"
 ZOO = [
-    Entry("GPT-2", FAMILY, gpt2, causal_batch, None, LM_PLANS, loss_key="loss", options=EXPORT,
-          input_text=TEXT + ", use_cache=False"),
+    Entry("GPT-2", FAMILY, gpt2, causal_batch, None, LM_PLANS, loss_key="loss",
+          input_text=TEXT + ", use_cache=False", options=EXPORT, note=NOTE),
     Entry("BERT (masked LM)", FAMILY, _masked_lm("BertConfig", "BertForMaskedLM"),
-          masked_batch, None, [(2, 2, 2, "forward"), (4, 4, 1, "forward")], loss_key="loss", options=EXPORT,
-          input_text=TEXT),
+          masked_batch, None, [(2, 2, 2, "forward"), (4, 4, 1, "forward")], loss_key="loss",
+          input_text=TEXT, options=EXPORT),
     Entry("RoBERTa (masked LM)", FAMILY,
           _masked_lm("RobertaConfig", "RobertaForMaskedLM", pad_token_id=1),
-          masked_batch, None, [(2, 1, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss", options=EXPORT,
-          input_text=TEXT),
+          masked_batch, None, [(2, 1, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss",
+          input_text=TEXT, options=EXPORT),
     Entry("Llama", FAMILY, _causal_lm("LlamaConfig", "LlamaForCausalLM"), causal_batch, None,
-          LM_PLANS, loss_key="loss", options=EXPORT, input_text=TEXT + ", use_cache=False"),
+          LM_PLANS, loss_key="loss", input_text=TEXT + ", use_cache=False", options=EXPORT,
+          note=NOTE),
     Entry("Qwen2", FAMILY, _causal_lm("Qwen2Config", "Qwen2ForCausalLM"), causal_batch, None,
-          [(2, 2, 2, "forward"), (4, 4, 1, "forward")], loss_key="loss", options=EXPORT,
-          input_text=TEXT + ", use_cache=False"),
+          [(2, 2, 2, "forward"), (4, 4, 1, "forward")], loss_key="loss",
+          input_text=TEXT + ", use_cache=False", options=EXPORT, note=NOTE),
     Entry("T5 (encoder-decoder)", FAMILY, t5, causal_batch, None,
-          [(2, 2, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss", options=EXPORT,
-          input_text=TEXT + "; decoder inputs from labels"),
+          [(2, 2, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss",
+          input_text=TEXT + "; decoder inputs from labels", options=EXPORT),
     Entry("ViT", FAMILY, vit, image_batch, None, [(2, 2, 2, "forward"), (4, 2, 1, "forward")],
-          loss_key="loss", options=EXPORT, input_text="3x16x16, labels by keyword"),
+          loss_key="loss", input_text="3x16x16, labels by keyword", options=EXPORT),
+    Entry("deeplabv3_mobilenet_v3_large (aux), torch.export", "torchvision segmentation",
+          _segmentation("deeplabv3_mobilenet_v3_large", num_classes=4, aux_loss=True),
+          segmentation_batch(32, 4), segmentation_loss, [(4, 4, 1, "forward")],
+          input_text="3x32x32", options=EXPORT,
+          note="x.shape[-2:] is a constant of the export (only the batch is dynamic), so the "
+               "size no longer crosses every cut: 4 stages, where TorchScript's trace allows 1"),
 ]

@@ -21,6 +21,9 @@ from catalog import configs
 from zoo_reference import ZooReference, leaves
 
 RTOL, ATOL, STEPS, LR = 1e-9, 1e-11, 2, 0.05
+# A float32 value among the float64 ones (transformers computes its loss from logits.float()):
+# micro-batches sum it in another order, which float32 rounding alone moves by ~1e-7.
+FLOAT32_RTOL, FLOAT32_ATOL = 1e-5, 1e-6
 
 
 def optimizer_for(params):
@@ -50,7 +53,9 @@ class Mismatch:
             scale = expected.abs().max().item()
             error = (got - expected).abs().max().item() / max(scale, 1.0)
             self.max_error = max(self.max_error, error)
-        if not torch.allclose(got.double(), expected.double(), rtol=RTOL, atol=ATOL):
+        single = got.dtype == torch.float32
+        rtol, atol = (FLOAT32_RTOL, FLOAT32_ATOL) if single else (RTOL, ATOL)
+        if not torch.allclose(got.double(), expected.double(), rtol=rtol, atol=atol):
             self.failures.append(f"{what} (max abs error "
                                  f"{(got.double() - expected.double()).abs().max().item():.3g})")
 
@@ -99,8 +104,14 @@ def run_config(entry, partition, pipeline, call, cache_dir, rank, world):
             info = wrapped._impl.deployment_info()
             reference.split_batchnorm(info, world * local)
             params = dict(model.named_parameters())
-            by_ptr = {t.data_ptr(): n for n, t in model.state_dict(keep_vars=True).items()}
-            names = [by_ptr[t.data_ptr()] for t in wrapped._impl.local_tensors()]
+            # Non-persistent buffers (BERT's position_ids) are stage tensors outside state_dict.
+            by_ptr = {t.data_ptr(): n for n, t in model.named_buffers()}
+            by_ptr.update({t.data_ptr(): n
+                           for n, t in model.state_dict(keep_vars=True).items()})
+            # Tensors the model creates in forward (torch.export lifts them as constants, T5's)
+            # are not model state: nothing to compare.
+            names = [by_ptr[t.data_ptr()] for t in wrapped._impl.local_tensors()
+                     if t.data_ptr() in by_ptr]
         ref_out = reference.step(args, kwargs, target)
         compare_outputs(mismatch, step, out, ref_out, rows)
         for n in names:
@@ -111,7 +122,8 @@ def run_config(entry, partition, pipeline, call, cache_dir, rank, world):
                                reference.grad(n))
         optimizer.step()
         reference.optimizer_step()
-        state = model.state_dict(keep_vars=True)
+        state = dict(model.named_buffers())
+        state.update(model.state_dict(keep_vars=True))
         for n in names:
             if n in params or step == STEPS - 1:
                 mismatch.check(f"step {step} value {n}", state[n], reference.tensor(n))

@@ -99,4 +99,6 @@ class ZooReference:
         return grad if grad is not None else torch.zeros_like(self.params[name])
 
     def tensor(self, name):
-        return self.model.state_dict(keep_vars=True)[name]
+        tensors = dict(self.model.named_buffers())  # non-persistent ones too
+        tensors.update(self.model.state_dict(keep_vars=True))
+        return tensors[name]

@@ -6,9 +6,11 @@ with ``torch.export.export(strict=False)`` (the training IR: ATen operator overl
 decomposition, parameters and buffers lifted to graph inputs) and writes that program into the IR
 here; each stage then runs its nodes through the ATen dispatcher from C++
 (frontend/export/interpreter.h, Note [Export node kinds]), with autograd recorded as in eager
-PyTorch. On LibTorch 1.13, and for C++ users' ``torch::jit::load`` models, the TorchScript front
-end traces (torchscript.py) and runs TorchScript functions. The option ``front_end`` chooses
-(auto: export where torch.export exists); nothing falls back silently from one to the other.
+PyTorch. On LibTorch 1.13, for a ScriptModule, and for C++ users' ``torch::jit::load`` models,
+the TorchScript front end traces (torchscript.py) and runs TorchScript functions. The option
+``front_end`` chooses (auto: export where torch.export has the training IR); nothing falls back
+silently from one to the other: a model export refuses raises UnsupportedError quoting export's
+reason, and ``front_end=torchscript`` is the user's explicit way back.
 
 Dynamic batch: every batch input's dim 0 is exported as ``Dim.AUTO``, so size arithmetic stays
 symbolic (``sym_size`` nodes and ``_operator::*`` nodes) and micro-batches of any size run the
@@ -48,9 +50,11 @@ _ARITHMETIC = {
 }
 if hasattr(torch, "sym_max"):  # PyTorch 2.x (this module is imported on 1.13 too)
     _ARITHMETIC.update({torch.sym_max: "max", torch.sym_min: "min"})
-# Checks export inserts for its own shape guards; they return nothing and are not run.
+# Checks export inserts for its own guards; they return nothing and are not run. (The dtype
+# checks of _assert_tensor_metadata would fail under the stages' autocast, which the capture
+# does not run under: Note [Autocast execution].)
 _SKIPPED = ("aten::_assert_scalar", "aten::sym_constrain_range_for_size",
-            "aten::sym_constrain_range", "aten::_assert_async")
+            "aten::sym_constrain_range", "aten::_assert_async", "aten::_assert_tensor_metadata")
 
 
 def available():

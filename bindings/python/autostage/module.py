@@ -415,10 +415,7 @@ def front_end():
             f"front_end=export needs torch.export with the training IR (PyTorch 2.5 or later); "
             f"this is PyTorch {torch.__version__}: use front_end=torchscript or auto")
     if setting == "auto":
-        # TorchScript until the export path covers what it does (issue 26: a model whose batch
-        # dimension export specialises, nn.Transformer's attention, needs a capture per
-        # micro-batch size), then export where torch.export exists.
-        return "torchscript"
+        return "export" if _export_available() else "torchscript"
     return setting
 
 
