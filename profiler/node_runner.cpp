@@ -98,7 +98,11 @@ PreparedArgs prepare(const core::Graph& graph, const torchscript::ExportedFuncti
       }
       prepared.args.push_back(p);
     } else {
-      prepared.args.push_back(prepareValue(args[i], !graphInput, &prepared));
+      // Gradients flow into an activation only where the captured run had them (a
+      // histogram of expert counts in an MoE router has none, and cumsum on it to an integer
+      // dtype would fail under autograd).
+      bool carriesGrad = !value.type.isTensor() || value.type.requiresGrad();
+      prepared.args.push_back(prepareValue(args[i], !graphInput && carriesGrad, &prepared));
     }
   }
   return prepared;

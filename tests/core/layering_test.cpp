@@ -21,7 +21,8 @@ namespace fs = std::filesystem;
 // "bindings/cpp/module.h" -> "bindings/cpp", "core/ir/graph.h" -> "core".
 std::string folderOf(const std::string& include) {
   for (const char* nested :
-       {"core/torchscript/", "bindings/cpp/", "bindings/cli/", "bindings/python/"})
+       {"core/torchscript/", "frontend/export/", "bindings/cpp/", "bindings/cli/",
+        "bindings/python/"})
     if (include.rfind(nested, 0) == 0) return std::string(nested).substr(0, strlen(nested) - 1);
   return include.substr(0, include.find('/'));
 }
@@ -29,15 +30,16 @@ std::string folderOf(const std::string& include) {
 // What each folder may include (besides itself); "autostage" is the generated build_config.h.
 const std::map<std::string, std::set<std::string>> kAllowed = {
     {"core", {"autostage"}},
-    {"core/torchscript", {"core"}},
+    {"core/torchscript", {"core", "frontend/export"}},  // exportSubgraph runs export graphs
+    {"frontend/export", {"core"}},
     {"decomposer", {"core"}},
     {"service", {"core", "decomposer"}},
     {"comm", {"autostage", "core"}},
     {"profiler", {"autostage", "core", "core/torchscript", "comm"}},
     {"staging", {"core", "core/torchscript", "comm"}},
     {"driver",
-     {"autostage", "core", "core/torchscript", "comm", "profiler", "decomposer", "service",
-      "staging"}},
+     {"autostage", "core", "core/torchscript", "frontend/export", "comm", "profiler",
+      "decomposer", "service", "staging"}},
 };
 const std::set<std::string> kTorchFree = {"core", "decomposer", "service"};
 
@@ -84,7 +86,7 @@ TEST_CASE("each folder includes only the folders below it (ARCHITECTURE.md)", "[
       FAIL_CHECK(folder << " may not include this");
     }
     INFO(folder);
-    CHECK(files >= 4);  // the folder's sources were read
+    CHECK(files >= (folder == "frontend/export" ? 2 : 4));  // the folder's sources were read
   }
 }
 

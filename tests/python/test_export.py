@@ -142,3 +142,16 @@ def test_module_trains_like_plain_pytorch_with_keywords_and_output_structure():
 def test_front_end_option_is_checked():
     with pytest.raises(autostage.ConfigError, match="front_end='jit' is not a front end"):
         autostage.Module(nn.Linear(2, 2), front_end="jit")(torch.randn(2, 2))
+
+
+def test_auto_captures_with_torch_export_and_says_so(capfd):
+    """The 2.x leg runs with the export front end unless a test asks otherwise: a job that fell
+    back to TorchScript would log `with TorchScript`."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(4, 4)
+    out = autostage.Module(model, partition_num=1, pipeline_num=1)(x)
+    assert torch.equal(out, model(x))
+    err = capfd.readouterr().err
+    assert "Captured Sequential with torch.export:" in err, err
+    assert "with TorchScript" not in err

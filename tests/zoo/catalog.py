@@ -41,10 +41,12 @@ class Entry:
     local_batch: int = 4
     note: str = ""
     options: dict = dataclasses.field(default_factory=dict)  # autostage.Module options
+    # float64 unless the model cannot run in it (grouped_mm, Mixtral's experts: float32 at most)
+    dtype: torch.dtype = torch.float64
 
     def model(self):
         torch.manual_seed(0)
-        model = self.build().double().train()
+        model = self.build().to(self.dtype).train()
         for module in model.modules():
             if isinstance(module, nn.Dropout):
                 module.p = 0.0

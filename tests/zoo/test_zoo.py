@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from catalog import RANK_COUNTS, ZOO
+from catalog import HAS_EXPORT_ZOO, RANK_COUNTS, ZOO
 from doc_table import tables
 from driver import RTOL
 from mpi_launch import BUILD, mpi_env, mpirun
@@ -40,6 +40,10 @@ def test_catalog_covers_the_issue():
                 assert partition == ranks, f"{entry.name}: BatchNorm needs 1 replica per stage"
     replicated = [e.name for e in ZOO for p in e.plans if p[0] > p[1] and p[3] != "PlanError"]
     assert replicated, "some models train with replicated stages"
+    if HAS_EXPORT_ZOO:  # issue 26's list of transformers models, each under 1+ stages
+        names = " ".join(e.name for e in ZOO if e.options.get("front_end") == "export")
+        for model in ("GPT-2", "BERT", "RoBERTa", "Llama", "Qwen2", "T5", "ViT", "Mixtral"):
+            assert model in names, model
 
 
 @needs_mpirun
