@@ -47,7 +47,18 @@ def build(args):
                                      num_attention_heads=args.heads,
                                      intermediate_size=4 * args.hidden)
     return f"transformers {transformers.__version__} BertForMaskedLM", \
-        transformers.BertForMaskedLM(config)
+        Logits(transformers.BertForMaskedLM(config))
+
+
+class Logits(torch.nn.Module):
+    """The model's logits alone (torch.jit.trace takes no ModelOutput)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids).logits
 
 
 def main():
