@@ -4,7 +4,7 @@
     /usr/bin/python3 bench/capture_time/capture_time.py             # TorchScript (LibTorch 1.13)
 
 The model: transformers' BertForMaskedLM (24 layers, hidden 1024, 16 heads: BERT-large) where
-transformers is installed (the 2.x leg), else a BERT-large-shaped stack of
+transformers is installed (the 2.x leg), else (or with --model nn) a BERT-large-shaped stack of
 torch.nn.TransformerEncoderLayer with the same widths, so both platforms capture a model of the
 same size. Each front end captures it `--repeats` times in one process, alternating, after one
 untimed capture (the first torch.export in a process also imports its machinery: reported
@@ -40,6 +40,8 @@ class NnBert(torch.nn.Module):
 
 def build(args):
     try:
+        if args.model == "nn":
+            raise ImportError
         import transformers
     except ImportError:
         return "torch.nn BERT-large-shaped encoder", NnBert(args.layers, args.hidden, args.heads)
@@ -69,6 +71,9 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--model", choices=["auto", "nn"], default="auto",
+                   help="nn: the torch.nn model even where transformers is installed (the model "
+                        "1.13 captures)")
     args = p.parse_args()
     torch.manual_seed(0)
     name, model = build(args)

@@ -155,3 +155,17 @@ def test_auto_captures_with_torch_export_and_says_so(capfd):
     err = capfd.readouterr().err
     assert "Captured Sequential with torch.export:" in err, err
     assert "with TorchScript" not in err
+
+
+def test_a_specialised_batch_dimension_is_said_once():
+    class FixedBatch(nn.Module):
+        def forward(self, x):
+            return x.reshape(4, -1) * 2  # the model's code fixes the batch at 4
+
+    lines = []
+    ir = autostage.export_to_ir(FixedBatch(), (torch.randn(4, 3),), log=lines.append)
+    assert len(lines) == 1 and "specialised the batch dimension of x" in lines[0], lines
+    assert ir.front_end == "torch.export"
+    lines.clear()
+    autostage.export_to_ir(Reshaping(), (torch.randn(4, 8),), log=lines.append)
+    assert lines == []  # a dynamic batch says nothing

@@ -359,8 +359,9 @@ def export_to_ir(model, inputs, model_name=None, log=None):
                 buffer.copy_(value)
     importer = _Importer(ep, model, model_name)
     tensors, names = importer.inputs(inputs)
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
     fixed = [n.name for n, t in zip(importer.user_nodes, inputs)
-             if t.dim() > 0 and not isinstance(n.meta["val"].shape[0], torch.SymInt)]
+             if t.dim() > 0 and is_concrete_int(n.meta["val"].shape[0])]
     if fixed and log is not None:
         log(f"torch.export specialised the batch dimension of {', '.join(fixed)} to the "
             f"captured size {inputs[0].shape[0]}: the model's code fixes it, so its stages run "
