@@ -24,7 +24,7 @@ import operator
 import torch
 
 from . import _autostage
-from .torchscript import _DATA_DEPENDENT_OPS, data_dependent_error
+from .torchscript import _DATA_DEPENDENT_OPS, buffers_kept, data_dependent_error
 
 # ScalarType, Layout and MemoryFormat are ints in a boxed call (c10's enum values).
 _SCALAR_TYPES = {
@@ -333,9 +333,8 @@ def export_to_ir(model, inputs, model_name=None, log=None):
     model_name = model_name or type(model).__name__
     inputs = tuple(inputs)
     dynamic = tuple({0: torch.export.Dim.AUTO} if t.dim() > 0 else None for t in inputs)
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
-        with _CustomFunctions() as functions:
+        with buffers_kept(model), _CustomFunctions() as functions:
             ep = torch.export.export(model, inputs, dynamic_shapes=dynamic, strict=False)
         if functions.names:
             raise _autostage.UnsupportedError(
@@ -353,10 +352,6 @@ def export_to_ir(model, inputs, model_name=None, log=None):
             "forward exportable (no data-dependent control flow or output sizes, no returned "
             "cache objects; pass use_cache=False to transformers models), or set "
             "front_end=torchscript") from e
-    finally:
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
     importer = _Importer(ep, model, model_name)
     tensors, names = importer.inputs(inputs)
     from torch.fx.experimental.symbolic_shapes import is_concrete_int

@@ -1,5 +1,6 @@
 """Model -> IR: trace (or take a ScriptModule) and import its forward into the autostage IR."""
 
+import contextlib
 import inspect
 import warnings
 
@@ -90,13 +91,25 @@ def data_dependent_error(kind, what, scope, model_name):
         "run the rest outside autostage")
 
 
+@contextlib.contextmanager
+def buffers_kept(model):
+    """Restores the model's buffers after a capture (both front ends run forward once, and
+    BatchNorm updates its statistics in place)."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
 def _trace(model, inputs, model_name=None):
     """torch.jit.trace without side effects on the model's buffers (tracing runs forward once).
     ``model_name`` names the user's model in errors when ``model`` wraps it."""
     model_name = model_name or type(model).__name__
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
-        with warnings.catch_warnings():
+        with buffers_kept(model), warnings.catch_warnings():
             # Note [TorchScript deprecation on 2.x]: PyTorch 2.11 warns that torch.jit.trace is
             # deprecated. The warning is meant for a user's own call; this one is autostage's
             # capture, which the torch.export front end replaces (issue 26). Only that warning
@@ -114,10 +127,6 @@ def _trace(model, inputs, model_name=None):
             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the "
             "inputs' shapes and dtypes; autostage needs a forward that takes tensors and returns "
             "tensors (alone or in tuples, lists and dicts)") from e
-    finally:
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
 
 
 def trace_to_ir(model, example_inputs):
