@@ -101,12 +101,16 @@ struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
   }
 };
 
-// The example inputs tracing, import and profiling run with: on the stages' device, beside the
-// model's tensors (Note [Placing the model]); the caller's tensors stay where they are.
+// The example inputs tracing, import and profiling run with: copies on the stages' device, beside
+// the model's tensors (Note [Placing the model]). The caller's tensors stay where they are and as
+// they are: a model that writes into its input (RaNNC's FunctionModel zeroes token ids in place)
+// would otherwise write into the caller's batch once per capture and profiling run, and an
+// autograd graph the caller built on that batch would find it modified.
 std::vector<c10::IValue> examplesOn(const std::vector<at::Tensor>& inputs,
                                     const c10::Device& device) {
   std::vector<c10::IValue> examples;
-  for (const at::Tensor& t : inputs) examples.emplace_back(t.device() == device ? t : t.to(device));
+  for (const at::Tensor& t : inputs)
+    examples.emplace_back(t.to(device, /*non_blocking=*/false, /*copy=*/true));
   return examples;
 }
 

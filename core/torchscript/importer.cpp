@@ -1,10 +1,12 @@
 #include "core/torchscript/importer.h"
 
 #include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/passes/lower_graph.h>
+#include <torch/csrc/jit/passes/remove_mutation.h>
 
 #include <functional>
 #include <unordered_map>
@@ -222,6 +224,77 @@ class GraphBuilder {
   std::unordered_map<const Value*, core::ValueId> ids_;
 };
 
+// Note [Effects of control flow as values]
+// A scripted loop or branch may update a tensor it does not return (RaNNC's FunctionModel:
+// `for b in x: ... b[i] = 0` writes into the input x; the loop has no output at all). Later
+// readers of x read the same SSA value as before the loop, so nothing in the graph says they
+// must see the loop's effect: a stage cut between them would send (or re-read) x unchanged, and
+// an output-less node cannot even be stored as body text (the printer writes ` = prim::Loop`,
+// which parseIR rejects). So every top-level prim::Loop / prim::If that writes into a tensor
+// defined before it and read after it threads that tensor through: the loop carries it as an
+// extra loop-carried value returned unchanged by its body (the branch returns it from both
+// blocks), and the readers after the node read that new output, the same tensor at run time.
+bool within(const torch::jit::Node* node, const torch::jit::Node* ancestor) {
+  for (const torch::jit::Block* b = node->owningBlock(); b != nullptr;
+       b = b->owningNode() ? b->owningNode()->owningBlock() : nullptr)
+    if (b->owningNode() == ancestor) return true;
+  return false;
+}
+
+// Tensors defined outside `node` (inputs or captured by its blocks) it writes into and that a
+// node after it (or the graph's return) reads.
+std::vector<torch::jit::Value*> writtenAndReadAfter(torch::jit::Node* node,
+                                                    const torch::jit::AliasDb& aliases) {
+  std::vector<torch::jit::Value*> candidates;
+  std::unordered_set<const torch::jit::Value*> seen;
+  std::function<void(torch::jit::Block*)> visit = [&](torch::jit::Block* block) {
+    for (torch::jit::Node* n : block->nodes()) {
+      for (torch::jit::Value* v : n->inputs())
+        if (v->type()->kind() == c10::TypeKind::TensorType && !within(v->node(), node) &&
+            v->node() != node && seen.insert(v).second)
+          candidates.push_back(v);
+      for (torch::jit::Block* b : n->blocks()) visit(b);
+    }
+  };
+  for (torch::jit::Block* b : node->blocks()) visit(b);
+  std::vector<torch::jit::Value*> written;
+  for (torch::jit::Value* v : candidates) {
+    if (!aliases.writesToAlias(node, {v})) continue;
+    for (const torch::jit::Use& use : v->uses()) {
+      if (use.user != node && !within(use.user, node) && use.user->isAfter(node)) {
+        written.push_back(v);
+        break;
+      }
+    }
+  }
+  return written;
+}
+
+void threadThrough(torch::jit::Node* node, torch::jit::Value* value) {
+  torch::jit::Value* after = nullptr;
+  if (node->kind() == torch::jit::prim::Loop) {
+    node->addInput(value);
+    torch::jit::Block* body = node->blocks()[0];
+    body->registerOutput(body->addInput()->setType(value->type()));
+    after = node->addOutput()->setType(value->type());
+  } else {
+    for (torch::jit::Block* b : node->blocks()) b->registerOutput(value);
+    after = node->addOutput()->setType(value->type());
+  }
+  std::vector<torch::jit::Use> uses = value->uses();
+  for (const torch::jit::Use& use : uses)
+    if (use.user != node && !within(use.user, node) && use.user->isAfter(node))
+      use.user->replaceInput(use.offset, after);
+}
+
+void threadControlFlowEffects(const std::shared_ptr<Graph>& graph) {
+  for (torch::jit::Node* node : graph->nodes()) {
+    if (node->kind() != torch::jit::prim::Loop && node->kind() != torch::jit::prim::If) continue;
+    torch::jit::AliasDb aliases(graph);  // rebuilt: the previous node's threading changed uses
+    for (torch::jit::Value* v : writtenAndReadAfter(node, aliases)) threadThrough(node, v);
+  }
+}
+
 std::shared_ptr<Graph> inlinedForward(const torch::jit::Module& module) {
   auto graph = module.get_method("forward").graph()->copy();
   torch::jit::Inline(*graph);
@@ -262,6 +335,14 @@ ImportedModel importModule(const torch::jit::Module& module,
                            e.what_without_backtrace());
   }
   auto& [graph, slots] = lowered;
+  // Note [In-place ops on fresh values]: a traced in-place op on a value the graph made itself
+  // (`features *= size` on a traced int turned tensor) becomes its out-of-place form, and the
+  // readers after it read its result. Nodes of autostage's IR run more than once from kept
+  // values (the profiler's calibration and prefix runs); an in-place op there would update its
+  // kept input again on every run (RaNNC's BasicModel: 16*6*6 came out 6x too large). Mutation
+  // of graph inputs, parameters and their aliases is left as traced (the pass proves safety).
+  torch::jit::RemoveTensorMutation(graph);
+  threadControlFlowEffects(graph);  // Note [Effects of control flow as values]
   checkOutputs(*graph);
   std::vector<c10::IValue> allInputs = exampleInputs;
   allInputs.insert(allInputs.end(), slots.begin(), slots.end());

@@ -44,6 +44,98 @@ void nameValues(Block* block, int& counter) {
   }
 }
 
+// Note [Placeholder outputs]: the printer writes a node without outputs as ` = prim::Loop(...)`,
+// which parseIR cannot read (a loop nested in a loop, a branch that only writes into a tensor or
+// only raises, prim::RaiseException itself). In the body text every such node carries one
+// NoneType output: a branch returns a None constant from each block, a loop carries a None
+// through its body, and any other node (its schema returns nothing, so the parser would not
+// accept an output either) is written as autostage::no_outputs[kind="..."] with its inputs.
+// Parsing for use undoes all three (dropPlaceholders), so the node runs as traced.
+const c10::Symbol kNoOutputs = c10::Symbol::fromQualString("autostage::no_outputs");
+const c10::Symbol kKindAttr = c10::Symbol::attr("kind");
+
+bool isNoneConstant(const Value* v) {
+  return v->node()->kind() == torch::jit::prim::Constant &&
+         v->type()->kind() == c10::TypeKind::NoneType;
+}
+
+// `replacement` takes `n`'s inputs and place; `n` is destroyed.
+void replaceNode(Node* n, Node* replacement) {
+  for (Value* v : n->inputs()) replacement->addInput(v);
+  replacement->insertBefore(n);
+  n->destroy();
+}
+
+void addPlaceholders(torch::jit::Graph& graph, Block* block) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* n = *it++;
+    for (Block* b : n->blocks()) addPlaceholders(graph, b);
+    if (!n->outputs().empty()) continue;
+    if (n->kind() == torch::jit::prim::If) {
+      for (Block* b : n->blocks()) {
+        torch::jit::WithInsertPoint point(b->return_node());
+        b->registerOutput(graph.insertConstant(c10::IValue()));
+      }
+    } else if (n->kind() == torch::jit::prim::Loop) {
+      torch::jit::WithInsertPoint point(n);
+      n->addInput(graph.insertConstant(c10::IValue()));
+      Block* body = n->blocks()[0];
+      body->registerOutput(body->addInput()->setType(c10::NoneType::get()));
+    } else {
+      AUTOSTAGE_CHECK_AS(UnsupportedError, n->blocks().empty() && n->attributeNames().empty(),
+                         "unsupported ", n->kind().toQualString(),
+                         " without outputs inside control flow (it has attributes or blocks)");
+      Node* standIn = graph.create(kNoOutputs, 1);
+      standIn->s_(kKindAttr, n->kind().toQualString());
+      standIn->output()->setType(c10::NoneType::get());
+      replaceNode(n, standIn);
+      continue;
+    }
+    n->addOutput()->setType(c10::NoneType::get());
+  }
+}
+
+void dropPlaceholders(Block* block) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    Node* n = *it++;
+    for (Block* b : n->blocks()) dropPlaceholders(b);
+    if (n->outputs().size() != 1 || n->output()->type()->kind() != c10::TypeKind::NoneType ||
+        n->output()->hasUses())
+      continue;
+    if (n->kind() == kNoOutputs) {
+      replaceNode(n, block->owningGraph()->create(
+                         c10::Symbol::fromQualString(n->s(kKindAttr)), 0));
+      continue;
+    }
+    if (n->kind() == torch::jit::prim::If) {
+      bool ours = true;
+      for (Block* b : n->blocks())
+        ours = ours && b->outputs().size() == 1 && isNoneConstant(b->outputs()[0]);
+      if (!ours) continue;
+      for (Block* b : n->blocks()) {
+        Node* constant = b->outputs()[0]->node();
+        b->eraseOutput(0);
+        if (!constant->output()->hasUses()) constant->destroy();
+      }
+    } else if (n->kind() == torch::jit::prim::Loop) {
+      Block* body = n->blocks()[0];
+      // inputs: trip count, condition, the carried None; body: iteration, the None -> it.
+      if (n->inputs().size() != 3 || !isNoneConstant(n->inputs()[2]) ||
+          body->inputs().size() != 2 || body->outputs().size() != 2 ||
+          body->outputs()[1] != body->inputs()[1] || body->inputs()[1]->uses().size() != 1)
+        continue;
+      body->eraseOutput(1);
+      body->eraseInput(1);
+      Node* constant = n->inputs()[2]->node();
+      n->removeInput(2);
+      if (!constant->output()->hasUses()) constant->destroy();
+    } else {
+      continue;
+    }
+    n->eraseOutput(0);
+  }
+}
+
 std::shared_ptr<torch::jit::Graph> parseBody(const std::string& text) {
   auto graph = std::make_shared<torch::jit::Graph>();
   torch::jit::parseIR(text, graph.get(), /*parse_tensor_constants=*/false);
@@ -67,6 +159,7 @@ std::string nodeBodyText(Node* node, const std::vector<Value*>& inputs, const st
   Node* clone = graph->createClone(node, [&](Value* v) { return env.at(v); });
   graph->insertNode(clone);
   for (Value* o : clone->outputs()) graph->registerOutput(o);
+  addPlaceholders(*graph, graph->block());  // Note [Placeholder outputs]
   int counter = 0;
   nameValues(graph->block(), counter);
   // parseIR does not keep every name (e.g. outputs of nodes with blocks), so store the text as
@@ -89,6 +182,7 @@ std::string nodeBodyText(Node* node, const std::vector<Value*>& inputs, const st
 Node* insertNodeFromBody(const std::string& body, torch::jit::Graph& target,
                          const std::vector<Value*>& inputs) {
   auto graph = parseBody(body);
+  dropPlaceholders(graph->block());  // Note [Placeholder outputs]
   AUTOSTAGE_CHECK_AS(FormatError, graph->inputs().size() == inputs.size(), "node body has ",
                      graph->inputs().size(), " inputs, but the IR node has ", inputs.size(),
                      "; the body text does not belong to this node");

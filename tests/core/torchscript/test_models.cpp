@@ -43,6 +43,22 @@ def forward(self, x):
   return m;
 }
 
+torch::jit::Module makeInPlaceLoopModel() {
+  torch::jit::Module m("InPlaceLoopModel");
+  m.register_parameter("w", (torch::randn({8, 8}) * 0.5).requires_grad_(), false);
+  m.define(R"(
+def forward(self, x):
+    assert x.size(0) > 0, "empty batch"
+    h = torch.matmul(x, self.w) + 0.0
+    for row in h:
+        for i in range(row.numel()):
+            if bool(row[i] > 0.5):
+                row[i] = 0.5
+    return torch.tanh(h) * 2.0
+)");
+  return m;
+}
+
 torch::jit::Module makeDictOutputModel() {
   torch::jit::Module m("DictModel");
   m.define(R"(

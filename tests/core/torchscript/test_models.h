@@ -17,6 +17,9 @@ namespace autostage::torchscript::testing {
 torch::jit::Module makeMlp();
 // A scripted loop (prim::Loop) reading parameters inside its body, then a loss-like reduction.
 torch::jit::Module makeLoopModel();
+// Scripted control flow without outputs: nested loops and a branch clamp a value in place, and a
+// branch only raises (Note [Effects of control flow as values], Note [Placeholder outputs]).
+torch::jit::Module makeInPlaceLoopModel();
 // forward returns a dict.
 torch::jit::Module makeDictOutputModel();
 // forward has a keyword-only argument.
