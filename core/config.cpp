@@ -89,8 +89,8 @@ const std::vector<OptionSpec>& optionTable() {
       // Capture
       {"front_end", T::String, "auto",
        "how a Python model is captured: auto (export where torch.export has the training IR, "
-       "PyTorch 2.5+; else torchscript), export (torch.export) or torchscript (torch.jit.trace); "
-       "Note [Front ends]"},
+       "PyTorch 2.5+, except for models that run scripted code of their own; else torchscript), "
+       "export (torch.export) or torchscript (torch.jit.trace); Note [Front ends]"},
       // Runtime
       {"precision", T::String, "fp32",
        "fp32, or mixed precision with fp32 master weights: bf16 (CPU and CUDA autocast) or fp16 "

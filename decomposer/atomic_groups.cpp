@@ -63,8 +63,10 @@ std::vector<AtomicGroup> atomicGroups(const core::Graph& graph) {
     for (core::NodeId a : g.attached) covered[a] = 1;
     groups.push_back(std::move(g));
   }
-  AUTOSTAGE_CHECK_AS(PlanError, !groups.empty(), "graph '", graph.name(), "' has no node that ",
-                     "reads a BATCH value; mark the model inputs whose dim 0 is the batch as BATCH");
+  AUTOSTAGE_CHECK_AS(PlanError, !groups.empty(), "graph '", graph.name(), "' has no operation on ",
+                     "its batch inputs (", graph.nodeCount(), " nodes; its outputs are its inputs ",
+                     "or constants), so there is nothing to partition: call the model directly, ",
+                     "or, for a C++ IR, mark the inputs whose dim 0 is the batch as BATCH");
   AtomicGroup& first = groups.front();
   for (const core::Node& n : graph.nodes())
     if (!covered[n.id]) first.attached.push_back(n.id);

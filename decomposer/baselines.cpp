@@ -26,12 +26,15 @@ void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestS
     for (Schedule schedule : request.options.scheduleCandidates()) {
       for (bool recompute : request.options.recomputeCandidates())
       for (bool zero : request.options.zeroCandidates()) {
-        if (zero && r == 1) continue;  // nothing to shard
+        // One replica has nothing to shard: under zero=1 its stages run unsharded (as the DP
+        // plans them), otherwise the unsharded candidate already covers it.
+        if (zero && r == 1 && request.options.zero != "1") continue;
         Plan plan;
         plan.microBatchCount = microBatches;
         plan.schedule = schedule;
         for (int s = 0; s < stages; ++s)
-          plan.stages.push_back({cuts[s].first, cuts[s].second, r, s * r, recompute, zero});
+          plan.stages.push_back(
+              {cuts[s].first, cuts[s].second, r, s * r, recompute, zero && r > 1});
         // Chosen by the searched closed form, like the DP (Note [Search objective and reported
         // estimate] in cost_model.h); the reported estimate is computed for the choice only.
         PlanEvaluation e = evaluatePlanWith(model, plan, true);

@@ -261,6 +261,11 @@ void Executor::gatherParams() {
   gradientSync_.gatherParams(*backend_, params_);
 }
 
+void Executor::gatherGrads() {
+  TraceScope scope(trace_.get(), "allgather", localStage(), -1);
+  gradientSync_.gatherGrads(*backend_, params_);
+}
+
 double Executor::clipGradNorm(double maxNorm) {
   AUTOSTAGE_CHECK_AS(ConfigError, maxNorm > 0, "clip_grad_norm: max_norm must be > 0, got ",
                      maxNorm);

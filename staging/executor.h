@@ -96,6 +96,9 @@ class Executor {
   // return at once). Without ZeRO-1 the pieces are empty and gatherParams does nothing.
   std::vector<ShardPiece> zeroShards() const { return gradientSync_.shards(rank_, params_); }
   void gatherParams();
+  // ZeRO-1: all-gathers the owned pieces of the summed gradients, so every replica's .grad holds
+  // the whole gradient (collective like gatherParams; the optimizer still steps its pieces).
+  void gatherGrads();
 
   const core::Deployment& deployment() const { return deployment_; }
   const ParamStorage& params() const { return params_; }

@@ -224,13 +224,16 @@ std::vector<ShardPiece> GradientSync::shards(int rank, const ParamStorage& param
   return pieces;
 }
 
-int GradientSync::gatherParams(comm::Backend& backend, const ParamStorage& params) const {
+template <typename Pick>
+int GradientSync::gatherOwned(comm::Backend& backend, const ParamStorage& params,
+                              Pick pick) const {
   at::NoGradGuard noGrad;
   int calls = 0;
   for (const GradientGroup& group : groups_) {
     comm::Group commGroup(group.ranks);
     if (!group.sharded || !commGroup.contains(backend.rank())) continue;
-    const std::vector<at::Tensor> tensors = trainable(group, params);
+    std::vector<at::Tensor> tensors;
+    for (const at::Tensor& p : trainable(group, params)) tensors.push_back(pick(p));
     for (const std::vector<size_t>& indices : buckets(tensors)) {
       std::vector<at::Tensor> bucket;
       for (size_t i : indices) bucket.push_back(tensors[i]);
@@ -251,6 +254,18 @@ int GradientSync::gatherParams(comm::Backend& backend, const ParamStorage& param
     }
   }
   return calls;
+}
+
+int GradientSync::gatherParams(comm::Backend& backend, const ParamStorage& params) const {
+  return gatherOwned(backend, params, [](const at::Tensor& p) { return p; });
+}
+
+int GradientSync::gatherGrads(comm::Backend& backend, const ParamStorage& params) const {
+  return gatherOwned(backend, params, [](const at::Tensor& p) {
+    at::Tensor param = p;
+    if (!param.grad().defined()) param.mutable_grad() = at::zeros_like(param);
+    return param.grad();
+  });
 }
 
 }  // namespace autostage::staging

@@ -93,6 +93,9 @@ class GradientSync {
   // parameters (after the optimizer stepped the shards). Collective over each such set; returns
   // the number of all-gather calls.
   int gatherParams(comm::Backend& backend, const ParamStorage& params) const;
+  // The same for the gradients after run(): every member ends with the whole summed gradient
+  // (RaNNC's _sync_orig_params(sync_grad=True)); parameters without one receive it.
+  int gatherGrads(comm::Backend& backend, const ParamStorage& params) const;
   bool anySharded() const;
 
  private:
@@ -101,6 +104,9 @@ class GradientSync {
   // The parameters of `group` that require grad, in id order (the sharded layout's tensors).
   static std::vector<at::Tensor> trainable(const GradientGroup& group, const ParamStorage& params);
   // Reduce-scatters `grads` of one sharded set (Note [ZeRO-1]).
+  // gatherParams / gatherGrads: all-gathers the owned chunk of each bucket of `pick(parameter)`.
+  template <typename Pick>
+  int gatherOwned(comm::Backend& backend, const ParamStorage& params, Pick pick) const;
   int scatterAll(comm::Backend& backend, const comm::Group& group,
                  const std::vector<at::Tensor>& grads) const;
   // Allreduces `tensors` in place, packed into buckets of at most bucketBytes_ of one dtype.

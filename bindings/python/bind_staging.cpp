@@ -256,6 +256,13 @@ void bindStaging(py::module_& m) {
              mod.trainingExecutor().gatherParams();
            },
            "ZeRO-1: all-gathers the stepped parameter pieces into every replica. Collective.")
+      .def("gather_grads",
+           [](Module& mod) {
+             py::gil_scoped_release release;
+             mod.trainingExecutor().gatherGrads();
+           },
+           "ZeRO-1: all-gathers the owned pieces of the summed gradients into every replica's "
+           ".grad. Collective.")
       .def_property_readonly("rank", &Module::rank)
       .def_property_readonly("world_size", &Module::worldSize);
 

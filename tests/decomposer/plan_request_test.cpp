@@ -80,3 +80,22 @@ TEST_CASE("the plan usage is part of the request's text form", "[decomposer]") {
   text.replace(text.find("usage=inference"), 15, "usage=sideways");
   REQUIRE_THROWS_WITH(PlanRequest::parse(text), Catch::Contains("forward_backward, train_step or inference"));
 }
+
+TEST_CASE("zero=1 on one device: the baselines plan it unsharded instead of failing",
+          "[decomposer]") {
+  std::mt19937 rng(5);
+  PlanRequest r = testing::randomRequest(rng, 6, 1);
+  r.deviceMemory = 1e12;
+  r.options.zero = "1";
+  for (const char* name : {"data_parallel", "uniform", "param_balanced"}) {
+    INFO(name);
+    r.options.decomposer = name;
+    Plan p = planStages(r);
+    REQUIRE(!p.stages.empty());
+    for (const StagePlan& s : p.stages) CHECK_FALSE(s.zero);  // one replica: nothing to shard
+  }
+  r.devices = 4;
+  r.options.decomposer = "data_parallel";
+  Plan p = planStages(r);
+  for (const StagePlan& s : p.stages) CHECK((s.zero == (s.replicaCount > 1)));
+}

@@ -2,7 +2,9 @@
 // replica holds the summed gradient of exactly the pieces it owns (zeros elsewhere), the pieces of
 // a stage's replicas cover every element once, the global norm counts each element once, and an
 // SGD step on the pieces followed by gatherParams gives every replica the plain step's
-// parameters. Results are collected per rank and asserted on the main thread.
+// parameters, and gatherGrads gives every replica the whole plain gradient (RaNNC's
+// _sync_orig_params(sync_grad=True)). Results are collected per rank and asserted on the main
+// thread.
 #include <torch/torch.h>
 
 #include <catch2/catch.hpp>
@@ -23,7 +25,7 @@ constexpr int64_t kLocal = 4;
 constexpr double kLr = 0.1;
 
 struct ZeroResult {
-  std::map<std::string, at::Tensor> grads, params;
+  std::map<std::string, at::Tensor> grads, params, gathered;
   std::map<std::string, at::Tensor> owned;  // 1 where this rank owns the element
   double norm = 0;
   bool sharded = false;
@@ -82,6 +84,8 @@ void runZeroCase(const std::function<torch::jit::Module()>& make,
     }
     result.norm = executor.clipGradNorm(1e9);  // large: measures only
     executor.gatherParams();
+    executor.gatherGrads();
+    for (const auto& [name, t] : module.namedParameters()) result.gathered[name] = t.grad().clone();
     for (const auto& [name, t] : module.namedParameters()) result.params[name] = t.detach().clone();
   }));
   for (const auto& [name, grad] : refGrads) {
@@ -98,6 +102,7 @@ void runZeroCase(const std::function<torch::jit::Module()>& make,
       CHECK(allClose(result.grads.at(name) * mask, grad * mask));
       CHECK(result.grads.at(name).mul(1 - mask).abs().max().item<double>() == 0);
       CHECK(allClose(result.params.at(name), refParams.at(name) - kLr * grad));
+      CHECK(allClose(result.gathered.at(name), grad));
       CHECK(std::abs(result.norm - refNorm) <= 1e-5 * refNorm);
     }
     // Each element is owned by exactly one rank of the parameter's holder set.
@@ -105,7 +110,8 @@ void runZeroCase(const std::function<torch::jit::Module()>& make,
   }
 }
 
-TEST_CASE("ZeRO-1: owned gradient pieces, global norm and gathered parameters equal plain PyTorch",
+TEST_CASE("ZeRO-1: owned gradient pieces, global norm, gathered parameters and gradients equal "
+          "plain PyTorch",
           "[staging]") {
   at::set_num_threads(1);
   runZeroCase(testing::makeMlp, {{0, 1}, {2, 3}});  // 2 stages x 2 replicas

@@ -86,7 +86,10 @@ def test_zero_step_wrapper_steps_the_pieces_and_keeps_lr_schedulers_working():
     shards, _ = make_shards([(p, 2, 3), (p, 0, 0)])
     optimizer.param_groups[0]["params"] = [shard for shard, *_ in shards.values()]
     gathers = []
-    patch_zero_step(optimizer, lambda: shards, lambda: gathers.append(1))
+    # q: sharded too, but this rank owns none of it (a zero-length piece): zero_grad clears its
+    # gradient all the same (a gathered whole gradient must not leak into the next step).
+    q = torch.nn.Parameter(torch.zeros(4))
+    patch_zero_step(optimizer, lambda: shards, lambda: gathers.append(1), lambda: [p, q])
     after = torch.optim.lr_scheduler.ExponentialLR(optimizer, 0.9)
     p.grad = torch.ones(6)
     with warnings.catch_warnings():
@@ -96,7 +99,9 @@ def test_zero_step_wrapper_steps_the_pieces_and_keeps_lr_schedulers_working():
         after.step()
     assert gathers == [1]
     assert torch.allclose(p.detach(), torch.tensor([0.0, 1.0, 1.9, 2.9, 3.9, 5.0]))
+    q.grad = torch.ones(4)
     optimizer.zero_grad()
     assert torch.equal(p.grad, torch.zeros(6))
+    assert torch.equal(q.grad, torch.zeros(4))
     optimizer.zero_grad(set_to_none=True)
     assert p.grad is None

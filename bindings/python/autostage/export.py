@@ -8,9 +8,12 @@ here; each stage then runs its nodes through the ATen dispatcher from C++
 (frontend/export/interpreter.h, Note [Export node kinds]), with autograd recorded as in eager
 PyTorch. On LibTorch 1.13, for a ScriptModule, and for C++ users' ``torch::jit::load`` models,
 the TorchScript front end traces (torchscript.py) and runs TorchScript functions. The option
-``front_end`` chooses (auto: export where torch.export has the training IR); nothing falls back
-silently from one to the other: a model export refuses raises UnsupportedError quoting export's
-reason, and ``front_end=torchscript`` is the user's explicit way back.
+``front_end`` chooses (auto: export where torch.export has the training IR, except for a model
+that runs TorchScript code of its own, ``scripted_code``: its scripted loops and branches are
+TorchScript's IR already, and export could only trace through them with the example's values; the
+log says which). Nothing falls back silently from one to the other: a model export refuses raises
+UnsupportedError quoting export's reason, and ``front_end=torchscript`` is the user's explicit way
+back.
 
 Dynamic batch: every batch input's dim 0 is exported as ``Dim.AUTO``, so size arithmetic stays
 symbolic (``sym_size`` nodes and ``_operator::*`` nodes) and micro-batches of any size run the
@@ -324,6 +327,27 @@ def _export_reason(error):
     text = str(error).strip()
     lines = [line for line in text.splitlines() if line.strip()]
     return " ".join(lines[:6])[:1200] if lines else type(error).__name__
+
+
+def scripted_code(model):
+    """What TorchScript code `model` runs, or None: a ScriptModule among its modules, or a
+    ``torch.jit.script`` function named by the code of a method of one of its modules' classes
+    (RaNNC's FunctionModel calls a scripted loop from forward). Such a model is captured with
+    TorchScript under front_end=auto (Note [Front ends])."""
+    for path, module in model.named_modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            return f"the scripted module {path or type(module).__name__}"
+        for cls in type(module).__mro__:
+            if cls.__module__.startswith("torch."):
+                break
+            for attr in vars(cls).values():
+                code = getattr(attr, "__code__", None)
+                if code is None:
+                    continue
+                for name in code.co_names:
+                    if isinstance(attr.__globals__.get(name), torch.jit.ScriptFunction):
+                        return f"the scripted function {name} in {cls.__name__}.{attr.__name__}"
+    return None
 
 
 def export_to_ir(model, inputs, model_name=None, log=None):

@@ -10,7 +10,7 @@ import torch
 from . import _autostage
 from .checkpoint import load_state_dict_checked
 from .export import available as _export_available
-from .export import export_to_ir
+from .export import export_to_ir, scripted_code
 from .optimizer import make_shards, patch_optimizer, patch_zero_step, zero_problem
 from .structure import CallProblem, CallStructure, _CallWrapper
 from .torchscript import _check_shapes_static, _trace
@@ -72,7 +72,7 @@ class Module(torch.nn.Module):
         for key, value in options.items():
             _autostage._set_option(key, _option_text(value))
         # zero=auto without an optimizer it can shard: this module plans with zero=0.
-        self._zero_off = _choose_zero(optimizer)
+        self._zero_off = _choose_zero(model, optimizer)
         self.model = model
         self._optimizer = optimizer
         # The optimizer's full parameter lists, to re-select the local ones after a replan.
@@ -89,6 +89,7 @@ class Module(torch.nn.Module):
         self._pending_call = None  # the CallStructure of the call in progress (for _trace)
         # Note [ZeRO-1 optimizer] (optimizer.py): {id(shard): (shard, param, offset, length)}.
         self._shards = {}
+        self._sharded_params = []  # every sharded parameter this rank holds (zero_grad)
         self._grad_scaler = None  # autostage.GradScaler(self): train_step seeds with its scale
         if optimizer is not None:
             owner = weakref.ref(self)
@@ -120,11 +121,20 @@ class Module(torch.nn.Module):
         """The whole model's state with the original module's keys, current on every rank
         (gathered from the stages that hold it; collective after deployment, so call it on every
         rank). A plain, unwrapped model loads it with ``load_state_dict``."""
-        own = self.model.state_dict(keep_vars=keep_vars)
+        own = self.model.state_dict(keep_vars=True)
         gathered = dict(self._impl.state_dict()) if self.ready else {}
+        # A tied tensor has several keys (fc2.weight is fc1.weight) but one name in the
+        # gathered state: every key of that tensor takes the gathered value.
+        by_tensor = {}
+        for key, value in own.items():
+            if key in gathered:
+                by_tensor.setdefault(id(value), gathered[key])
         result = collections.OrderedDict() if destination is None else destination
         for key, value in own.items():
-            result[prefix + key] = gathered.get(key, value)
+            current = gathered.get(key, by_tensor.get(id(value)))
+            if current is None:
+                current = value if keep_vars else value.detach()
+            result[prefix + key] = current
         return result
 
     def load_state_dict(self, state_dict, strict=True):
@@ -301,7 +311,7 @@ class Module(torch.nn.Module):
             self._impl.share_state()
         self._impl, self._impls, self._selection, self._selected = None, {}, None, None
         self._traced_calls, self._output_structures = {}, {}
-        self._shards = {}
+        self._shards, self._sharded_params = {}, []
         if self._optimizer is not None:
             for group, params in zip(self._optimizer.param_groups, self._all_params):
                 group["params"] = list(params)
@@ -315,8 +325,17 @@ class Module(torch.nn.Module):
         call, mode = self._pending_call, self.model.training
         wrapper = _CallWrapper.around(self.model, call)
         name = type(self.model).__name__
-        # Note [Front ends] (export.py); a ScriptModule has no Python forward to export.
-        if front_end() == "export" and not isinstance(self.model, torch.jit.ScriptModule):
+        # Note [Front ends] (export.py); a ScriptModule has no Python forward to export, and
+        # under front_end=auto a model that calls TorchScript code is traced by TorchScript.
+        use_export = front_end() == "export" and not isinstance(self.model, torch.jit.ScriptModule)
+        scripted = scripted_code(self.model) if use_export and _option_value("front_end") in (
+            "", "auto") else None
+        if scripted:
+            _autostage._log_info("Module", f"{name} calls TorchScript code ({scripted}): "
+                                 "front_end=auto captures it with TorchScript, which keeps the "
+                                 "scripted control flow (torch.export would trace through it)")
+            use_export = False
+        if use_export:
             captured = export_to_ir(wrapper, tuple(inputs), name,
                                     lambda line: _autostage._log_info("Module", line))
         else:
@@ -367,8 +386,10 @@ class Module(torch.nn.Module):
             owner = weakref.ref(self)
             patch_zero_step(self._optimizer,
                             lambda: owner()._shards if owner() is not None else {},
-                            lambda: owner() is not None and owner()._gather_params())
+                            lambda: owner() is not None and owner()._gather_params(),
+                            lambda: owner()._sharded_params if owner() is not None else [])
         self._shards, by_param = make_shards(pieces)
+        self._sharded_params = list({p.data_ptr(): p for p, _, _ in pieces}.values())
         sharded_ptrs = {p.data_ptr() for p, _, _ in pieces}
         for group, params in zip(self._optimizer.param_groups, self._all_params):
             kept = []
@@ -424,11 +445,17 @@ def _option_enabled(key):
     return _option_value(key) == "true"
 
 
-def _choose_zero(optimizer):
+def _choose_zero(model, optimizer):
     """Note [ZeRO-1 optimizer]: ZeRO-1 steps the optimizer this Module wraps. zero=1 with an
     optimizer it cannot shard raises UnsupportedError; with zero=auto, returns True when this
-    module must plan without ZeRO-1 (no optimizer, or one it cannot shard)."""
+    module must plan without ZeRO-1 (no optimizer, or one it cannot shard). A model without
+    trainable parameters has nothing to shard: it plans without ZeRO-1 whatever the setting."""
     setting = _option_value("zero")
+    if not any(p.requires_grad for p in model.parameters()):
+        if setting == "1":
+            _autostage._log_info("Module", "zero=1: the model has no trainable parameters, so "
+                                 "there is nothing to shard; planning without ZeRO-1")
+        return setting != "0"
     problem = ("no optimizer was passed to autostage.Module" if optimizer is None
                else zero_problem(optimizer))
     if not problem or setting == "0":

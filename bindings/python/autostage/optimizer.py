@@ -240,9 +240,11 @@ def patch_optimizer(optimizer, all_groups, deployed, shards=dict):
     optimizer._autostage_patched = True
 
 
-def patch_zero_step(optimizer, shards, gather):
+def patch_zero_step(optimizer, shards, gather, sharded_params):
     """Note [ZeRO-1 optimizer]: wraps the instance's step (shard gradients before, `gather()` of
-    the stepped pieces after; collective) and zero_grad (the whole parameters' gradients), once.
+    the stepped pieces after; collective) and zero_grad (the whole gradients of
+    `sharded_params()`, the sharded parameters this rank holds, also those it owns no piece of:
+    RaNNC's _sync_orig_params(sync_grad=True) gathers whole gradients into them), once.
     Both stay bound methods, so an LR scheduler made later can wrap step as usual (and one made
     earlier still finds its counting wrapper)."""
     if getattr(optimizer, "_autostage_zero_patched", False):
@@ -260,7 +262,7 @@ def patch_zero_step(optimizer, shards, gather):
 
     def zero_grad(self, set_to_none=False):
         plain_zero_grad(set_to_none=set_to_none)
-        for _, param, _, _ in shards().values():
+        for param in sharded_params():
             if param.grad is None:
                 continue
             if set_to_none:
