@@ -40,12 +40,29 @@ def test_gather_inputs_false_and_enable_dropout(tmp_path):
         assert f"rank {rank}: rannc extras checked; 0 failures" in log, log
 
 
-@pytest.mark.parametrize("option", ["enable_apex_amp", "allreduce_amp_master_params",
-                                    "offload_params"])
-def test_unimplemented_options_raise_naming_the_option(option):
+def test_unimplemented_options_raise_naming_the_option():
     from autostage import rannc as pyrannc
-    with pytest.raises(NotImplementedError, match=rf"RaNNCModule\({option}=True\)"):
-        pyrannc.RaNNCModule(torch.nn.Linear(2, 2), **{option: True})
+    with pytest.raises(NotImplementedError, match=r"RaNNCModule\(offload_params=True\)"):
+        pyrannc.RaNNCModule(torch.nn.Linear(2, 2), offload_params=True)
+
+
+def test_apex_amp_without_apex_trains_in_the_parameters_dtype(capfd):
+    """RaNNC's scripts pass enable_apex_amp=True (and allreduce_amp_master_params=True) also for
+    optimizers Apex never prepared: accepted, said once in the log; an optimizer Apex prepared
+    (amp.initialize attaches _amp_stash) is refused by name."""
+    from autostage import UnsupportedError
+    from autostage import rannc as pyrannc
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped = pyrannc.RaNNCModule(model, opt, enable_apex_amp=True,
+                                  allreduce_amp_master_params=True)
+    assert wrapped.enable_apex_amp and wrapped.allreduce_amp_master_param
+    assert "Apex is not used; training in the parameters' dtype" in capfd.readouterr().err
+    opt._amp_stash = object()  # what apex.amp.initialize leaves on the optimizer
+    with pytest.raises(UnsupportedError, match=r"enable_apex_amp=True.*prepared by Apex"):
+        pyrannc.RaNNCModule(model, opt, enable_apex_amp=True)
+    with pytest.raises(UnsupportedError, match="prepared by Apex"):
+        pyrannc.amp.named_master_params(model, opt)
 
 
 def test_enable_zero_maps_to_zero_1():

@@ -16,13 +16,15 @@ import weakref
 
 import torch
 
-from . import _autostage
-from .module import Module
-from .structure import map_tensors
+from .. import _autostage
+from ..module import Module
+from ..structure import map_tensors
+from . import amp  # noqa: F401  (pyrannc.amp)
 
 logger = logging.getLogger("autostage.rannc")
 
 _live_modules = weakref.WeakSet()  # live RaNNCModules, released by clear()
+_zero_forced = False  # whether the last RaNNCModule set zero=1 (enable_zero=True)
 
 
 def get_rank():
@@ -92,6 +94,25 @@ def show_deployment(path, batch_size):
     print("\n".join(lines), flush=True)
 
 
+def allreduce_grads(rmodel, optimizer, prescale=1.0):
+    """RaNNC's module-level allreduce after ``delay_grad_allreduce(True)``: multiplies this rank's
+    gradients by ``prescale`` and sums them over their holders (``rmodel.allreduce_grads()``).
+    Returns whether a loss-scale overflow happened (never: there is no Apex loss scaler).
+    Collective: call on every rank."""
+    if prescale != 1.0:
+        with torch.no_grad():
+            for p in rmodel.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(prescale)
+    rmodel.allreduce_grads()
+    return False
+
+
+def _apex_prepared(optimizer):
+    """Whether Apex's ``amp.initialize`` prepared `optimizer` (it attaches ``_amp_stash``)."""
+    return optimizer is not None and hasattr(optimizer, "_amp_stash")
+
+
 def _unsupported(option, value, why):
     raise NotImplementedError(f"RaNNCModule({option}={value!r}): {why}")
 
@@ -121,24 +142,41 @@ class RaNNCModule(Module):
                  enable_apex_amp=False, allreduce_amp_master_params=False, enable_zero=False,
                  check_unused_values=True, offload_params=False):
         if enable_apex_amp:
-            _unsupported("enable_apex_amp", enable_apex_amp,
-                         "Apex AMP is not supported by autostage; for mixed precision "
-                         "pass precision='bf16' to autostage.Module (autocast with fp32 "
-                         "master weights), or train in fp32")
-        if allreduce_amp_master_params:
-            _unsupported("allreduce_amp_master_params", allreduce_amp_master_params,
-                         "Apex AMP master parameters are not supported by autostage")
+            if _apex_prepared(optimizer):
+                raise _autostage.UnsupportedError(
+                    "RaNNCModule(enable_apex_amp=True): the optimizer was prepared by Apex "
+                    "(amp.initialize), whose fp16 model copy and master weights autostage does "
+                    "not run; drop amp.initialize and pass precision='fp16' (dynamic loss "
+                    "scaling) or precision='bf16' to autostage.Module")
+            _autostage._log_info("RaNNC", "enable_apex_amp=True: the optimizer was not prepared "
+                                 "by Apex (amp.initialize), so Apex is not used; training in "
+                                 "the parameters' dtype")
+        # allreduce_amp_master_params: RaNNC allreduces Apex's fp32 master gradients. Without
+        # Apex the master parameters are the parameters: gradients are allreduced as usual.
         if offload_params:
             _unsupported("offload_params", offload_params,
                          "autostage does not offload parameters to host memory")
         # enable_zero: ZeRO-1 in every replicated stage (option zero=1); without it the
         # planner may still choose ZeRO-1 where a stage would not fit otherwise (zero=auto).
-        zero = {"zero": 1} if enable_zero else {}
+        # Options are process-wide: a module made with enable_zero=False after one made with
+        # True must not inherit its zero=1.
+        global _zero_forced
+        zero = {}
+        if enable_zero:
+            zero, _zero_forced = {"zero": 1}, True
+        elif _zero_forced:
+            zero, _zero_forced = {"zero": "auto"}, False
         super().__init__(model, optimizer, load_deployment=load_deployment, **zero)
         self.gather_inputs = bool(gather_inputs)
         # RaNNC stops on unused graph values when this is true. autostage does not look for
         # them (docs/rannc-migration.md): both settings train the same way.
         self.check_unused_values = bool(check_unused_values)
+        self.enable_apex_amp = bool(enable_apex_amp)
+        self.allreduce_amp_master_param = bool(allreduce_amp_master_params)
+        self.enable_zero = bool(enable_zero)
+        # RaNNC's lookup tables of the model's parameters by name.
+        self.name_to_param = dict(model.named_parameters())
+        self.name_to_pid = {n: id(p) for n, p in self.name_to_param.items()}
         self._released = False
         _live_modules.add(self)
 
@@ -236,8 +274,7 @@ class RaNNCModule(Module):
         return self._gather_param(name, amp_master_param, grad=True)
 
     def _gather_param(self, name, amp_master_param, grad):
-        if amp_master_param:
-            _unsupported("amp_master_param", amp_master_param, "Apex AMP is not supported")
+        # amp_master_param: Apex's fp32 master copy; without Apex it is the parameter itself.
         params = dict(self.model.named_parameters())
         if name not in params:
             raise RuntimeError(f"No parameter found: {name}")
@@ -251,6 +288,64 @@ class RaNNCModule(Module):
         if not gathered:
             return None if grad else param.detach().clone()  # no stage reads it: never trained
         return gathered[0][1]
+
+    def _sync_orig_params(self, sync_all_ranks=False, sync_grad=False, name_pattern=None):
+        """RaNNC's gather of the trained state into the original model's tensors: every
+        parameter (whose name contains ``name_pattern``, when given) takes the value of the rank
+        holding it, on rank 0 or, with ``sync_all_ranks``, on every rank; with ``sync_grad``
+        also its gradient. Under ZeRO (``enable_zero``) the summed gradient is split over a
+        stage's replicas after backward: ``sync_grad`` first gathers the pieces, so every
+        replica (and the receiving ranks) hold the whole gradient. Collective: call on every
+        rank. Does nothing before deployment."""
+        if not self.ready:
+            return
+        if sync_grad and self._impl.zero_stage is not None:
+            self._impl.gather_grads()
+        names = sorted(n for n in self.name_to_param if name_pattern is None or name_pattern in n)
+        local = self._local_ids()
+        held = [n for n in names if self.name_to_param[n].data_ptr() in local]
+        receive = sync_all_ranks or get_rank() == 0
+        values = _autostage._gather_from_owners(
+            [(n, self.name_to_param[n].detach()) for n in held])
+        grads = _autostage._gather_from_owners(
+            [(n, self.name_to_param[n].grad) for n in held
+             if self.name_to_param[n].grad is not None]) if sync_grad else []
+        if receive:
+            with torch.no_grad():
+                for name, value in values:
+                    param = self.name_to_param[name]
+                    if param.data_ptr() not in local:
+                        param.copy_(value.view(param.shape))
+                for name, grad in grads:
+                    param = self.name_to_param[name]
+                    if param.data_ptr() in local:
+                        continue
+                    if param.grad is None:
+                        param.grad = grad.view(param.shape).clone()
+                    else:
+                        param.grad.copy_(grad.view(param.shape))
+        barrier()
+
+    def _keep_local_parameters(self):
+        super()._keep_local_parameters()
+        if self._optimizer is not None:
+            self._optimizer.param_zero_range = self._zero_ranges()
+
+    def _zero_ranges(self):
+        """RaNNC's ``optimizer.param_zero_range``: {id(parameter): slice} of each flattened
+        parameter this rank's optimizer steps: its ZeRO-1 piece (empty where it owns none of a
+        sharded parameter), or the whole of a parameter it steps unsharded."""
+        by_ptr = {p.data_ptr(): p for p in self.model.parameters()}
+        ranges = {}
+        for tensor, offset, length in self._impl.zero_shards():
+            param = by_ptr.get(tensor.data_ptr())
+            if param is not None:
+                ranges[id(param)] = slice(offset, offset + length)
+        for p in self._impl.parameters():
+            param = by_ptr.get(p.data_ptr())
+            if param is not None and param.requires_grad and id(param) not in ranges:
+                ranges[id(param)] = slice(0, param.numel())
+        return ranges
 
     def save_deployment(self, file):
         """Rank 0 writes the deployment (graph partitioning) to ``file``."""
