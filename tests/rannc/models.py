@@ -267,3 +267,57 @@ class FunctionModel(_TokenModel):
 
     def forward(self, x):
         return self.emb(zero_even_tokens(x))
+
+
+_NATIVE_SOURCE = r"""
+#include <torch/script.h>
+
+// The derivative of the sigmoid at z, registered as an operator of its own.
+torch::Tensor sigmoid_derivative(torch::Tensor z) {
+  auto s = torch::sigmoid(z);
+  return (1 - s) * s;
+}
+
+TORCH_LIBRARY(autostage_test_ops, m) { m.def("sigmoid_derivative", sigmoid_derivative); }
+"""
+
+
+def load_native_ops():
+    """Loads the C++ operator NativeCallModel calls, compiling it first where this build has
+    not (under TORCH_EXTENSIONS_DIR, which run_suite.py sets per build and fills once before the
+    ranks start), then scripts the function that calls it (the operator must exist before
+    TorchScript compiles a call to it)."""
+    global _native_scripted
+    import hashlib
+    import os
+    import torch.utils.cpp_extension
+    name = "autostage_test_ops_" + hashlib.sha1(_NATIVE_SOURCE.encode()).hexdigest()[:10]
+    built = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR", ""), name, name + ".so")
+    if os.path.exists(built):
+        torch.ops.load_library(built)
+    else:
+        torch.utils.cpp_extension.load_inline(name=name, cpp_sources=_NATIVE_SOURCE,
+                                              is_python_module=False, verbose=False)
+
+    @torch.jit.script
+    def native_scripted(z):
+        return torch.ops.autostage_test_ops.sigmoid_derivative(z)
+
+    _native_scripted = native_scripted
+
+
+_native_scripted = None  # set by load_native_ops
+
+
+def _native_traced(z):
+    return torch.ops.autostage_test_ops.sigmoid_derivative(z)
+
+
+class NativeCallModel(nn.Module):
+    """RaNNC's test_native.py model: a C++ operator (TORCH_LIBRARY) called from Python and from a
+    scripted function. Call load_native_ops() first."""
+    INPUT_DIM = (10,)
+    OUTPUT_DIM = (10,)
+
+    def forward(self, x):
+        return _native_traced(x) * _native_scripted(x)

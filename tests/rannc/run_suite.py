@@ -20,7 +20,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
-from mpi_launch import mpi_env, mpirun_command  # noqa: E402
+from mpi_launch import BUILD, mpi_env, mpirun_command  # noqa: E402
 
 
 def free_port():
@@ -44,11 +44,23 @@ def outcomes(workdir, ranks):
     return per_test
 
 
-def run(ranks, pytest_args, timeout):
+def extensions_env():
+    """TORCH_EXTENSIONS_DIR for this build (the two legs' LibTorch differ), with test_native.py's
+    C++ operator compiled there once, here, rather than by every rank of every launch."""
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(BUILD, "torch_extensions"),
+               PYTHONPATH=os.pathsep.join([os.path.join(BUILD, "python"), HERE]))
+    subprocess.run([sys.executable, "-c", "import models; models.load_native_ops()"], env=env,
+                   check=True, stdout=subprocess.DEVNULL)
+    return env["TORCH_EXTENSIONS_DIR"]
+
+
+def run(ranks, pytest_args, timeout, extensions):
     workdir = tempfile.mkdtemp(prefix=f"rannc-suite-{ranks}-")
-    env = mpi_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    env = mpi_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                  TORCH_EXTENSIONS_DIR=extensions)
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], HERE])
-    command = (mpirun_command([], env, ranks=ranks) + ["-x", "MASTER_ADDR", "-x", "MASTER_PORT"]
+    command = (mpirun_command([], env, ranks=ranks)
+               + ["-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "TORCH_EXTENSIONS_DIR"]
                + [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "--color=no", HERE,
                   f"--workdir={workdir}", *pytest_args])
     start = time.monotonic()
@@ -97,8 +109,9 @@ def main():
     if shutil.which("mpirun") is None:
         sys.exit("run_suite.py: mpirun is not installed (apt-get install openmpi-bin)")
     totals, all_ok = [0, 0, 0], True
+    extensions = extensions_env()
     for ranks in [int(r) for r in args.ranks.split(",")]:
-        ok, *counts = run(ranks, args.pytest_args, args.timeout)
+        ok, *counts = run(ranks, args.pytest_args, args.timeout, extensions)
         all_ok &= ok
         totals = [t + c for t, c in zip(totals, counts)]
     print(f"RaNNC test suite: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped "
