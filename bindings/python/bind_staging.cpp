@@ -342,6 +342,16 @@ void bindStaging(py::module_& m) {
         core::globalConfig().set(key, value, "autostage.Module(" + key + "=...)");
       },
       py::arg("key"), py::arg("value"));
+  m.def(
+      "_get_option",
+      [](const std::string& key) {
+        std::string text = core::globalConfig().text(key);
+        if (text.size() >= 2 && text.front() == '"' && text.back() == '"')
+          text = text.substr(1, text.size() - 2);
+        return text;
+      },
+      py::arg("key"),
+      "An option's effective value as text (strings unquoted); ConfigError for an unknown key.");
   m.def("show_config", [] { return core::globalConfig().toString(); },
         "Effective option values and where each came from.");
 }

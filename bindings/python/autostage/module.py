@@ -1,7 +1,6 @@
 """autostage.Module: wrap a model, launch with mpirun, train with the single-process loop."""
 
 import collections
-import re
 import sys
 import weakref
 
@@ -418,10 +417,8 @@ class Module(torch.nn.Module):
 
 
 def _option_value(key):
-    """A config option's effective value as text (the binding has no getter: read it from
-    show_config's ``key = value  (source)`` lines; strings are quoted)."""
-    match = re.search(rf'^{re.escape(key)} = "?([^"\s]*)', _autostage.show_config(), re.M)
-    return match.group(1) if match is not None else ""
+    """A config option's effective value as text (strings unquoted)."""
+    return _autostage._get_option(key)
 
 
 def front_end():
