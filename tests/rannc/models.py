@@ -101,34 +101,27 @@ class SharedParamModel(nn.Module):
         return self.fc2(self.fc1(x)) * 2 * 3
 
 
-class ForkJoinModel(nn.Module):
-    """Two branches from one value, joined by an addition."""
+class _FourLinear(nn.Module):
+    """Four bias-free 3x3 linear layers fc1..fc4, wired by the subclass's forward."""
     INPUT_DIM = (3,)
     OUTPUT_DIM = (3,)
 
     def __init__(self):
         super().__init__()
-        self.fc1 = nn.Linear(3, 3, bias=False)
-        self.fc2 = nn.Linear(3, 3, bias=False)
-        self.fc3 = nn.Linear(3, 3, bias=False)
-        self.fc4 = nn.Linear(3, 3, bias=False)
+        for i in range(1, 5):
+            setattr(self, f"fc{i}", nn.Linear(3, 3, bias=False))
+
+
+class ForkJoinModel(_FourLinear):
+    """Two branches from one value, joined by an addition."""
 
     def forward(self, x):
         x = self.fc1(x)
         return self.fc4(self.fc2(x) + self.fc3(x) * 2)
 
 
-class SharedInputModel(nn.Module):
+class SharedInputModel(_FourLinear):
     """One value read by three layers and the output sum."""
-    INPUT_DIM = (3,)
-    OUTPUT_DIM = (3,)
-
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(3, 3, bias=False)
-        self.fc2 = nn.Linear(3, 3, bias=False)
-        self.fc3 = nn.Linear(3, 3, bias=False)
-        self.fc4 = nn.Linear(3, 3, bias=False)
 
     def forward(self, x):
         y = self.fc1(x)
@@ -321,3 +314,19 @@ class NativeCallModel(nn.Module):
 
     def forward(self, x):
         return _native_traced(x) * _native_scripted(x)
+
+
+# The models RaNNC's test_simple_zero.py and test_simple_no_gather.py run, with their arguments
+# to common.run.
+ZERO_AND_NO_GATHER_CASES = [
+    (BasicModel, {}),
+    (SmallParamModel, {}),
+    (ForkJoinModel, {}),
+    (SharedParamModel, {}),
+    (OneOpModel, {}),
+    (TensorMulModel, {}),
+    (EmbeddingModel, {"dataset": EmbeddingModel.dataset}),
+    (FunctionModel, {"dataset": FunctionModel.dataset}),
+    (LossOutModel, {"loss_out": True}),
+]
+

@@ -5,17 +5,7 @@ import pytest
 import common
 import models
 
-CASES = [
-    (models.BasicModel, {}),
-    (models.SmallParamModel, {}),
-    (models.ForkJoinModel, {}),
-    (models.SharedParamModel, {}),
-    (models.OneOpModel, {}),
-    (models.TensorMulModel, {}),
-    (models.EmbeddingModel, {"dataset": models.EmbeddingModel.dataset}),
-    (models.FunctionModel, {"dataset": models.FunctionModel.dataset}),
-    (models.LossOutModel, {"loss_out": True}),
-]
+CASES = models.ZERO_AND_NO_GATHER_CASES
 
 
 @pytest.mark.parametrize("model_cls, args", CASES, ids=[c[0].__name__ for c in CASES])
