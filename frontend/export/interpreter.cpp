@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "frontend/export/dtype.h"
 
 namespace autostage::exportfe {
 namespace {
@@ -423,40 +424,6 @@ std::vector<c10::IValue> Program::run(std::vector<c10::IValue> inputs) const {
   return out;
 }
 
-namespace {
-
-core::DType irDtype(at::ScalarType type, const std::string& where) {
-  switch (type) {
-    case at::kFloat:
-      return core::DType::Float32;
-    case at::kDouble:
-      return core::DType::Float64;
-    case at::kHalf:
-      return core::DType::Float16;
-    case at::kBFloat16:
-      return core::DType::BFloat16;
-    case at::kLong:
-      return core::DType::Int64;
-    case at::kInt:
-      return core::DType::Int32;
-    case at::kShort:
-      return core::DType::Int16;
-    case at::kChar:
-      return core::DType::Int8;
-    case at::kByte:
-      return core::DType::UInt8;
-    case at::kBool:
-      return core::DType::Bool;
-    default:
-      break;
-  }
-  throw UnsupportedError(std::string("unsupported dtype ") + c10::toString(type) + " of " + where +
-                         ": autostage's IR carries float, double, half, bfloat16, integer and "
-                         "bool tensors");
-}
-
-}  // namespace
-
 void recordTypes(core::Graph& graph, std::vector<c10::IValue> inputs) {
   std::vector<core::NodeId> nodes(graph.nodeCount());
   for (size_t i = 0; i < nodes.size(); ++i) nodes[i] = core::NodeId(i);
@@ -469,10 +436,9 @@ void recordTypes(core::Graph& graph, std::vector<c10::IValue> inputs) {
     if (!values[i].isTensor() || !graph.value(produced[i]).type.isTensor()) continue;
     const at::Tensor& t = values[i].toTensor();
     if (!t.defined()) continue;
-    graph.setType(
-        produced[i],
-        core::Type::tensor(irDtype(t.scalar_type(), "value %" + graph.value(produced[i]).name),
-                           t.sizes().vec(), t.requires_grad()));
+    const std::string where = "value %" + graph.value(produced[i]).name;
+    graph.setType(produced[i], core::Type::tensor(dtypeFromTorch(t.scalar_type(), where),
+                                                  t.sizes().vec(), t.requires_grad()));
   }
   graph.classifyValues();
 }
