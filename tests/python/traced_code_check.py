@@ -35,6 +35,8 @@ class FlattenByLoop(nn.Module):
         x = x.view(-1, features)
         return self.fc2(F.relu(self.fc1(x)))
 
+    OUT = 5
+
     @staticmethod
     def batch(rows, g):
         return torch.randn(rows, 1, 14, 14, generator=g, dtype=torch.float64)
@@ -61,6 +63,8 @@ class SizeArithmetic(nn.Module):
         h = torch.tanh(self.mid(h)) * (t * c) / (c * t)          # sizes as numbers
         scale = h.size(1) * h.size(2) // (2 * h.size(1))         # c // 2
         return self.out(h[:, :, :scale * 2]).mean(dim=1)
+
+    OUT = 3
 
     @staticmethod
     def batch(rows, g):
@@ -98,6 +102,8 @@ class ScriptedLoops(nn.Module):
         h = torch.tanh(self.fc(self.emb(ids)))
         return self.out(h).sum(dim=1)
 
+    OUT = 2
+
     @staticmethod
     def batch(rows, g):
         return torch.randint(10, (rows, 7), generator=g)
@@ -115,8 +121,7 @@ def check(model_cls, front_end, stages, world, rank, failures):
     what = f"{model_cls.__name__} front_end={front_end} stages={stages}"
     for step in range(2):
         x = model_cls.batch(world * local, g)
-        y = torch.randn(world * local, 5 if model_cls is FlattenByLoop else
-                        3 if model_cls is SizeArithmetic else 2, generator=g, dtype=torch.float64)
+        y = torch.randn(world * local, model_cls.OUT, generator=g, dtype=torch.float64)
         rows = slice(rank * local, (rank + 1) * local)
         out = wrapped(x[rows].clone())
         expected = reference(x.clone())

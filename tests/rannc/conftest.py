@@ -69,26 +69,20 @@ def workdir(request):
     return path
 
 
+# What this rank ran, by outcome (written by pytest_unconfigure for run_suite.py's summary).
+_RESULTS = {"passed": [], "failed": [], "skipped": []}
+
+
 def pytest_runtest_logreport(report):
-    results = getattr(pytest_runtest_logreport, "results", None)
-    if results is None:
-        return
     if report.when == "call" or (report.when == "setup" and not report.passed):
         outcome = "passed" if report.passed else "skipped" if report.skipped else "failed"
         reason = ""
         if report.skipped and isinstance(report.longrepr, tuple):
             reason = report.longrepr[2]
-        results[outcome].append({"test": report.nodeid, "reason": reason})
-
-
-def pytest_configure(config):
-    pytest_runtest_logreport.results = {"passed": [], "failed": [], "skipped": []}
+        _RESULTS[outcome].append({"test": report.nodeid, "reason": reason})
 
 
 def pytest_unconfigure(config):
-    results = getattr(pytest_runtest_logreport, "results", None)
-    if results is None:
-        return
     path = os.path.join(_workdir(config), f"results.{pyrannc.get_rank()}.json")
     with open(path, "w") as f:
-        json.dump(results, f)
+        json.dump(_RESULTS, f)

@@ -13,6 +13,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 @needs_gpu
 def test_apex_prepared_optimizer_is_refused(init_dist):
+    """By RaNNCModule(enable_apex_amp=True) and by the pyrannc.amp helpers."""
     amp = pytest.importorskip("apex.amp", reason="needs NVIDIA Apex")
     from autostage import _autostage
     from autostage import rannc as pyrannc
@@ -21,15 +22,5 @@ def test_apex_prepared_optimizer_is_refused(init_dist):
     model, opt = amp.initialize(model, opt, opt_level="O2")
     with pytest.raises(_autostage.UnsupportedError, match="prepared by Apex"):
         pyrannc.RaNNCModule(model, opt, enable_apex_amp=True)
-
-
-@needs_gpu
-def test_amp_helpers_refuse_apex_prepared_optimizers(init_dist):
-    amp = pytest.importorskip("apex.amp", reason="needs NVIDIA Apex")
-    from autostage import _autostage
-    from autostage import rannc as pyrannc
-    model = models.SmallParamModel().cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, opt = amp.initialize(model, opt, opt_level="O2")
     with pytest.raises(_autostage.UnsupportedError, match="prepared by Apex"):
         pyrannc.amp.named_master_params(model, opt)

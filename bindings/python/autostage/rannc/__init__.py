@@ -108,11 +108,6 @@ def allreduce_grads(rmodel, optimizer, prescale=1.0):
     return False
 
 
-def _apex_prepared(optimizer):
-    """Whether Apex's ``amp.initialize`` prepared `optimizer` (it attaches ``_amp_stash``)."""
-    return optimizer is not None and hasattr(optimizer, "_amp_stash")
-
-
 def _unsupported(option, value, why):
     raise NotImplementedError(f"RaNNCModule({option}={value!r}): {why}")
 
@@ -142,7 +137,7 @@ class RaNNCModule(Module):
                  enable_apex_amp=False, allreduce_amp_master_params=False, enable_zero=False,
                  check_unused_values=True, offload_params=False):
         if enable_apex_amp:
-            if _apex_prepared(optimizer):
+            if amp._apex_prepared(optimizer):
                 raise _autostage.UnsupportedError(
                     "RaNNCModule(enable_apex_amp=True): the optimizer was prepared by Apex "
                     "(amp.initialize), whose fp16 model copy and master weights autostage does "

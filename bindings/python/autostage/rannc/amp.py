@@ -11,8 +11,13 @@ import torch
 from .. import _autostage
 
 
+def _apex_prepared(optimizer):
+    """Whether Apex's ``amp.initialize`` prepared `optimizer` (it attaches ``_amp_stash``)."""
+    return optimizer is not None and hasattr(optimizer, "_amp_stash")
+
+
 def _refuse_apex(optimizer):
-    if optimizer is not None and hasattr(optimizer, "_amp_stash"):
+    if _apex_prepared(optimizer):
         raise _autostage.UnsupportedError(
             "pyrannc.amp: the optimizer was prepared by Apex (amp.initialize), which autostage "
             "does not run; drop amp.initialize and pass precision='fp16' or 'bf16' to the module")
