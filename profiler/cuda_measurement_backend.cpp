@@ -66,6 +66,7 @@ class CudaMeasurementBackend final : public MeasurementBackend {
 
   std::string deviceKind() const override { return kind_; }
   std::string device() const override { return "cuda:" + std::to_string(device_); }
+  int settlingRuns() const override { return 1; }
 
   double time(const std::function<void()>& work) override {
     checkCuda(cudaSetDevice(device_), "cudaSetDevice");

@@ -25,6 +25,9 @@ class MeasurementBackend {
   virtual int64_t peakMemory() const = 0;
   // Starts a new peak window at the current usage.
   virtual void resetPeakMemory() = 0;
+  // Untimed forward+backward runs of each node before its memory run (Note [Settling runs] in
+  // profiler/node_runner.cpp): 0 on the CPU, 1 on CUDA.
+  virtual int settlingRuns() const { return 0; }
 };
 
 // How the CPU backend times work. Wall: steady clock. ProcessCpu: CPU time of this process

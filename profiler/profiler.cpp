@@ -184,7 +184,7 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
 core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
                                 const std::vector<c10::IValue>& exampleInputs,
                                 MeasurementBackend& backend, const ProfilerOptions& options) {
-  torchscript::AutocastGuard autocast(options.precision);
+  torchscript::AutocastGuard autocast(options.precision, c10::Device(backend.device()).type());
   return profileNodesKeeping(model, exampleInputs, backend, options, nullptr);
 }
 
@@ -201,7 +201,7 @@ core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
     log->info("loaded profile of graph {} from cache {}; skipping profiling", hash, path);
     return cached;
   }
-  torchscript::AutocastGuard autocast(options.precision);
+  torchscript::AutocastGuard autocast(options.precision, c10::Device(backend.device()).type());
   ValueMap lastValues;
   core::GraphProfile profile =
       profileNodesKeeping(model, exampleInputs, backend, options, &lastValues);

@@ -71,9 +71,9 @@ void clearAutocastCacheIfEnabled() {
 void checkAutocastSupported(core::Precision precision, c10::DeviceType device) {
   AUTOSTAGE_CHECK_AS(UnsupportedError,
                      !(precision == core::Precision::Fp16 && device == c10::DeviceType::CPU),
-                     "precision=fp16 is not supported on a CPU backend: CPU autocast in LibTorch "
-                     "1.13 supports only bfloat16; use precision=bf16 on CPU (fp16 needs the "
-                     "NCCL/CUDA backend)");
+                     "precision=fp16 is not supported on the CPU (device=cpu): autostage's CPU "
+                     "autocast runs bfloat16 only; use precision=bf16 on the CPU, or fp16 on a "
+                     "GPU (device=cuda)");
   AUTOSTAGE_CHECK_AS(UnsupportedError,
                      precision == core::Precision::Fp32 || device == c10::DeviceType::CPU ||
                          device == c10::DeviceType::CUDA,

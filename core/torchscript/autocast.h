@@ -52,7 +52,7 @@ void clearAutocastCacheIfEnabled();
 class AutocastGuard {
  public:
   // fp32: does nothing. Otherwise enables autocast for `device` with the precision's dtype.
-  explicit AutocastGuard(core::Precision precision, c10::DeviceType device = c10::DeviceType::CPU);
+  AutocastGuard(core::Precision precision, c10::DeviceType device);
   // Restores the previous autocast state and clears the cast cache (Note [Autocast cache]).
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;

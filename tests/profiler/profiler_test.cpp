@@ -29,6 +29,29 @@ ProfilerOptions quickOptions() {
   return options;
 }
 
+// A device whose first run allocates a buffer it keeps (cuBLAS's workspace on CUDA), simulated
+// over the CPU backend: `kWorkspace` bytes count as allocated once any node ran after this
+// backend was made. Note [Settling runs] (profiler/node_runner.cpp).
+class LazyWorkspaceBackend final : public MeasurementBackend {
+ public:
+  static constexpr int64_t kWorkspace = 16 << 20;
+  explicit LazyWorkspaceBackend(int settlingRuns)
+      : cpu_(createCpuMeasurementBackend()), settling_(settlingRuns), start_(executionCount()) {}
+  std::string deviceKind() const override { return "lazy-workspace"; }
+  std::string device() const override { return "cpu"; }
+  double time(const std::function<void()>& work) override { return cpu_->time(work); }
+  int64_t currentMemory() const override { return cpu_->currentMemory() + workspace(); }
+  int64_t peakMemory() const override { return cpu_->peakMemory() + workspace(); }
+  void resetPeakMemory() override { cpu_->resetPeakMemory(); }
+  int settlingRuns() const override { return settling_; }
+
+ private:
+  int64_t workspace() const { return executionCount() > start_ ? kWorkspace : 0; }
+  std::unique_ptr<MeasurementBackend> cpu_;
+  int settling_;
+  int64_t start_;
+};
+
 std::string freshDir(const std::string& name) {
   // Note [No std::filesystem next to LibTorch wheels] (core/file_system.h)
   std::string dir = core::joinPath(core::tempDirectory(), "autostage_profiler_test_" + name);
@@ -132,6 +155,43 @@ TEST_CASE("later timing passes re-time the measured groups, unless their inputs 
       CHECK(p->nodes[g.key].forwardSeconds.at(4) > 0);
       CHECK(p->nodes[g.key].failure.empty());
     }
+}
+
+TEST_CASE("a buffer a device keeps from its first run is not charged to the first node",
+          "[profiler]") {
+  torch::manual_seed(4);
+  testing::TestModel m = testing::makeMlp(32, 3, 8);
+  torchscript::ImportedModel model = torchscript::importModule(m.module, m.inputs);
+  auto cpu = createCpuMeasurementBackend();
+  core::GraphProfile plain = profileNodes(model, m.inputs, *cpu, quickOptions());
+  // Without settling runs the first node measured carries the whole workspace ...
+  LazyWorkspaceBackend unsettled(0);
+  core::GraphProfile charged = profileNodes(model, m.inputs, unsettled, quickOptions());
+  // (over the batch sizes measured: the linear fit over them spreads it)
+  int64_t extra = 0;
+  for (int64_t b : plain.batchSizes)
+    for (size_t n = 0; n < plain.nodes.size(); ++n)
+      extra += static_cast<int64_t>(
+          charged.nodes[n].workingBytes.at(b) + charged.nodes[n].activationBytes.at(b) -
+          plain.nodes[n].workingBytes.at(b) - plain.nodes[n].activationBytes.at(b));
+  CHECK(extra >= LazyWorkspaceBackend::kWorkspace);
+  const int64_t batch = plain.batchSizes.back();
+  // ... with one, every node's memory figures are the CPU's, and each node ran once more.
+  LazyWorkspaceBackend settled(1);
+  int64_t before = executionCount();
+  core::GraphProfile fair = profileNodes(model, m.inputs, settled, quickOptions());
+  int64_t settledRuns = executionCount() - before;
+  before = executionCount();
+  profileNodes(model, m.inputs, *cpu, quickOptions());
+  int64_t cpuRuns = executionCount() - before;
+  const int64_t measured = static_cast<int64_t>(nodeGroups(model.graph).size()) - 3;  // 3 reused
+  CHECK(settledRuns - cpuRuns == measured * 2 /* batch sizes */);
+  for (size_t n = 0; n < plain.nodes.size(); ++n) {
+    INFO("node " << n);
+    CHECK(fair.nodes[n].workingBytes.at(batch) == plain.nodes[n].workingBytes.at(batch));
+    CHECK(fair.nodes[n].activationBytes.at(batch) == plain.nodes[n].activationBytes.at(batch));
+    CHECK(fair.nodes[n].outputBytes.at(batch) == plain.nodes[n].outputBytes.at(batch));
+  }
 }
 
 TEST_CASE("identical node groups are measured once and their figures reused", "[profiler]") {
@@ -304,7 +364,7 @@ TEST_CASE("bf16 profiling measures the nodes under autocast", "[profiler]") {
   const int64_t width = 64, batch = 16;
   testing::TestModel m = testing::makeMlp(width, 3, batch);
   torchscript::ImportedModel model = [&] {  // as driver::Module imports it
-    torchscript::AutocastGuard autocast(core::Precision::Bf16);
+    torchscript::AutocastGuard autocast(core::Precision::Bf16, c10::kCPU);
     return torchscript::importModule(m.module, m.inputs);
   }();
   auto backend = createCpuMeasurementBackend();

@@ -14,6 +14,7 @@ import types
 import torch
 
 import autostage
+from device_under_test import host, allclose, equal
 
 LOCAL_BATCH, STEPS_T = 8, 3
 
@@ -96,7 +97,7 @@ def run_case(name, body):
 
 
 def expect_close(got, want, what):
-    if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+    if not allclose(got, want, rtol=1e-5, atol=1e-6):
         raise AssertionError(f"{what}: output differs by {(got - want).abs().max()}")
 
 
@@ -115,7 +116,7 @@ def checkpoint_cases(m, path, rank):
     autostage.save_checkpoint(state, saved)  # rank 0 writes
     autostage.save_checkpoint(make(hidden=32), saved + ".wide")
     if rank == 0:
-        weight = state["a.weight"].detach().numpy().tobytes()
+        weight = host(state["a.weight"]).numpy().tobytes()
         flip_byte(saved, saved + ".damaged", at=open(saved, "rb").read().find(weight) + 1)
     autostage.barrier()
     run_case("checkpoint_other_shapes", lambda: autostage.load_checkpoint(saved + ".wide", m))
@@ -124,7 +125,7 @@ def checkpoint_cases(m, path, rank):
 
     def unchanged():
         now = m.state_dict()
-        changed = [k for k in state if not torch.equal(state[k], now[k])]
+        changed = [k for k in state if not equal(state[k], now[k])]
         if changed:
             raise AssertionError(f"refused checkpoints changed {changed}")
         autostage.load_checkpoint(saved, m)  # the intact one loads

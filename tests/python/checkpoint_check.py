@@ -12,6 +12,7 @@ import torch
 
 import autostage
 from mpi_launch import finish
+from device_under_test import host, allclose, equal
 
 STEPS, LOCAL, LR = 3, 4, 0.05
 
@@ -71,7 +72,7 @@ def compare(state, reference, what, failures):
             if state[key].dtype != value.dtype:
                 failures.append(f"{what}: {key} has dtype {state[key].dtype}, not {value.dtype}")
             continue
-        if not torch.allclose(state[key].double(), value.double(), rtol=1e-5, atol=1e-6):
+        if not torch.allclose(host(state[key]).double(), host(value).double(), rtol=1e-5, atol=1e-6):
             failures.append(f"{what}: {key} differs by {(state[key] - value).abs().max()}")
 
 
@@ -91,7 +92,7 @@ def refuse_mismatched(wrapped, wide_path, rank, failures):
         if expected not in str(e) or "Nothing was loaded" not in str(e):
             failures.append(f"unexpected message: {e}")
     after = wrapped.state_dict()
-    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    changed = [k for k in before if not equal(before[k], after[k])]
     if changed:
         failures.append(f"refused checkpoint changed {changed}")
 
@@ -175,7 +176,7 @@ def compare_optimizer(got, expected, what, failures):
             continue
         for key, value in entry.items():
             mine = got["state"][index][key]
-            if mine.dtype != value.dtype or not torch.allclose(mine, value, rtol=1e-5, atol=1e-7):
+            if mine.dtype != value.dtype or not allclose(mine, value, rtol=1e-5, atol=1e-7):
                 failures.append(f"{what}: state[{index}][{key!r}] {mine.dtype} differs from "
                                 f"{value.dtype} by {(mine.double() - value.double()).abs().max()}")
 

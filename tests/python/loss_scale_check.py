@@ -22,6 +22,7 @@ import torch
 import autostage
 from interleave_check import Net, compare_state  # the tied tanh stack returning its loss
 from mpi_launch import finish
+from device_under_test import host, equal
 
 LOCAL, LR, STEPS, OVERFLOW_STEP, INIT_SCALE, INTERVAL = 4, 0.05, 6, 2, 2.0**10, 2
 RTOL, ATOL = 1e-5, 1e-6
@@ -36,7 +37,8 @@ def batch(step, world):
 
 
 def close(a, b):
-    return torch.allclose(a.double(), b.double(), rtol=RTOL, atol=ATOL, equal_nan=True)
+    return torch.allclose(host(a).double(), host(b).double(), rtol=RTOL, atol=ATOL,
+                          equal_nan=True)
 
 
 def main():
@@ -88,7 +90,7 @@ def main():
         result = scaler.step(optimizer)
         if not finite:
             skipped += 1
-            if result is not None or any(not torch.equal(p, q) for p, q in
+            if result is not None or any(not equal(p, q) for p, q in
                                          zip(wrapped.local_parameters(), before)):
                 failures.append(f"step {step}: the overflowed step was not skipped")
         scaler.update()

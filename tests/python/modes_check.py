@@ -6,6 +6,7 @@ import torch
 
 import autostage
 from mpi_launch import finish
+from device_under_test import allclose
 
 LOCAL, LR = 4, 0.01
 
@@ -41,7 +42,7 @@ def compare_state(wrapped, reference, what, failures):
     for key, value in ref.items():
         if key.endswith("num_batches_tracked"):
             continue  # not advanced by the runtime (README, BatchNorm)
-        if not torch.allclose(state[key], value, rtol=1e-5, atol=1e-6):
+        if not allclose(state[key], value, rtol=1e-5, atol=1e-6):
             failures.append(f"{what}: {key} differs by {(state[key] - value).abs().max()}")
 
 
@@ -83,9 +84,9 @@ def main():
         expected = reference(x)[rows]
     if out.requires_grad or out.grad_fn is not None:
         failures.append("a forward under torch.no_grad() returned a tensor with autograd history")
-    if not torch.allclose(out, expected, rtol=1e-5, atol=1e-6):
+    if not allclose(out, expected, rtol=1e-5, atol=1e-6):
         failures.append(f"eval output differs from plain eval by {(out - expected).abs().max()}")
-    if torch.allclose(out, trained, rtol=1e-3, atol=1e-3):
+    if allclose(out, trained, rtol=1e-3, atol=1e-3):
         failures.append("eval output equals the train-mode output: the modes do not differ")
 
     # A training step in eval mode: the optimizer follows the eval deployment's parameters.
@@ -99,7 +100,7 @@ def main():
     x, _ = batch(11, world * LOCAL)
     out = wrapped(x[rows]).detach()
     expected = reference(x)[rows].detach()  # both update their BatchNorm running statistics
-    if not torch.allclose(out, expected, rtol=1e-5, atol=1e-6):
+    if not allclose(out, expected, rtol=1e-5, atol=1e-6):
         failures.append(f"train output differs from plain by {(out - expected).abs().max()}")
     # Dropping both deployments (what autostage.rannc's undeploy/enable_dropout build on): the
     # next call traces and plans again (here in eval mode, 2 stages: ranks hold parameters they

@@ -6,6 +6,7 @@ import torch
 
 import autostage
 from mpi_launch import finish
+from device_under_test import allclose
 
 
 def make_model():
@@ -39,7 +40,7 @@ def main():
 
         optimizer.zero_grad()
         out = wrapped(x[rows])
-        if not torch.allclose(out, ref_out[rows].detach(), rtol=1e-5, atol=1e-6):
+        if not allclose(out, ref_out[rows].detach(), rtol=1e-5, atol=1e-6):
             failures.append(f"step {step}: output rows differ by {(out - ref_out[rows]).abs().max()}")
         torch.nn.functional.mse_loss(out, y[rows]).backward()
         optimizer.step()
@@ -59,11 +60,11 @@ def main():
     for name, p in model.named_parameters():
         if p.data_ptr() in local:
             checked += 1
-            if not torch.allclose(p, ref_params[name], rtol=1e-4, atol=1e-6):
+            if not allclose(p, ref_params[name], rtol=1e-4, atol=1e-6):
                 failures.append(f"parameter {name} differs by {(p - ref_params[name]).abs().max()}")
     # Every parameter, wherever it lives, through the gathered state.
     for name, value in wrapped.state_dict().items():
-        if name in ref_params and not torch.allclose(value, ref_params[name], rtol=1e-4, atol=1e-6):
+        if name in ref_params and not allclose(value, ref_params[name], rtol=1e-4, atol=1e-6):
             failures.append(f"gathered {name} differs by {(value - ref_params[name]).abs().max()}")
     # Plan reuse: a fresh module deployed from the saved plan computes what a fresh model does.
     path = os.path.join(tempfile.gettempdir(), f"autostage_check_{os.getpid()}.deployment")
@@ -74,7 +75,7 @@ def main():
     expected = make_model()(x)[rows].detach()
     got = reloaded(x[rows]).detach()
     os.remove(path)
-    if not torch.allclose(got, expected, rtol=1e-5, atol=1e-6):
+    if not allclose(got, expected, rtol=1e-5, atol=1e-6):
         failures.append(f"module from saved deployment differs by {(got - expected).abs().max()}")
     print(f"rank {rank}: checked {checked} local parameters over {steps} steps; "
           f"{len(failures)} failures", flush=True)

@@ -13,6 +13,7 @@ import torch.nn as nn
 import autostage
 from autostage.export import available
 from test_torchscript import LossModel, TiedModel, check_model, run_parts
+from device_under_test import device_of
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 pytestmark = pytest.mark.skipif(not available(), reason="torch.export training IR needs 2.5+")
@@ -125,9 +126,11 @@ def test_module_trains_like_plain_pytorch_with_keywords_and_output_structure():
     model = KeywordModel().double()
     reference = copy.deepcopy(model)
     wrapped = autostage.Module(model, front_end="export", partition_num=1, pipeline_num=1)
+    device = device_of(model)  # bit-equal on the same device (AUTOSTAGE_DEVICE)
+    reference.to(device)
     for step in range(2):
-        x = torch.randn(6 + step, 6, dtype=torch.float64)
-        labels = torch.randint(0, 3, (6 + step,))
+        x = torch.randn(6 + step, 6, dtype=torch.float64, device=device)
+        labels = torch.randint(0, 3, (6 + step,), device=device)
         out = wrapped(x, labels=labels, scale=0.5)
         expected = reference(x, labels=labels, scale=0.5)
         assert set(out) == {"loss", "logits"}
@@ -149,9 +152,9 @@ def test_auto_captures_with_torch_export_and_says_so(capfd):
     back to TorchScript would log `with TorchScript`."""
     torch.manual_seed(5)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
-    x = torch.randn(4, 4)
-    out = autostage.Module(model, partition_num=1, pipeline_num=1)(x)
-    assert torch.equal(out, model(x))
+    wrapped = autostage.Module(model, partition_num=1, pipeline_num=1)
+    x = torch.randn(4, 4, device=device_of(model))
+    assert torch.equal(wrapped(x), model(x))
     err = capfd.readouterr().err
     assert "Captured Sequential with torch.export:" in err, err
     assert "with TorchScript" not in err

@@ -4,8 +4,8 @@ GPU and a CUDA build of autostage (CI has neither; scripts/test-gpu runs them).
 
 One rank (partition_num=1, one micro-batch), so autostage runs the traced model under the same
 autocast as the plain model: losses and parameters agree to fp16 rounding, and both scalers make
-the same decisions (scale after every step exactly equal). An inf in the batch at step 2 makes
-both skip that step."""
+the same decisions (scale after every step exactly equal). With fp16, an inf in the batch at
+step 2 makes both skip that step (bf16 has no loss scaling: no overflow step there)."""
 import math
 
 import pytest
@@ -33,10 +33,10 @@ class Net(torch.nn.Module):
         return torch.nn.functional.mse_loss(self.body(x).float(), y)
 
 
-def data(step):
+def data(step, overflow):
     g = torch.Generator().manual_seed(700 + step)
     x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
-    if step == OVERFLOW_STEP:
+    if overflow and step == OVERFLOW_STEP:
         x[3, 5] = math.inf
     return x.cuda(), y.cuda()
 
@@ -57,7 +57,9 @@ def test_gpu_autocast_and_loss_scaling_equal_plain_pytorch(precision):
         scaler = autostage.GradScaler(wrapped, init_scale=2.0**10, growth_interval=2,
                                       enabled=scale_on)
         for step in range(STEPS):
-            x, y = data(step)
+            # The overflow step only with loss scaling: without a scaler to skip it, plain
+            # PyTorch's parameters turn NaN as well (2026-11-28, bf16).
+            x, y = data(step, overflow=scale_on)
             with torch.autocast("cuda", dtype=dtype):
                 plain_loss = plain(x, y)
             plain_scaler.scale(plain_loss).backward()
@@ -69,7 +71,7 @@ def test_gpu_autocast_and_loss_scaling_equal_plain_pytorch(precision):
             scaler.step(opt)
             scaler.update()
             opt.zero_grad()
-            if step != OVERFLOW_STEP:
+            if not (scale_on and step == OVERFLOW_STEP):
                 torch.testing.assert_close(loss.float(), plain_loss.float(), rtol=2e-2, atol=1e-3)
             assert scaler.get_scale() == plain_scaler.get_scale(), step
             for p, q in zip(mine.parameters(), plain.parameters()):

@@ -9,6 +9,7 @@ import torch
 
 import autostage
 from mpi_launch import run_driver
+from device_under_test import device_of
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 
@@ -57,7 +58,8 @@ def test_two_optimizers_unscale_once_and_share_the_verdict():
     ref = torch.nn.Linear(3, 2)
     ref.load_state_dict(net.state_dict())
     model = autostage.Module(net)
-    x = torch.randn(4, 3)
+    ref.to(device_of(net))  # autostage moved net to its device (AUTOSTAGE_DEVICE)
+    x = torch.randn(4, 3, device=device_of(net))
     scaler = autostage.GradScaler(model, init_scale=8.0)
     scaler.scale(model(x).sum()).backward()
     ref(x).sum().backward()

@@ -17,6 +17,7 @@ import torch
 
 import autostage
 from mpi_launch import finish
+from device_under_test import host
 
 LOCAL, LR, MAX_NORM, ACCUMULATE = 4, 0.05, 0.2, 2
 RTOL, ATOL = 1e-5, 1e-6
@@ -68,7 +69,7 @@ def wrap(model, optimizer, world, **options):
 
 
 def close(a, b):
-    return torch.allclose(a.double(), b.double(), rtol=RTOL, atol=ATOL)
+    return torch.allclose(host(a).double(), host(b).double(), rtol=RTOL, atol=ATOL)
 
 
 def compare_state(got, want, what, failures):

@@ -52,7 +52,7 @@ TEST_CASE("a bf16 stage computes what eager autocast computes, recomputed or not
   torch::jit::Module m = makeMatmulModel();
   at::Tensor x = torch::randn({6, 8});
   torchscript::ImportedModel model = [&] {
-    torchscript::AutocastGuard autocast(core::Precision::Bf16);
+    torchscript::AutocastGuard autocast(core::Precision::Bf16, c10::kCPU);
     return torchscript::importModule(m, {x});
   }();
   // The import probe recorded the dtype autocast produces: the output travels as bf16.
@@ -63,7 +63,7 @@ TEST_CASE("a bf16 stage computes what eager autocast computes, recomputed or not
   at::Tensor w2 = m.attr("w2").toTensor().detach().clone().requires_grad_(true);
   at::Tensor expected;
   {
-    torchscript::AutocastGuard autocast(core::Precision::Bf16);
+    torchscript::AutocastGuard autocast(core::Precision::Bf16, c10::kCPU);
     expected = torch::matmul(torch::tanh(torch::matmul(x, w1)), w2);
   }
   expected.backward(torch::ones_like(expected));  // a contiguous gradient, as the stage gets
@@ -90,19 +90,19 @@ TEST_CASE("a bf16 stage computes what eager autocast computes, recomputed or not
 TEST_CASE("the autocast guard restores the caller's state and refuses fp16 on CPU", "[staging]") {
   REQUIRE_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   {
-    torchscript::AutocastGuard autocast(core::Precision::Bf16);
+    torchscript::AutocastGuard autocast(core::Precision::Bf16, c10::kCPU);
     CHECK(torchscript::isAutocastEnabled(c10::kCPU));
     CHECK(torchscript::currentAutocastDtype(c10::kCPU) == at::kBFloat16);
     CHECK(torch::matmul(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() == at::kBFloat16);
   }
   CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   {
-    torchscript::AutocastGuard none(core::Precision::Fp32);
+    torchscript::AutocastGuard none(core::Precision::Fp32, c10::kCPU);
     CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   }
-  CHECK_THROWS_AS(torchscript::AutocastGuard(core::Precision::Fp16), UnsupportedError);
-  CHECK_THROWS_WITH(torchscript::AutocastGuard(core::Precision::Fp16),
-                    Catch::Contains("use precision=bf16 on CPU"));
+  CHECK_THROWS_AS(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU), UnsupportedError);
+  CHECK_THROWS_WITH(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU),
+                    Catch::Contains("use precision=bf16 on the CPU"));
   CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   CHECK_NOTHROW(torchscript::checkAutocastSupported(core::Precision::Fp16, c10::DeviceType::CUDA));
 }
@@ -126,7 +126,7 @@ TEST_CASE("the autocast state wrappers read and set each device's state", "[stag
     CHECK(torchscript::currentAutocastDtype(device) == dtype);
   }
   {
-    torchscript::AutocastGuard outer(core::Precision::Bf16);
+    torchscript::AutocastGuard outer(core::Precision::Bf16, c10::kCPU);
     { torchscript::AutocastGuard inner(core::Precision::Fp16, c10::kCUDA); }
     CHECK(torchscript::isAutocastEnabled(c10::kCPU));  // the inner guard left the CPU state alone
     CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCUDA));

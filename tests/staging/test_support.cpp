@@ -161,7 +161,8 @@ void rethrowFirst(const std::vector<std::exception_ptr>& errors) {
 }
 
 bool allClose(const at::Tensor& a, const at::Tensor& b, double rtol, double atol) {
-  return a.sizes() == b.sizes() && at::allclose(a, b, rtol, atol);
+  // On the CPU: a deployment on a GPU compares its tensors with a CPU reference.
+  return a.sizes() == b.sizes() && at::allclose(a.cpu(), b.cpu(), rtol, atol);
 }
 
 }  // namespace autostage::staging::testing

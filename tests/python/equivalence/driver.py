@@ -98,7 +98,8 @@ class Mismatch:
         self.failures = []
 
     def check(self, what, got, expected):
-        got, expected = got.detach(), expected.detach()
+        # On the CPU: with AUTOSTAGE_DEVICE=cuda (scripts/test-gpu) autostage's tensors are CUDA
+        got, expected = got.detach().cpu(), expected.detach().cpu()
         if got.shape != expected.shape:
             self.failures.append(f"{what}: shape {tuple(got.shape)} vs {tuple(expected.shape)}")
             return
