@@ -21,7 +21,7 @@ install(EXPORT autostagePlannerTargets NAMESPACE autostage:: DESTINATION ${AUTOS
 # each other as "core/...", "staging/...").
 set(AUTOSTAGE_HEADER_FOLDERS core core/ir core/proto decomposer service)
 if(TARGET autostage_api)
-  list(APPEND AUTOSTAGE_HEADER_FOLDERS core/torchscript frontend/export comm profiler staging driver bindings/cpp)
+  list(APPEND AUTOSTAGE_HEADER_FOLDERS frontend/torchscript frontend/export comm profiler staging driver bindings/cpp)
 endif()
 foreach(folder IN LISTS AUTOSTAGE_HEADER_FOLDERS)
   file(GLOB headers ${PROJECT_SOURCE_DIR}/${folder}/*.h)

@@ -2,7 +2,7 @@
 // Training precision (config key `precision`): fp32, or torch.autocast-style mixed precision in
 // which the stages' ops run in bfloat16/float16 where autocast chooses to, while parameters,
 // gradients and optimizer state stay fp32 (master weights). Torch-free; the autocast guard that
-// applies it is core/torchscript/autocast.h.
+// applies it is frontend/torchscript/autocast.h.
 
 #include <string>
 

@@ -12,7 +12,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/torchscript/autocast.h"
+#include "frontend/torchscript/autocast.h"
 #include "frontend/export/interpreter.h"
 #include "driver/auto_planner.h"
 #include "driver/model_device.h"
@@ -210,7 +210,7 @@ std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs, 
   step->executor = executor_;
   step->rank = backend_->rank();
   try {
-    step->outputs = executor_->forward(tensors);
+    step->outputs = executor_->forward(tensors, /*agreed=*/true);  // prepareStep agreed
   } catch (...) {
     rethrowWithContext();
   }
@@ -224,7 +224,7 @@ std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs
   std::vector<at::Tensor> tensors =
       prepareStep(inputs, core::PlanUsage::TrainStep, agreed, &callerDevice);
   try {
-    return movedTo(executor_->trainStep(tensors, lossScale_), callerDevice);
+    return movedTo(executor_->trainStep(tensors, lossScale_, /*agreed=*/true), callerDevice);
   } catch (...) {
     rethrowWithContext();
   }

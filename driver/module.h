@@ -47,7 +47,7 @@
 //
 // Note [Train and eval modes]
 // Dropout and BatchNorm compute differently in train and eval mode, and the import turns
-// `self.training` into a constant (core/torchscript/importer.cpp), so each mode needs its own
+// `self.training` into a constant (frontend/torchscript/importer.cpp), so each mode needs its own
 // import and its own deployments. The module follows the jit::Module's mode at each call
 // (train()/eval() here or on the jit::Module itself): on the first call after a mode change it
 // shares the current state from the holders (shareState), parks the import and deployments of
@@ -88,7 +88,7 @@
 #include "core/ir/graph.h"
 #include "core/plan_usage.h"
 #include "core/precision.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 #include "driver/job.h"
 #include "driver/placement.h"
 #include "staging/executor.h"
@@ -148,7 +148,7 @@ struct ModuleOptions {
   // staging/gradient_sync.h): false refuses a deployment with zero stages (a loaded one, too).
   bool shardsOptimizer = true;
   // Mixed precision (config key precision): the import probe and the stages run under autocast
-  // (Note [Autocast execution] in core/torchscript/autocast.h); parameters stay fp32.
+  // (Note [Autocast execution] in frontend/torchscript/autocast.h); parameters stay fp32.
   core::Precision precision = core::Precision::Fp32;
   // Measures each rank's memory every step (Note [Measured memory]); null: not measured.
   std::shared_ptr<MemoryMeter> memoryMeter;

@@ -13,7 +13,7 @@
 #include <ATen/core/ivalue.h>
 
 #include "core/profile.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 #include "profiler/measurement_backend.h"
 #include "profiler/node_runner.h"
 #include "profiler/profiler_options.h"

@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/torchscript/exporter.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/exporter.h"
+#include "frontend/torchscript/importer.h"
 #include "profiler/cost_model.h"
 #include "profiler/measurement_backend.h"
 #include "profiler/node_runner.h"

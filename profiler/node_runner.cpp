@@ -12,7 +12,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "core/torchscript/autocast.h"
+#include "frontend/torchscript/autocast.h"
 #include "profiler/profiler_options.h"
 
 namespace autostage::profiler {
@@ -244,7 +244,7 @@ std::vector<c10::IValue> executeFunction(const torchscript::ExportedFunction& fu
                                          std::vector<c10::IValue> args) {
   gExecutions.fetch_add(1);
   std::vector<c10::IValue> outputs = function.run(std::move(args));
-  // Note [Autocast cache] (core/torchscript/autocast.h): each run casts its own weight copies,
+  // Note [Autocast cache] (frontend/torchscript/autocast.h): each run casts its own weight copies,
   // as a stage's run does; a copy cached by a run without autograd would otherwise leak into
   // later measured runs.
   torchscript::clearAutocastCacheIfEnabled();

@@ -11,8 +11,8 @@
 
 #include <ATen/core/ivalue.h>
 
-#include "core/torchscript/exporter.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/exporter.h"
+#include "frontend/torchscript/importer.h"
 #include "profiler/measurement_backend.h"
 
 namespace autostage::profiler {

@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/proto/profile_file.h"
-#include "core/torchscript/autocast.h"
+#include "frontend/torchscript/autocast.h"
 #include "profiler/calibration.h"
 #include "profiler/comm_profile.h"
 #include "profiler/cost_model.h"

@@ -13,14 +13,14 @@
 #include <ATen/core/ivalue.h>
 
 #include "core/profile.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 #include "profiler/measurement_backend.h"
 #include "profiler/profiler_options.h"
 
 namespace autostage::profiler {
 
 // Every model run of the profiler happens under options.precision's autocast (Note [Autocast
-// execution] in core/torchscript/autocast.h).
+// execution] in frontend/torchscript/autocast.h).
 //
 // Full run: cache lookup, node profiles, calibration, cache store. The comm part of the result
 // holds the configured fallbacks (see profileComm for measured ones).

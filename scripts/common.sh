@@ -12,7 +12,7 @@ AUTOSTAGE_PYTHON=/usr/bin/python3   # Debian's interpreter, where python3-torch 
 AUTOSTAGE_PACKAGES=(cmake ninja-build g++ libtorch-dev python3-torch python3-torchvision
   python3-torchaudio libopenmpi-dev openmpi-bin libboost-graph-dev libprotobuf-dev
   protobuf-compiler libspdlog-dev catch2 pybind11-dev libtoml11-dev python3-pytest chromium
-  libgrpc++-dev protobuf-compiler-grpc)
+  libgrpc++-dev protobuf-compiler-grpc nlohmann-json3-dev)
 
 # mpirun as root (CI and this machine run as root).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -27,7 +27,7 @@
 
 #include "comm/backend.h"
 #include "core/deployment.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 
 namespace autostage::staging {
 

@@ -13,7 +13,7 @@
 #include "core/log.h"
 #include "core/pipeline_schedule.h"
 #include "core/plan_usage.h"
-#include "core/torchscript/type_convert.h"
+#include "frontend/torchscript/type_convert.h"
 #include "staging/loss_scaler.h"
 
 namespace autostage::staging {
@@ -139,8 +139,8 @@ std::vector<at::Tensor> Executor::onStageDevice(const std::vector<at::Tensor>& t
   return moved;
 }
 
-void Executor::beginStep(const std::vector<at::Tensor>& inputs) {
-  int64_t local = agreeLocalBatch(inputs);
+void Executor::beginStep(const std::vector<at::Tensor>& inputs, bool agreed) {
+  int64_t local = agreed ? checkAgreedBatch(inputs) : agreeLocalBatch(inputs);
   if (!layout_ || layout_->localBatch() != local) {
     layout_.emplace(local, backend_->worldSize(), deployment_.microBatchCount);
     std::vector<bool> skip;
@@ -158,7 +158,7 @@ void Executor::beginStep(const std::vector<at::Tensor>& inputs) {
   lossGradients_.assign(deployment_.routes.size(), 0.0);
 }
 
-std::vector<at::Tensor> Executor::forward(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> Executor::forward(const std::vector<at::Tensor>& inputs, bool agreed) {
   // Note [Plan usage] (core/plan_usage.h): forward() runs gpipe, and a plan made for inference
   // budgets no activations for a backward.
   AUTOSTAGE_CHECK_AS(PlanError, deployment_.schedule == "gpipe", "forward() runs every "
@@ -169,7 +169,7 @@ std::vector<at::Tensor> Executor::forward(const std::vector<at::Tensor>& inputs)
                      "this deployment was planned for inference (a forward under no_grad): it "
                      "budgets no activations for a backward; call it under torch.no_grad(), or "
                      "plan for forward/backward");
-  beginStep(inputs);
+  beginStep(inputs, agreed);
   sendFeederRows(onStageDevice(inputs));
   for (LocalStage& local : local_)  // gpipe runs one stage per rank (pipelineShapeProblem)
     for (int m = 0; m < layout_->microBatchCount(); ++m) forwardMicro(local, m);
@@ -195,7 +195,7 @@ void Executor::backward(const std::vector<at::Tensor>& outputGrads) {
 }
 
 std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& inputs,
-                                            double lossScale) {
+                                            double lossScale, bool agreed) {
   checkLossScale(lossScale, "trainStep");
   for (size_t i = 0; i < outputRoutes_.size(); ++i) {
     AUTOSTAGE_CHECK_AS(UnsupportedError, routeKinds_[outputRoutes_[i]] == RouteKind::Loss,
@@ -204,7 +204,7 @@ std::vector<at::Tensor> Executor::trainStep(const std::vector<at::Tensor>& input
   }
   AUTOSTAGE_CHECK_AS(PlanError, !inferenceOnly(), "trainStep() needs a deployment planned for "
                      "training, but this one was planned for inference (usage=inference)");
-  beginStep(inputs);
+  beginStep(inputs, agreed);
   for (int r : outputRoutes_) lossGradients_[r] += lossScale;
   sendFeederRows(onStageDevice(inputs));
   if (position_ >= 0) {  // Note [Pipeline schedules] (core/pipeline_schedule.h)

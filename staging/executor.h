@@ -22,7 +22,7 @@
 
 #include "comm/backend.h"
 #include "core/deployment.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 #include "staging/event_trace.h"
 #include "staging/gradient_sync.h"
 #include "staging/memory_watch.h"
@@ -67,8 +67,9 @@ class Executor {
   // tensor per model input, this rank's local batch (dim 0), on the CPU or options.device (moved
   // there). Returns one tensor per graph output, on options.device: rows of this rank's local
   // batch, or the global loss for scalar outputs (Note [Loss outputs]). Autograd state is kept
-  // for backward().
-  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs);
+  // for backward(). `agreed`: the caller already agreed on the call with every rank (Note
+  // [Agreed inputs]), so the step makes no exchange of its own before it starts.
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs, bool agreed = false);
   // gpipe backward: `outputGrads` holds one gradient per graph output (undefined = zeros) as
   // seen by this rank's caller, on any device (moved to options.device). Back-propagates all micro-batches in reverse order, then sums
   // parameter gradients over their holders (Note [Gradient scaling]).
@@ -76,9 +77,9 @@ class Executor {
   // Forward+backward in the deployment's schedule (1f1b or gpipe) of a model whose every output
   // is a loss (gradient `lossScale` on each rank, as if every rank called (loss *
   // lossScale).backward(); Note [Dynamic loss scaling] in loss_scaler.h); returns the losses,
-  // unscaled. Gradients as backward().
-  std::vector<at::Tensor> trainStep(const std::vector<at::Tensor>& inputs,
-                                    double lossScale = 1.0);
+  // unscaled. Gradients as backward(). `agreed` as for forward().
+  std::vector<at::Tensor> trainStep(const std::vector<at::Tensor>& inputs, double lossScale = 1.0,
+                                    bool agreed = false);
 
   // Sums gradients over their holders now (what backward does unless delayGradAllreduce()).
   // Collective over the world.
@@ -117,12 +118,21 @@ class Executor {
   std::string tracePath() const { return trace_ ? trace_->path() : ""; }
 
  private:
-  void beginStep(const std::vector<at::Tensor>& inputs);
+  // Note [Agreed inputs]
+  // Each step needs its local batch size, the same on every rank, and inputs of the traced
+  // dtypes and shapes. Called alone (tests, the staging API) the executor agrees on them itself:
+  // one all-gather per step (agreeLocalBatch). driver::Module has already agreed on the call
+  // (Note [One agreement per call] in driver/module.h: every rank's inputs have the same dtypes
+  // and shapes), so with `agreed` the check is local: it finds the same problem on every rank
+  // or none, and the step makes no second exchange.
+  void beginStep(const std::vector<at::Tensor>& inputs, bool agreed);
   // The tensors on options_.device (undefined ones stay undefined).
   std::vector<at::Tensor> onStageDevice(const std::vector<at::Tensor>& tensors) const;
   // Checks every rank's inputs and agrees on the local batch size; throws the same Error on
   // every rank when any rank's inputs are wrong or the sizes differ.
   int64_t agreeLocalBatch(const std::vector<at::Tensor>& inputs);
+  // The same check of inputs already agreed across ranks, without an exchange.
+  int64_t checkAgreedBatch(const std::vector<at::Tensor>& inputs) const;
   std::string describeInputProblem(const std::vector<at::Tensor>& inputs) const;
   // One stage this rank holds: its runner and the outputs each micro-batch's forward left for
   // its backward.

@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
-#include "core/torchscript/type_convert.h"
+#include "frontend/torchscript/type_convert.h"
 #include "staging/executor.h"
 
 namespace autostage::staging {
@@ -65,6 +65,13 @@ int64_t Executor::agreeLocalBatch(const std::vector<at::Tensor>& inputs) {
   AUTOSTAGE_CHECK(!differ, "ranks passed different local batch sizes (", sizes.str(),
                   "); every rank must pass the same number of samples");
   return local;
+}
+
+int64_t Executor::checkAgreedBatch(const std::vector<at::Tensor>& inputs) const {
+  std::string problem = describeInputProblem(inputs);
+  AUTOSTAGE_CHECK(problem.empty(), "bad model inputs (every rank: ", problem,
+                  "); pass the forward arguments as tensors with the batch in dim 0");
+  return inputs[0].size(0);
 }
 
 void Executor::sendFeederRows(const std::vector<at::Tensor>& inputs) {

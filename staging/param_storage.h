@@ -17,7 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "comm/backend.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 
 namespace autostage::staging {
 

@@ -8,7 +8,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "core/error.h"
-#include "core/torchscript/autocast.h"
+#include "frontend/torchscript/autocast.h"
 
 namespace autostage::staging {
 namespace {

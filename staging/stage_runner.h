@@ -19,7 +19,7 @@
 //
 // With a mixed precision (core/precision.h) every run of the stage's functions -- forward and a
 // recompute stage's re-run alike -- happens inside its own autocast region (Note [Autocast
-// execution], Note [Autocast cache] in core/torchscript/autocast.h).
+// execution], Note [Autocast cache] in frontend/torchscript/autocast.h).
 
 #include <map>
 #include <memory>
@@ -32,7 +32,7 @@
 #include "core/deployment.h"
 #include "core/precision.h"
 #include "core/ir/graph.h"
-#include "core/torchscript/exporter.h"
+#include "frontend/torchscript/exporter.h"
 #include "staging/param_storage.h"
 #include "staging/rng_state.h"
 

@@ -14,7 +14,7 @@
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 #include "profiler/cost_model.h"
 #include "profiler/measurement_backend.h"
 #include "profiler/profiler.h"

@@ -1,163 +1,81 @@
-// Chrome-trace reading; see measured_trace.h. A small JSON reader (objects, arrays, strings,
-// numbers, literals) is enough for the files the runtime writes and for hand-edited ones.
+// Chrome-trace reading; see measured_trace.h. The JSON is parsed by nlohmann-json.
 #include "bindings/cli/measured_trace.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <memory>
 #include <set>
 #include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
 namespace autostage::cli {
 namespace {
 
-struct Json {
-  enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
-  double number = 0;
-  std::string text;
-  std::vector<Json> items;
-  std::map<std::string, Json> fields;
-  const Json* get(const std::string& key) const {
-    auto it = fields.find(key);
-    return it == fields.end() ? nullptr : &it->second;
-  }
-};
+using Json = nlohmann::json;
 
-class Reader {
- public:
-  Reader(const std::string& text, const std::string& origin) : s_(text), origin_(origin) {}
-  Json document() {
-    Json v = value();
-    skip();
-    if (i_ != s_.size()) fail("unexpected text after the JSON value");
-    return v;
-  }
+// Trace files nest 4 deep; a limit keeps a crafted file from costing memory without bound.
+constexpr int kMaxDepth = 64;
 
- private:
-  [[noreturn]] void fail(const std::string& what) const {
-    throw FormatError(origin_ + ": invalid trace JSON at offset " + std::to_string(i_) + ": " +
-                      what + "; expected a Chrome trace written with trace_events=true");
+Json parseDocument(const std::string& text, const std::string& origin) {
+  const std::string expected = "; expected a Chrome trace written with trace_events=true";
+  auto limitDepth = [&](int depth, Json::parse_event_t event, Json&) {
+    if ((event == Json::parse_event_t::object_start ||
+         event == Json::parse_event_t::array_start) && depth >= kMaxDepth)
+      throw FormatError(origin + ": invalid trace JSON: nested deeper than " +
+                        std::to_string(kMaxDepth) + " levels" + expected);
+    return true;
+  };
+  try {
+    return Json::parse(text, limitDepth);
+  } catch (const Json::parse_error& e) {
+    throw FormatError(origin + ": invalid trace JSON at offset " + std::to_string(e.byte) + ": " +
+                      e.what() + expected);
   }
-  void skip() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
-  }
-  bool eat(char c) {
-    skip();
-    if (i_ < s_.size() && s_[i_] == c) return ++i_, true;
-    return false;
-  }
-  void expect(char c) {
-    if (!eat(c)) fail(std::string("expected '") + c + "'");
-  }
-  Json value() {
-    skip();
-    if (i_ >= s_.size()) fail("unexpected end");
-    // Trace files nest 4 deep; a limit keeps a crafted file from exhausting the stack.
-    if (depth_ >= kMaxDepth) fail("nested deeper than " + std::to_string(kMaxDepth) + " levels");
-    struct Nesting {
-      int& depth;
-      ~Nesting() { --depth; }
-    } nesting{++depth_};
-    const char c = s_[i_];
-    Json v;
-    if (c == '{') {
-      v.kind = Json::Object;
-      ++i_;
-      if (eat('}')) return v;
-      do {
-        skip();
-        std::string key = string();
-        expect(':');
-        v.fields[key] = value();
-      } while (eat(','));
-      expect('}');
-    } else if (c == '[') {
-      v.kind = Json::Array;
-      ++i_;
-      if (eat(']')) return v;
-      do v.items.push_back(value());
-      while (eat(','));
-      expect(']');
-    } else if (c == '"') {
-      v.kind = Json::String;
-      v.text = string();
-    } else if (s_.compare(i_, 4, "true") == 0 || s_.compare(i_, 5, "false") == 0) {
-      v.kind = Json::Bool;
-      v.number = s_[i_] == 't';
-      i_ += s_[i_] == 't' ? 4 : 5;
-    } else if (s_.compare(i_, 4, "null") == 0) {
-      i_ += 4;
-    } else {
-      v.kind = Json::Number;
-      const char* begin = s_.c_str() + i_;
-      char* end = nullptr;
-      v.number = std::strtod(begin, &end);
-      if (end == begin) fail("expected a value");
-      i_ += static_cast<size_t>(end - begin);
-    }
-    return v;
-  }
-  std::string string() {
-    if (i_ >= s_.size() || s_[i_] != '"') fail("expected a string");
-    std::string out;
-    for (++i_; i_ < s_.size() && s_[i_] != '"'; ++i_) {
-      if (s_[i_] != '\\') {
-        out += s_[i_];
-        continue;
-      }
-      if (++i_ >= s_.size()) break;
-      const char e = s_[i_];
-      if (e == 'u') {
-        if (i_ + 4 >= s_.size()) fail("short \\u escape");
-        out += '?';  // names we read are ASCII; other characters only label events
-        i_ += 4;
-      } else {
-        out += e == 'n' ? '\n' : e == 't' ? '\t' : e;
-      }
-    }
-    if (i_ >= s_.size()) fail("unterminated string");
-    ++i_;
-    return out;
-  }
-
-  const std::string& s_;
-  std::string origin_;
-  size_t i_ = 0;
-  int depth_ = 0;
-  static constexpr int kMaxDepth = 64;
-};
-
-double numberField(const Json& object, const std::string& key, double fallback) {
-  const Json* v = object.get(key);
-  return v && v->kind == Json::Number ? v->number : fallback;
 }
 
+// The member `key` of `object` (an object), or nullptr.
+const Json* field(const Json* object, const char* key) {
+  if (!object || !object->is_object()) return nullptr;
+  auto it = object->find(key);
+  return it == object->end() ? nullptr : &*it;
+}
+
+double numberField(const Json& object, const char* key, double fallback) {
+  const Json* v = field(&object, key);
+  return v && v->is_number() ? v->get<double>() : fallback;
+}
+
+bool isText(const Json* v, const char* text) { return v && v->is_string() && *v == text; }
+
 const char* kindName(const Json* v) {
-  static const char* const names[] = {"null",     "a boolean", "a fractional number",
-                                      "a string", "an array",  "an object"};  // by Json::Kind
-  return v ? names[v->kind] : "nothing";
+  if (!v) return "nothing";
+  if (v->is_null()) return "null";
+  if (v->is_boolean()) return "a boolean";
+  if (v->is_number()) return "a fractional number";
+  if (v->is_string()) return "a string";
+  return v->is_array() ? "an array" : "an object";
 }
 
 // A field of a peak_memory event: the runtime writes every one as an integer, so anything else
 // is a damaged or foreign file rather than something to guess around.
 int64_t integerField(const Json* object, const char* key, const std::string& where) {
-  const Json* v = object ? object->get(key) : nullptr;
-  const bool integer = v && v->kind == Json::Number && std::isfinite(v->number) &&
-                       v->number == std::floor(v->number) && std::fabs(v->number) < 9.2e18;
+  const Json* v = field(object, key);
+  const double number = v && v->is_number() ? v->get<double>() : NAN;
+  const bool integer = v && (v->is_number_integer() ||
+                             (std::isfinite(number) && number == std::floor(number) &&
+                              std::fabs(number) < 9.2e18));
   AUTOSTAGE_CHECK_AS(FormatError, integer, where, ": expected an integer \"", key, "\", got ",
                      kindName(v), "; peak_memory events are written by trace_events=true (Note [Trace files])");
-  return static_cast<int64_t>(v->number);
+  return v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(number);
 }
 
 MeasuredMemory memoryRecord(const Json& item, const std::string& where) {
-  const Json* args = item.get("args");
+  const Json* args = field(&item, "args");
   MeasuredMemory m;
   m.rank = static_cast<int>(integerField(&item, "pid", where));
   m.step = static_cast<long>(integerField(args, "step", where + " args"));
@@ -174,11 +92,11 @@ MeasuredMemory memoryRecord(const Json& item, const std::string& where) {
 
 MeasuredEvent completeEvent(const Json& item) {
   MeasuredEvent e;
-  e.name = item.get("name")->text;
+  e.name = item.at("name").get<std::string>();
   e.rank = static_cast<int>(numberField(item, "pid", 0));
   e.startSeconds = numberField(item, "ts", 0) * 1e-6;
   e.endSeconds = e.startSeconds + numberField(item, "dur", 0) * 1e-6;
-  if (const Json* args = item.get("args")) {
+  if (const Json* args = field(&item, "args"); args && args->is_object()) {
     e.stage = static_cast<int>(numberField(*args, "stage", -1));
     e.microBatch = static_cast<int>(numberField(*args, "micro_batch", -1));
     e.step = static_cast<long>(numberField(*args, "step", -1));
@@ -210,19 +128,18 @@ double MeasuredTrace::spanSeconds() const {
 }
 
 TraceRecords parseTraceRecords(const std::string& json, const std::string& origin) {
-  const Json doc = Reader(json, origin).document();
-  const Json* list = doc.kind == Json::Array ? &doc : doc.get("traceEvents");
-  AUTOSTAGE_CHECK_AS(FormatError, list && list->kind == Json::Array, origin,
+  const Json doc = parseDocument(json, origin);
+  const Json* list = doc.is_array() ? &doc : field(&doc, "traceEvents");
+  AUTOSTAGE_CHECK_AS(FormatError, list && list->is_array(), origin,
                      ": no \"traceEvents\" array; expected a Chrome trace written with trace_events=true");
   TraceRecords records;
-  for (size_t i = 0; i < list->items.size(); ++i) {
-    const Json& item = list->items[i];
-    const Json* phase = item.get("ph");
-    const Json* name = item.get("name");
-    if (item.kind != Json::Object || !phase || !name) continue;
-    if (phase->text == "X") {
+  for (size_t i = 0; i < list->size(); ++i) {
+    const Json& item = (*list)[i];
+    const Json* name = field(&item, "name");
+    if (!name || !name->is_string()) continue;  // not an event the runtime writes
+    if (isText(field(&item, "ph"), "X")) {
       records.events.push_back(completeEvent(item));
-    } else if (phase->text == "i" && name->text == "peak_memory") {
+    } else if (isText(field(&item, "ph"), "i") && *name == "peak_memory") {
       const std::string where = origin + ": traceEvents[" + std::to_string(i) + "] (peak_memory)";
       records.memory.push_back(memoryRecord(item, where));
     }

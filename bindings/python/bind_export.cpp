@@ -10,7 +10,7 @@
 #include "bindings/python/bindings.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 
 namespace autostage::bindings {
 namespace {

@@ -59,12 +59,15 @@ std::unique_ptr<Module> makeModule(const py::object& tracer, const std::string& 
                                   /*shardsOptimizer=*/true);
 }
 
+// Calls that communicate with other ranks or run the model release the GIL while they do (the
+// arguments are converted before, the result after, with the GIL held).
+using Released = py::call_guard<py::gil_scoped_release>;
+
+// forward / trainStep on the tensors of a Python call.
 template <typename Method>
-std::vector<at::Tensor> callReleased(Module& module, Method method,
-                                     const std::vector<at::Tensor>& inputs, bool agreed) {
-  std::vector<c10::IValue> values(inputs.begin(), inputs.end());
-  py::gil_scoped_release release;  // forward may communicate with other ranks
-  return (module.*method)(values, agreed);
+std::vector<at::Tensor> callModule(Module& module, Method method,
+                                   const std::vector<at::Tensor>& inputs, bool agreed) {
+  return (module.*method)(std::vector<c10::IValue>(inputs.begin(), inputs.end()), agreed);
 }
 
 py::dict deploymentInfo(const core::Deployment& d) {
@@ -109,19 +112,16 @@ void bindStaging(py::module_& m) {
                                   "Dynamic loss scaling's state (Note [Dynamic loss scaling]).")
       .def(py::init([](double initScale, double growthFactor, double backoffFactor,
                        int64_t growthInterval) {
-             return staging::LossScaler(
-                 {initScale, growthFactor, backoffFactor, growthInterval});
+             return staging::LossScaler({initScale, growthFactor, backoffFactor, growthInterval});
            }),
            py::arg("init_scale"), py::arg("growth_factor"), py::arg("backoff_factor"),
            py::arg("growth_interval"))
       .def_property_readonly("scale", &staging::LossScaler::scale)
       .def_property_readonly("growth_tracker", &staging::LossScaler::growthTracker)
-      .def_property_readonly(
-          "growth_factor",
-          [](const staging::LossScaler& s) { return s.options().growthFactor; })
-      .def_property_readonly(
-          "backoff_factor",
-          [](const staging::LossScaler& s) { return s.options().backoffFactor; })
+      .def_property_readonly("growth_factor",
+                             [](const staging::LossScaler& s) { return s.options().growthFactor; })
+      .def_property_readonly("backoff_factor",
+                             [](const staging::LossScaler& s) { return s.options().backoffFactor; })
       .def_property_readonly(
           "growth_interval",
           [](const staging::LossScaler& s) { return s.options().growthInterval; })
@@ -135,113 +135,94 @@ void bindStaging(py::module_& m) {
       .def(
           "forward",
           [](Module& mod, const std::vector<at::Tensor>& inputs, bool agreed) {
-            return callReleased(mod, &Module::forward, inputs, agreed);
+            return callModule(mod, &Module::forward, inputs, agreed);
           },
-          py::arg("inputs"), py::arg("agreed") = false,
+          py::arg("inputs"), py::arg("agreed") = false, Released(),
           "agreed: _agree_call ran for this call (Note [One agreement per call]).")
       .def(
           "train_step",
           [](Module& mod, const std::vector<at::Tensor>& inputs, bool agreed) {
-            return callReleased(mod, &Module::trainStep, inputs, agreed);
+            return callModule(mod, &Module::trainStep, inputs, agreed);
           },
-          py::arg("inputs"), py::arg("agreed") = false)
+          py::arg("inputs"), py::arg("agreed") = false, Released())
       .def_property_readonly("ready", &Module::ready)
       .def_property_readonly("deployment_count", &Module::deploymentCount)
       .def_property_readonly("training_selection", &Module::trainingSelection)
       .def_property_readonly("usage",
                              [](const Module& mod) { return core::usageName(mod.usage()); })
       .def("parameters", &Module::parameters)
-      .def(
-          "place_tensors",
-          [](Module& mod, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-            py::gil_scoped_release release;
-            mod.placeTensors(tensors);
-          },
-          py::arg("tensors"),
-          "Note [Placing the model] (driver/model_device.h): moves the model's (name, tensor) "
-          "pairs from the CPU to this rank's stage device in place, or raises ConfigError on "
-          "every rank when one is on another device. Collective.")
+      .def("place_tensors", &Module::placeTensors, py::arg("tensors"), Released(),
+           "Note [Placing the model] (driver/model_device.h): moves the model's (name, tensor) "
+           "pairs from the CPU to this rank's stage device in place, or raises ConfigError on "
+           "every rank when one is on another device. Collective.")
       .def_property_readonly("stage_device",
                              [](const Module& mod) { return mod.stageDevice().str(); })
       .def("named_parameters", &Module::namedParameters)
-      .def("local_tensors",
-           [](Module& mod) {
-             std::vector<at::Tensor> out;
-             for (auto& named : mod.executor().params().namedTensors()) out.push_back(named.second);
-             return out;
-           },
-           "Every parameter and buffer this rank holds (after deployment).")
+      .def(
+          "local_tensors",
+          [](Module& mod) {
+            std::vector<at::Tensor> out;
+            for (auto& named : mod.executor().params().namedTensors()) out.push_back(named.second);
+            return out;
+          },
+          "Every parameter and buffer this rank holds (after deployment).")
       .def("set_optimizer_state_bytes", &Module::setOptimizerStateBytes, py::arg("bytes"),
            "Bytes of the optimizer state of this rank's parameters (for the measured memory).")
-      .def("last_step_memory",
-           [](Module& mod) -> py::object {
-             const auto& m = mod.executor().lastStepMemory();
-             if (!m) return py::none();
-             py::dict out;
-             out["step"] = m->step;
-             out["stage"] = m->stage;
-             out["measured"] = m->measuredPeak;
-             out["predicted"] = m->predicted;
-             out["usable"] = m->usable;
-             out["parameters"] = m->parameters;
-             out["gradients"] = m->gradients;
-             out["optimizer"] = m->optimizer;
-             out["transient"] = m->transient;
-             return out;
-           },
-           "This rank's measured memory in the last step against the plan (bytes), or None.")
-      .def("deployment_info", [](const Module& mod) { return deploymentInfo(mod.deployment()); },
-           "Micro-batches, schedule and per-stage ranks/recompute of the deployment.")
+      .def(
+          "last_step_memory",
+          [](Module& mod) -> py::object {
+            const auto& m = mod.executor().lastStepMemory();
+            if (!m) return py::none();
+            py::dict out;
+            out["step"] = m->step;
+            out["stage"] = m->stage;
+            out["measured"] = m->measuredPeak;
+            out["predicted"] = m->predicted;
+            out["usable"] = m->usable;
+            out["parameters"] = m->parameters;
+            out["gradients"] = m->gradients;
+            out["optimizer"] = m->optimizer;
+            out["transient"] = m->transient;
+            return out;
+          },
+          "This rank's measured memory in the last step against the plan (bytes), or None.")
+      .def(
+          "deployment_info", [](const Module& mod) { return deploymentInfo(mod.deployment()); },
+          "Micro-batches, schedule and per-stage ranks/recompute of the deployment.")
       .def("save_deployment",
            [](const Module& mod, const std::string& path) {
              core::saveDeployment(mod.deployment(), path);
            })
-      .def("state_dict",
-           [](Module& mod) {
-             py::gil_scoped_release release;
-             return mod.stateDict();
-           },
+      .def("state_dict", &Module::stateDict, Released(),
            "The whole model's state (key, tensor) on every rank. Collective.")
-      .def("share_state",
-           [](Module& mod) {
-             py::gil_scoped_release release;
-             mod.shareState();
-           },
+      .def("share_state", &Module::shareState, Released(),
            "Writes the current parameters and buffers into every rank's tensors. Collective.")
-      .def("allreduce_grads",
-           [](Module& mod) {
-             py::gil_scoped_release release;
-             mod.trainingExecutor().allreduceGrads();
-           },
-           "Sums the gradients over their holders now (after delay_grad_allreduce).")
-      .def("clip_grad_norm",
-           [](Module& mod, double maxNorm) {
-             py::gil_scoped_release release;
-             return mod.trainingExecutor().clipGradNorm(maxNorm);
-           },
-           py::arg("max_norm"), "Global gradient norm clipping; returns the norm before clipping.")
+      .def(
+          "allreduce_grads", [](Module& mod) { mod.trainingExecutor().allreduceGrads(); },
+          Released(), "Sums the gradients over their holders now (after delay_grad_allreduce).")
+      .def(
+          "clip_grad_norm",
+          [](Module& mod, double maxNorm) { return mod.trainingExecutor().clipGradNorm(maxNorm); },
+          py::arg("max_norm"), Released(),
+          "Global gradient norm clipping; returns the norm before clipping.")
       .def("set_loss_scale", &Module::setLossScale, py::arg("scale"),
            "The gradient train_step starts each loss's backward from (Note [Dynamic loss "
            "scaling]); the losses it returns are not scaled.")
-      .def("unscale_grads",
-           [](Module& mod, double scale) {
-             py::gil_scoped_release release;
-             return mod.unscaleGradients(scale);
-           },
-           py::arg("scale"),
+      .def("unscale_grads", &Module::unscaleGradients, py::arg("scale"), Released(),
            "Divides the training deployment's gradients by scale; returns their global norm, "
            "not finite when any rank's gradients overflowed. Collective.")
-      .def("zero_shards",
-           [](Module& mod) {
-             py::list out;
-             const staging::Executor& executor = mod.trainingExecutor();
-             for (const staging::ShardPiece& piece : executor.zeroShards())
-               out.append(py::make_tuple(executor.params().tensor(piece.param), piece.offset,
-                                         piece.length));
-             return out;
-           },
-           "ZeRO-1: (parameter, offset, length) pieces of the flattened parameters this rank's "
-           "optimizer steps; empty without ZeRO-1.")
+      .def(
+          "zero_shards",
+          [](Module& mod) {
+            py::list out;
+            const staging::Executor& executor = mod.trainingExecutor();
+            for (const staging::ShardPiece& piece : executor.zeroShards())
+              out.append(py::make_tuple(executor.params().tensor(piece.param), piece.offset,
+                                        piece.length));
+            return out;
+          },
+          "ZeRO-1: (parameter, offset, length) pieces of the flattened parameters this rank's "
+          "optimizer steps; empty without ZeRO-1.")
       .def_property_readonly(
           "zero_stage",
           [](Module& mod) -> py::object {
@@ -250,19 +231,13 @@ void bindStaging(py::module_& m) {
             return py::none();
           },
           "The first stage of the training deployment that runs ZeRO-1, or None.")
-      .def("gather_params",
-           [](Module& mod) {
-             py::gil_scoped_release release;
-             mod.trainingExecutor().gatherParams();
-           },
-           "ZeRO-1: all-gathers the stepped parameter pieces into every replica. Collective.")
-      .def("gather_grads",
-           [](Module& mod) {
-             py::gil_scoped_release release;
-             mod.trainingExecutor().gatherGrads();
-           },
-           "ZeRO-1: all-gathers the owned pieces of the summed gradients into every replica's "
-           ".grad. Collective.")
+      .def(
+          "gather_params", [](Module& mod) { mod.trainingExecutor().gatherParams(); }, Released(),
+          "ZeRO-1: all-gathers the stepped parameter pieces into every replica. Collective.")
+      .def(
+          "gather_grads", [](Module& mod) { mod.trainingExecutor().gatherGrads(); }, Released(),
+          "ZeRO-1: all-gathers the owned pieces of the summed gradients into every replica's "
+          ".grad. Collective.")
       .def_property_readonly("rank", &Module::rank)
       .def_property_readonly("world_size", &Module::worldSize);
 
@@ -273,47 +248,40 @@ void bindStaging(py::module_& m) {
       py::arg("path"), "The fields of a saved deployment file as a dict.");
   m.def(
       "_broadcast",
-      [](const at::Tensor& tensor, int root) {
-        py::gil_scoped_release release;
-        world().broadcast(tensor, root, world().world());
-      },
-      py::arg("tensor"), py::arg("root"), "In place, from `root` to every rank. Collective.");
+      [](const at::Tensor& tensor, int root) { world().broadcast(tensor, root, world().world()); },
+      py::arg("tensor"), py::arg("root"), Released(),
+      "In place, from `root` to every rank. Collective.");
   m.def(
       "_all_gather",
       [](const at::Tensor& tensor) {
-        py::gil_scoped_release release;
         return world().allGather(tensor.contiguous(), world().world());
       },
-      py::arg("tensor"), "Every rank's tensor (same shape on all ranks), in rank order.");
+      py::arg("tensor"), Released(),
+      "Every rank's tensor (same shape on all ranks), in rank order.");
   m.def("delay_grad_allreduce", &staging::setDelayGradAllreduce, py::arg("delay"),
         "While true, backward leaves gradients local; model.allreduce_grads() sums them once.");
-  m.def("get_rank", [] { return world().rank(); }, "This process's rank (MPI_COMM_WORLD).");
+  m.def(
+      "get_rank", [] { return world().rank(); }, "This process's rank (MPI_COMM_WORLD).");
   m.def("get_world_size", [] { return world().worldSize(); });
   m.def(
-      "barrier",
-      [] {
-        py::gil_scoped_release release;
-        world().barrier(world().world());
-      },
+      "barrier", [] { world().barrier(world().world()); }, Released(),
       "Waits until every rank arrives (fails after comm_timeout_s naming the missing ranks).");
   m.def(
       "_agree",
       [](const std::string& step, const std::string& errorClass, const std::string& message) {
-        py::gil_scoped_release release;
         comm::agreeOnStatus(world(), step, {errorClass, message});
       },
-      py::arg("step"), py::arg("error_class") = "", py::arg("message") = "",
+      py::arg("step"), py::arg("error_class") = "", py::arg("message") = "", Released(),
       "Collective: raises on every rank the agreed error when any rank passed an error class.");
   m.def(
       "_agree_call",
       [](const std::string& step, const std::string& errorClass, const std::string& message,
          const std::string& how, const std::vector<at::Tensor>& inputs) {
         std::vector<c10::IValue> values(inputs.begin(), inputs.end());
-        py::gil_scoped_release release;
         driver::agreeOnCall(world(), values, how, {errorClass, message}, step);
       },
       py::arg("step"), py::arg("error_class"), py::arg("message"), py::arg("how"),
-      py::arg("inputs"),
+      py::arg("inputs"), Released(),
       "Collective: the one exchange of a call (Note [One agreement per call], driver/module.h): "
       "a problem found on any rank, `how` each rank calls the module (method, mode, arguments) "
       "and its input tensors; raises the same error on every rank when anything is wrong or "
@@ -321,11 +289,8 @@ void bindStaging(py::module_& m) {
   m.def("_last_agreed_error", &comm::lastAgreedError);
   m.def(
       "_gather_from_owners",
-      [](const staging::NamedTensors& owned) {
-        py::gil_scoped_release release;
-        return staging::gatherFromOwners(world(), owned);
-      },
-      py::arg("owned"),
+      [](const staging::NamedTensors& owned) { return staging::gatherFromOwners(world(), owned); },
+      py::arg("owned"), Released(),
       "Collective: every rank's owned (name, tensor) pairs, one per name, sorted by name.");
   m.def(
       "_log_info",
@@ -352,8 +317,9 @@ void bindStaging(py::module_& m) {
       },
       py::arg("key"),
       "An option's effective value as text (strings unquoted); ConfigError for an unknown key.");
-  m.def("show_config", [] { return core::globalConfig().toString(); },
-        "Effective option values and where each came from.");
+  m.def(
+      "show_config", [] { return core::globalConfig().toString(); },
+      "Effective option values and where each came from.");
 }
 
 }  // namespace autostage::bindings

@@ -9,8 +9,8 @@
 #include "bindings/python/bindings.h"
 #include "bindings/python/ivalue_cast.h"
 #include "core/error.h"
-#include "core/torchscript/exporter.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/exporter.h"
+#include "frontend/torchscript/importer.h"
 
 namespace autostage::bindings {
 namespace {

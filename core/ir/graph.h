@@ -7,7 +7,7 @@
 //  - every node input is a graph input or an output of an earlier node (topological order);
 //  - value.uses lists exactly the (node, index) pairs that read it, in node order;
 //  - value names are unique.
-// The graph knows nothing of torch; core/torchscript converts to and from TorchScript.
+// The graph knows nothing of torch; frontend/torchscript converts to and from TorchScript.
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,6 @@
 #pragma once
 // LibTorch scalar types <-> IR dtypes, one table for both front ends (the TorchScript importer's
-// core/torchscript/type_convert.h forwards here: it may include frontend/export, not the reverse).
+// frontend/torchscript/type_convert.h forwards here: it may include frontend/export, not the reverse).
 
 #include <c10/core/ScalarType.h>
 

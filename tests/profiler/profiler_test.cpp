@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/file_system.h"
-#include "core/torchscript/autocast.h"
+#include "frontend/torchscript/autocast.h"
 #include "profiler/cost_model.h"
 #include "profiler/node_pass.h"
 #include "profiler/node_runner.h"

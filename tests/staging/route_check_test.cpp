@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 #include "test_support.h"
 
 namespace autostage::staging {

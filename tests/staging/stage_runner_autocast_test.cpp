@@ -3,8 +3,8 @@
 #include <torch/torch.h>
 
 #include "core/error.h"
-#include "core/torchscript/autocast.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/autocast.h"
+#include "frontend/torchscript/importer.h"
 #include "staging/stage_runner.h"
 
 namespace autostage::staging {

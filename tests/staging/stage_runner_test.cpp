@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 
 namespace autostage::staging {
 namespace {

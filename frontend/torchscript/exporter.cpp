@@ -1,4 +1,4 @@
-#include "core/torchscript/exporter.h"
+#include "frontend/torchscript/exporter.h"
 
 #include <torch/csrc/jit/ir/constants.h>
 
@@ -7,9 +7,9 @@
 #include <unordered_map>
 
 #include "core/error.h"
-#include "core/torchscript/attribute_convert.h"
-#include "core/torchscript/node_body.h"
-#include "core/torchscript/type_convert.h"
+#include "frontend/torchscript/attribute_convert.h"
+#include "frontend/torchscript/node_body.h"
+#include "frontend/torchscript/type_convert.h"
 
 namespace autostage::torchscript {
 namespace {

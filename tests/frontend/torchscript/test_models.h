@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "core/torchscript/exporter.h"
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/exporter.h"
+#include "frontend/torchscript/importer.h"
 
 namespace autostage::torchscript::testing {
 

@@ -1,4 +1,4 @@
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 
 #include <torch/csrc/jit/ir/irparser.h>
 

@@ -1,4 +1,4 @@
-#include "core/torchscript/type_convert.h"
+#include "frontend/torchscript/type_convert.h"
 
 #include <torch/csrc/jit/mobile/type_parser.h>
 

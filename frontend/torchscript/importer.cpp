@@ -1,4 +1,4 @@
-#include "core/torchscript/importer.h"
+#include "frontend/torchscript/importer.h"
 
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/alias_analysis.h>
@@ -13,9 +13,9 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/torchscript/attribute_convert.h"
-#include "core/torchscript/node_body.h"
-#include "core/torchscript/type_convert.h"
+#include "frontend/torchscript/attribute_convert.h"
+#include "frontend/torchscript/node_body.h"
+#include "frontend/torchscript/type_convert.h"
 
 namespace autostage::torchscript {
 namespace {

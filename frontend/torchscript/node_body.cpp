@@ -1,4 +1,4 @@
-#include "core/torchscript/node_body.h"
+#include "frontend/torchscript/node_body.h"
 
 #include <torch/csrc/jit/ir/irparser.h>
 

@@ -1,11 +1,11 @@
-#include "core/torchscript/attribute_convert.h"
+#include "frontend/torchscript/attribute_convert.h"
 
 #include <ATen/ATen.h>
 
 #include <cstring>
 
 #include "core/error.h"
-#include "core/torchscript/type_convert.h"
+#include "frontend/torchscript/type_convert.h"
 
 namespace autostage::torchscript {
 namespace {

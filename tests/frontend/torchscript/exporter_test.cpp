@@ -1,4 +1,4 @@
-#include "core/torchscript/exporter.h"
+#include "frontend/torchscript/exporter.h"
 
 #include <catch2/catch.hpp>
 

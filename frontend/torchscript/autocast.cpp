@@ -1,4 +1,4 @@
-#include "core/torchscript/autocast.h"
+#include "frontend/torchscript/autocast.h"
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
