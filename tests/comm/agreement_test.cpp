@@ -1,6 +1,6 @@
 // Collective error agreement over 4 in-process ranks: a failure on some ranks becomes the same
 // error, of the lowest failing rank's class, on every rank.
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include <string>
 #include <vector>

@@ -1,5 +1,5 @@
 // Timeouts, mismatches and bad input: errors name the rank, the peer or group and what to do.
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include "comm/registry.h"
 #include "comm/thread_backend.h"

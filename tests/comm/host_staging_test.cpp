@@ -6,7 +6,7 @@
 
 #include <ATen/ATen.h>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 using namespace autostage::comm;
 

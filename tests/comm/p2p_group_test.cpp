@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 using namespace autostage::comm;
 

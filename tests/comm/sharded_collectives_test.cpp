@@ -1,7 +1,7 @@
 // reduceScatter and allGatherInto (Note [Sharded collectives] in comm/backend.h) on thread ranks.
 // Rank bodies record what they received; assertions run on the main thread (Catch2 2.x is not
 // thread-safe).
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include "comm/thread_backend.h"
 #include "comm_test_util.h"

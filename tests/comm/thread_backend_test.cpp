@@ -4,7 +4,7 @@
 #include "comm/thread_backend.h"
 
 #include <atomic>
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <mutex>
 #include <thread>
 

@@ -3,7 +3,7 @@
 // (the agreement on the call and its inputs); the executor's own step makes none.
 #include <thread>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <torch/torch.h>
 
 #include "comm/thread_backend.h"

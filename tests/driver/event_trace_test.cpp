@@ -5,7 +5,7 @@
 // each step's StepMemory is one peak_memory instant event (Note [Trace files]).
 #include "staging/event_trace.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <torch/torch.h>
 
 #include <fstream>

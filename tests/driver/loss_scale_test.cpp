@@ -6,7 +6,7 @@
 
 #include <torch/torch.h>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include "comm/thread_backend.h"
 #include "core/error.h"

@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include <catch2/catch.hpp>  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
+#include "catch_torch.h"  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
 
 #include "core/error.h"
 #include "driver/module.h"

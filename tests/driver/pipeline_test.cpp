@@ -8,7 +8,7 @@
 #include <atomic>
 #include <functional>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <torch/torch.h>
 
 #include "comm/thread_backend.h"

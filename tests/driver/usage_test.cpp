@@ -11,7 +11,7 @@
 #include "driver/module.h"
 #include "test_support.h"
 
-#include <catch2/catch.hpp>  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
+#include "catch_torch.h"  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
 
 namespace autostage::driver {
 namespace {

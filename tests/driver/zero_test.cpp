@@ -7,7 +7,7 @@
 // thread.
 #include <torch/torch.h>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include "comm/thread_backend.h"
 #include "driver/module.h"

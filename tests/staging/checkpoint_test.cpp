@@ -2,7 +2,7 @@
 
 #include <mutex>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <torch/torch.h>
 
 #include "comm/thread_backend.h"

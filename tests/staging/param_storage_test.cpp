@@ -1,6 +1,6 @@
 #include "staging/param_storage.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <torch/torch.h>
 
 #include "comm/thread_backend.h"

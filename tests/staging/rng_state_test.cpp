@@ -3,7 +3,7 @@
 
 #include <torch/torch.h>
 
-#include <catch2/catch.hpp>  // after torch (NOTES-libtorch: glog's CHECK)
+#include "catch_torch.h"  // after torch (NOTES-libtorch: glog's CHECK)
 
 namespace autostage::staging {
 namespace {

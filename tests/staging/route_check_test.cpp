@@ -1,6 +1,6 @@
 #include "staging/route_check.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <torch/torch.h>
 
 #include "core/error.h"

@@ -1,6 +1,6 @@
 #include "staging/sample_range.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include "core/error.h"
 

@@ -1,5 +1,5 @@
 // Mixed precision in a stage (Note [Autocast execution], Note [Autocast cache]).
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <torch/torch.h>
 
 #include "core/error.h"

@@ -1,6 +1,6 @@
 #include "staging/stage_runner.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <torch/torch.h>
 
 #include "frontend/torchscript/importer.h"

@@ -5,7 +5,7 @@
 #include <set>
 #include <tuple>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 namespace autostage::staging {
 namespace {

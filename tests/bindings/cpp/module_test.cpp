@@ -9,7 +9,7 @@
 #include "test_support.h"
 #include "scratch_files.h"
 
-#include <catch2/catch.hpp>  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
+#include "catch_torch.h"  // last: glog's CHECK must not replace Catch2's (NOTES-libtorch.md)
 
 namespace autostage {
 namespace {

@@ -3,7 +3,7 @@
 // fail by timeout (never hang), so the job always ends.
 #include "comm/mpi_backend.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include "comm/registry.h"
 #include "comm_test_util.h"

@@ -1,6 +1,6 @@
 #include "frontend/torchscript/exporter.h"
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 
 #include "core/error.h"
 #include "test_models.h"

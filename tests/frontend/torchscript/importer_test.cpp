@@ -2,7 +2,7 @@
 
 #include <torch/csrc/jit/ir/irparser.h>
 
-#include <catch2/catch.hpp>
+#include "catch_torch.h"
 #include <set>
 
 #include "core/error.h"
