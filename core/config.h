@@ -22,7 +22,7 @@ struct OptionSpec {
   std::string key;
   OptionType type;
   std::string defaultValue;  // in the text form accepted by Config::set
-  std::string doc;           // one line, shown by show_config and in the README table
+  std::string doc;           // one line, shown by show_config and in docs/options.md
   bool planInput = false;    // Note [Plan inputs]
 };
 
@@ -38,7 +38,7 @@ std::vector<std::string> planInputOptions();
 
 // Every option autostage knows, in display order.
 const std::vector<OptionSpec>& optionTable();
-// The README options table (Markdown), generated from optionTable().
+// The options table of docs/options.md (Markdown), generated from optionTable().
 std::string optionTableMarkdown();
 
 using OptionValue = std::variant<bool, int64_t, double, std::string>;

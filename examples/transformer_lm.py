@@ -25,8 +25,8 @@ class CausalSelfAttention(torch.nn.Module):
     """Multi-head self-attention written batch-first throughout.
 
     Every intermediate keeps the batch in dim 0 and reshapes use fixed sizes (-1 for the batch), so
-    autostage can cut a stage boundary anywhere in the layer (see the note in the README's
-    examples section about torch.nn.MultiheadAttention).
+    autostage can cut a stage boundary anywhere in the layer (see "Writing models for pipeline
+    cuts" in docs/guide.md about torch.nn.MultiheadAttention).
     """
 
     def __init__(self, dim, heads, seq):

@@ -19,7 +19,7 @@ constexpr const char* kUsage =
     "       autostage show deployment.pb  stages, ranks, predicted times and memory, routes\n"
     "       autostage report deployment.pb -o report.html [--trace FILE|DIR]  HTML plan report\n"
     "       autostage show-config         effective option values and where they came from\n"
-    "       autostage options --markdown  the options table (as in README.md)\n";
+    "       autostage options --markdown  the options table (as in docs/options.md)\n";
 
 }  // namespace
 

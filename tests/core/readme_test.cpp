@@ -1,4 +1,4 @@
-// The README's options table is generated from the option table; this keeps it true.
+// The options table of docs/options.md is generated from the option table; this keeps it true.
 #include <catch2/catch.hpp>
 
 #include <fstream>
@@ -6,8 +6,8 @@
 
 #include "core/config.h"
 
-TEST_CASE("README options table matches core/config.cpp", "[core]") {
-  std::ifstream in(std::string(AUTOSTAGE_SOURCE_DIR) + "/README.md");
+TEST_CASE("the options table of docs/options.md matches core/config.cpp", "[core]") {
+  std::ifstream in(std::string(AUTOSTAGE_SOURCE_DIR) + "/docs/options.md");
   REQUIRE(in);
   std::stringstream text;
   text << in.rdbuf();
@@ -17,6 +17,6 @@ TEST_CASE("README options table matches core/config.cpp", "[core]") {
   REQUIRE(start != std::string::npos);
   REQUIRE(stop != std::string::npos);
   start = readme.find('\n', start) + 1;
-  INFO("README.md is out of date: run scripts/update-readme");
+  INFO("docs/options.md is out of date: run scripts/update-readme");
   REQUIRE(readme.substr(start, stop - start) == autostage::core::optionTableMarkdown());
 }

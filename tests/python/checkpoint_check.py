@@ -67,7 +67,7 @@ def compare(state, reference, what, failures):
         return
     for key, value in ref.items():
         if key.endswith("num_batches_tracked"):
-            # Known gap (README, BatchNorm): the runtime does not advance it; it only matters for
+            # Known gap (docs/runtime.md, BatchNorm): the runtime does not advance it; it only matters for
             # BatchNorm with momentum=None. It must still be present, with its dtype.
             if state[key].dtype != value.dtype:
                 failures.append(f"{what}: {key} has dtype {state[key].dtype}, not {value.dtype}")

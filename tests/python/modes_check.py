@@ -41,7 +41,7 @@ def compare_state(wrapped, reference, what, failures):
     state, ref = wrapped.state_dict(), reference.state_dict()
     for key, value in ref.items():
         if key.endswith("num_batches_tracked"):
-            continue  # not advanced by the runtime (README, BatchNorm)
+            continue  # not advanced by the runtime (docs/runtime.md, BatchNorm)
         if not allclose(state[key], value, rtol=1e-5, atol=1e-6):
             failures.append(f"{what}: {key} differs by {(state[key] - value).abs().max()}")
 

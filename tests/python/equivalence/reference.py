@@ -9,7 +9,7 @@ statistics — what DDP does per rank, and per micro-batch in a pipeline. The re
 same model on each piece in turn (the piece shapes the replicas run, so the same kernels), with
 its BatchNorm layers normalising with the piece's statistics, concatenates the outputs and
 applies the loss to the whole global batch: the same outputs and gradients.
-Running statistics (autostage's definition, README "Runtime"): each replica updates its buffers
+Running statistics (autostage's definition, docs/runtime.md): each replica updates its buffers
 in place once per micro-batch piece it runs (momentum update with the piece's mean and unbiased
 variance, in micro-batch order), and at the end of backward the floating-point buffers are
 averaged over the stage's replicas. Because the momentum update is linear, that equals one
