@@ -4,6 +4,7 @@ Whole-graph and split execution through the ATen dispatcher must match the plain
 Runs where torch.export has the training IR (the PyTorch 2.x leg)."""
 import copy
 import os
+import re
 import sys
 
 import pytest
@@ -158,6 +159,11 @@ def test_auto_captures_with_torch_export_and_says_so(capfd):
     err = capfd.readouterr().err
     assert "Captured Sequential with torch.export:" in err, err
     assert "with TorchScript" not in err
+    # show_config says what front_end resolves to here, and what the last capture used.
+    config = autostage.show_config()
+    assert re.search(r"front end: front_end=\w+ captures with torch.export here \(PyTorch "
+                     r"2\.", config), config
+    assert "the last model captured, Sequential, used torch.export" in config, config
 
 
 def test_a_specialised_batch_dimension_is_said_once():

@@ -340,6 +340,8 @@ class Module(torch.nn.Module):
         else:
             captured = _trace(wrapper, tuple(inputs), name)
             _check_shapes_static(captured, name)
+        _last_capture.update(model=name, front_end="torch.export" if use_export else "TorchScript",
+                             why="" if not scripted else "it calls TorchScript code")
         self._output_structures[mode] = wrapper.output_structure
         self._traced_calls[mode] = call.signature
         return captured
@@ -419,6 +421,28 @@ class Module(torch.nn.Module):
 def _option_value(key):
     """A config option's effective value as text (strings unquoted)."""
     return _autostage._get_option(key)
+
+
+# The last capture of this process, for show_config: model class, front end and why it was not
+# the setting's (Note [Front ends] in export.py).
+_last_capture = {}
+
+
+def show_config():
+    """Effective option values and where each came from, then the front end this process
+    resolves front_end to and the one the last model captured here used."""
+    text = _autostage.show_config()
+    try:
+        resolved = {"export": "torch.export", "torchscript": "TorchScript"}[front_end()]
+        text += (f"front end: front_end={_option_value('front_end') or 'auto'} captures with "
+                 f"{resolved} here (PyTorch {torch.__version__})")
+    except _autostage.ConfigError as e:
+        text += f"front end: {e}"
+    if _last_capture:
+        why = f", because {_last_capture['why']}" if _last_capture["why"] else ""
+        text += (f"; the last model captured, {_last_capture['model']}, used "
+                 f"{_last_capture['front_end']}{why}")
+    return text + "\n"
 
 
 def front_end():
