@@ -1,9 +1,11 @@
 #include "service/plan_store.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +44,15 @@ std::string sizeText(int64_t bytes) {
   return text;
 }
 
+// Removes `path` when it is the temporary file of a write whose process is gone (Note [Atomic
+// writes]: a crash leaves it behind); a live writer's (another service on this store) stays.
+bool removeIfStaleTemporary(const std::filesystem::path& path) {
+  const int pid = core::atomicWriteTemporaryPid(path.filename().string());
+  if (pid <= 0 || (::kill(pid, 0) == 0 || errno != ESRCH)) return false;
+  std::error_code error;
+  return std::filesystem::remove(path, error);
+}
+
 }  // namespace
 
 PlanStore::PlanStore(std::string directory, int64_t maxBytes)
@@ -58,12 +69,19 @@ PlanStore::PlanStore(std::string directory, int64_t maxBytes)
     AUTOSTAGE_CHECK_AS(ConfigError, !error, "cannot create the store directory ", dir.string(),
                        ": ", error.message(), "; pass --store a directory this user can write");
     for (const auto& entry : fs::directory_iterator(dir)) {
+      if (removeIfStaleTemporary(entry.path())) {
+        ++removedTemporaries_;
+        continue;
+      }
       if (entry.path().extension() != extensionOf(kind) || !entry.is_regular_file()) continue;
       found.emplace_back(entry.last_write_time(error),
                          std::string(kind) + "/" + entry.path().stem().string(),
                          static_cast<int64_t>(entry.file_size()));
     }
   }
+  if (removedTemporaries_ > 0)
+    core::logger("Service")->info("removed {} temporary file(s) of unfinished writes from the "
+                                  "store (a service stopped while writing)", removedTemporaries_);
   std::sort(found.begin(), found.end());
   for (const auto& [time, id, size] : found) {
     entries_[id] = Entry{size, ++useClock_};
@@ -94,6 +112,13 @@ void PlanStore::erase(const std::string& id) {
   totalBytes_ -= found->second.bytes;
   entries_.erase(found);
   memory_.erase(id);
+}
+
+void PlanStore::discard(const std::string& kind, const std::string& key) {
+  AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
+  std::lock_guard<std::mutex> lock(mutex_);
+  erase(kind + "/" + key);
+  if (!directory_.empty()) std::remove(pathOf(kind, key).c_str());
 }
 
 std::optional<std::string> PlanStore::get(const std::string& kind, const std::string& key) {

@@ -11,8 +11,9 @@
 // and usage, so equal calls share an answer and any change plans again. Files are written through a
 // temporary file and a rename (core::writeFileAtomically), so a crash or SIGTERM never leaves a
 // half-written entry under its real name; an entry that cannot be read (corrupt, or written by
-// another version) is reported and treated as missing. An empty directory name keeps everything in
-// memory only.
+// another version) is reported, removed and treated as missing. A crash while writing leaves a
+// temporary file instead, which the next store to open removes once its writer is gone. An empty
+// directory name keeps everything in memory only.
 //
 // Note [Store eviction]
 // With a limit (maxBytes > 0), a put that takes the store above it removes the least recently
@@ -44,6 +45,12 @@ class PlanStore {
   // Whether the entry is stored (a use of it, as get()), without reading it.
   bool contains(const std::string& kind, const std::string& key);
   void put(const std::string& kind, const std::string& key, const std::string& bytes);
+  // An entry its reader found damaged (truncated, corrupted, another version): its file is
+  // removed and the entry forgotten, so it is reported once and the next put writes it again.
+  void discard(const std::string& kind, const std::string& key);
+  // Temporary files of writes that never finished (a service killed while it wrote), removed
+  // when the store opened; their writers were gone (Note [Atomic writes]).
+  int64_t removedTemporaries() const { return removedTemporaries_; }
   int64_t entries() const;
   int64_t bytes() const;
   int64_t evictions() const;  // entries removed to keep under the limit since the store opened
@@ -67,6 +74,7 @@ class PlanStore {
   std::map<std::string, Entry> entries_;       // "kind/key" -> size and last use, everything stored
   int64_t totalBytes_ = 0;
   int64_t evictions_ = 0;
+  int64_t removedTemporaries_ = 0;
   uint64_t useClock_ = 0;
 };
 

@@ -183,9 +183,18 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
   }
   auto profileGraph = remembered("graph of profile " + r.profileHash);
   if (!profileGraph) {  // a stored profile not decoded since the service started
-    if (r.profileBytes.empty())
-      r.profileBytes = Resolved::stored(store_, "profiles", r.profileHash, "profile");
-    r.profile = core::decodeProfile(r.profileBytes, "stored profile " + r.profileHash);
+    const bool fromStore = r.profileBytes.empty();
+    if (fromStore) r.profileBytes = Resolved::stored(store_, "profiles", r.profileHash, "profile");
+    try {
+      r.profile = core::decodeProfile(r.profileBytes, "stored profile " + r.profileHash);
+    } catch (const FormatError& e) {
+      if (!fromStore) throw;
+      // A damaged store file: reported once and removed; the caller sends the profile again.
+      core::logger("Service")->warn("{}: removed from the store", e.what());
+      store_.discard("profiles", r.profileHash);
+      throw NotStored(std::string("the service's stored profile ") + r.profileHash +
+                      " was damaged and removed: send one");
+    }
     profileGraph = r.profile->graphHash;
     remember("graph of profile " + r.profileHash, *profileGraph);
   }
@@ -222,7 +231,8 @@ std::optional<proto::PlanAnswer> PlanningCore::fromStore(const std::string& plan
     answer.set_from_store(true);
     return answer;
   } catch (const FormatError& e) {
-    core::logger("Service")->warn("{}: planning again", e.what());
+    core::logger("Service")->warn("{}: removed from the store, planning again", e.what());
+    store_.discard("plans", planKey);
     return std::nullopt;
   }
 }

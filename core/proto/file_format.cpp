@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -45,6 +46,20 @@ std::string encodeFramed(const std::string& kind, uint32_t formatVersion, const 
 // writing the same path do not share a temporary file. Any failure removes the temporary file.
 // Without `durable` (files rewritten often, e.g. the runtime's event traces) both fsyncs are
 // skipped: readers still never see a partial file, but a crash may lose the latest version.
+int atomicWriteTemporaryPid(const std::string& filename) {
+  // <name>.tmp-<pid>-<counter>, as written below.
+  const size_t at = filename.rfind(".tmp-");
+  if (at == std::string::npos || at == 0) return -1;
+  const std::string rest = filename.substr(at + 5);
+  const size_t dash = rest.find('-');
+  if (dash == std::string::npos || dash == 0 || dash + 1 == rest.size() || dash > 9) return -1;
+  const auto digits = [](const std::string& text) {
+    return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (!digits(rest.substr(0, dash)) || !digits(rest.substr(dash + 1))) return -1;
+  return std::stoi(rest.substr(0, dash));
+}
+
 void writeFileAtomically(const std::string& path, const std::string& bytes,
                          const std::string& kind, bool durable) {
   static std::atomic<unsigned> counter{0};

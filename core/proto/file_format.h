@@ -25,6 +25,11 @@ struct FramedPayload {
 void writeFileAtomically(const std::string& path, const std::string& bytes,
                          const std::string& kind, bool durable = true);
 
+// When `filename` (no directory) is a temporary file of writeFileAtomically, the pid of the
+// process that wrote it; else -1. A temporary file whose writer is gone was left by a crash
+// (Note [Atomic writes]) and may be removed.
+int atomicWriteTemporaryPid(const std::string& filename);
+
 // Wraps `payload` and writes it atomically. Throws FormatError if the file cannot be written.
 void writeFramedFile(const std::string& path, const std::string& kind, uint32_t formatVersion,
                      const std::string& payload);

@@ -1,11 +1,17 @@
 // The planning service's store (Note [Planner store], Note [Store eviction]): least recently used
-// entries evicted above the limit, the order and size kept across a reopen.
+// entries evicted above the limit, the order and size kept across a reopen, damaged entries
+// discarded, and temporary files of writes a crash interrupted removed at open.
 #include "service/plan_store.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
+#include "core/proto/file_format.h"
 #include "scratch_files.h"
 
 namespace autostage::service {
@@ -75,6 +81,47 @@ TEST_CASE("the store's size and use order survive a reopen", "[service]") {
   CHECK_FALSE(fs::exists(fs::path(dir) / "plans/c1.answer"));
   CHECK(store.contains("plans", "c2"));
   CHECK(store.contains("profile-keys", "c4"));
+}
+
+TEST_CASE("temporary files of unfinished writes are removed at open once their writer is gone",
+          "[service]") {
+  namespace fs = std::filesystem;
+  CHECK(core::atomicWriteTemporaryPid("ab12.answer.tmp-4321-7") == 4321);
+  CHECK(core::atomicWriteTemporaryPid("ab12.answer") == -1);
+  CHECK(core::atomicWriteTemporaryPid("ab12.answer.tmp-x-7") == -1);
+  CHECK(core::atomicWriteTemporaryPid("ab12.answer.tmp-12-") == -1);
+  const std::string dir = freshDirectory("temporaries");
+  { PlanStore store(dir, 0); store.put("plans", "d1", "answer"); }
+  // A writer that is gone: a child process that exited (and was reaped) left its pid free.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  ::waitpid(child, nullptr, 0);
+  const fs::path stale = fs::path(dir) / "plans" / ("d2.answer.tmp-" + std::to_string(child) + "-0");
+  const fs::path live = fs::path(dir) / "plans" / ("d3.answer.tmp-" + std::to_string(::getpid()) + "-0");
+  std::ofstream(stale) << "half an answer";
+  std::ofstream(live) << "being written";
+  PlanStore reopened(dir, 0);
+  CHECK(reopened.removedTemporaries() == 1);
+  CHECK_FALSE(fs::exists(stale));
+  CHECK(fs::exists(live));  // its writer (this process) may still finish it
+  CHECK(reopened.entries() == 1);
+  CHECK(reopened.get("plans", "d1") == std::optional<std::string>("answer"));
+}
+
+TEST_CASE("a discarded entry is gone from the store and from its directory", "[service]") {
+  namespace fs = std::filesystem;
+  const std::string dir = freshDirectory("discard");
+  PlanStore store(dir, 0);
+  store.put("plans", "e1", "damaged bytes");
+  store.discard("plans", "e1");
+  CHECK_FALSE(store.contains("plans", "e1"));
+  CHECK_FALSE(fs::exists(fs::path(dir) / "plans" / "e1.answer"));
+  CHECK(store.entries() == 0);
+  CHECK(store.bytes() == 0);
+  store.discard("plans", "e1");  // twice: nothing to do
+  store.put("plans", "e1", "good bytes");
+  CHECK(store.get("plans", "e1") == std::optional<std::string>("good bytes"));
 }
 
 }  // namespace
