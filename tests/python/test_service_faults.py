@@ -25,6 +25,23 @@ PLAN_FIELDS = ("stages", "micro_batches", "schedule", "usage",
                "predicted_iteration_ms", "peak_memory_bytes")
 
 
+_started = []  # every Service of the running test: killed at its end, whatever happened
+
+
+def kill_services():
+    while _started:
+        service = _started.pop()
+        if service.process.poll() is None:
+            service.process.kill()
+            service.process.wait(timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def no_service_left():
+    yield
+    kill_services()
+
+
 class Service:
     """`autostage serve` on a unix socket in `directory`, its log in directory/service-N.log."""
 
@@ -35,6 +52,7 @@ class Service:
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen([CLI, "serve", "--listen", self.address, "--store",
                                          str(store)], stdout=self._log, stderr=subprocess.STDOUT)
+        _started.append(self)
         for _ in range(600):  # bounded wait for it to answer (not a speed check)
             assert self.process.poll() is None, self.log()
             if subprocess.run([CLI, "status", "--server", self.address, "--timeout-s", "2"],
@@ -152,6 +170,7 @@ def test_a_full_disk_answers_calls_logs_the_failure_and_corrupts_nothing(tmp_pat
         assert service.stop() == 0
         assert "corrupted" not in log and "truncated" not in log, log
     finally:
+        kill_services()  # a service still holding the tmpfs would keep it mounted
         subprocess.run(["umount", str(store)])
 
 
