@@ -32,12 +32,13 @@
 // For an inference plan (Note [Plan usage]) backward, gradients, optimizer state and allreduce are
 // 0 and a stage holds its output of each of the M micro-batches instead of activations.
 // Mixed precision (precision=bf16|fp16, Note [Autocast execution] in
-// frontend/torchscript/autocast.h): params, grads and optimizer state stay fp32. Autocast keeps a 2-byte copy of each fp32 weight
-// a matmul/conv casts, for the length of a stage's forward run: the cast cache term (an upper
-// bound: it counts every parameter). The copies autograd saves for backward, and the smaller
-// bf16 activations, are in act(mb) and working(mb), because profiling runs under the same
-// autocast; input/output bytes are the boundary values' bytes in the dtype the import probe
-// recorded under autocast, so a boundary autocast produces in bf16 costs half its fp32 bytes.
+// frontend/torchscript/autocast.h): params, grads and optimizer state stay fp32. Autocast keeps a
+// 2-byte copy of each fp32 weight a matmul/conv casts, for the length of a stage's forward run: the
+// cast cache term (an upper bound: it counts every parameter). The copies autograd saves for
+// backward, and the smaller bf16 activations, are in act(mb) and working(mb), because profiling
+// runs under the same autocast; input/output bytes are the boundary values' bytes in the dtype the
+// import probe recorded under autocast, so a boundary autocast produces in bf16 costs half its fp32
+// bytes.
 //
 // Note [Search objective and reported estimate]
 // Every plan has two times (PlanEvaluation, Plan):
