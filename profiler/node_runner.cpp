@@ -187,13 +187,13 @@ double loadScale(MeasurementBackend& backend) {
 
 // Note [Settling runs]
 // A library may allocate, on its first use in a thread, a buffer it keeps for the rest of the
-// process: cuBLAS takes its workspace from the CUDA caching allocator the first time a matmul
-// runs on a stream, forward and again in autograd's backward thread. The memory run would charge
-// it to whichever node ran a matmul first (on an H200, 2026-11-28, a stage of 10 KiB of
-// parameters measured 16.8 MB, and no plan fit a test's memory limit). So a backend whose
-// device does that asks for settlingRuns() untimed forward+backward runs of each node first;
-// the memory run then sees only what the node itself allocates. The CPU allocator keeps
-// nothing: none there, so CPU figures and run counts are unchanged.
+// process: cuBLAS (by all signs; not identified on the GPU) takes its workspace from the CUDA
+// caching allocator the first time a matmul runs on a stream, forward and again in autograd's
+// backward thread. The memory run would charge it to whichever node ran a matmul first (on an H200,
+// 2026-11-28, a stage of 10 KiB of parameters measured 16.8 MB, and no plan fit a test's memory
+// limit). So a backend whose device does that asks for settlingRuns() untimed forward+backward runs
+// of each node first; the memory run then sees only what the node itself allocates. The CPU
+// allocator keeps nothing: none there, so CPU figures and run counts are unchanged.
 void settle(const core::Graph& graph, const torchscript::ExportedFunction& function,
             const std::vector<c10::IValue>& args, int runs) {
   for (int i = 0; i < runs; ++i) {
