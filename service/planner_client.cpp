@@ -58,7 +58,8 @@ Answer ask(const std::string& address, const char* what, Method method, const Ca
     if (message.find("larger than max") != std::string::npos)
       throw ConfigError("the planning service at " + address + " refused the " + what +
                         " call: " + message + " (raise its --max-request-mib)");
-    // Every worker is busy (--workers): like no answer, the caller may plan itself.
+    // Every call thread is taken (4x --workers, at least 16): like no answer, the caller may
+    // plan itself.
     throw ServiceUnavailable("the planning service at " + address +
                              " is busy and did not take "
                              "the " +

@@ -40,9 +40,6 @@ grpc::Status errorStatus(grpc::ServerContext* context) {
   } catch (const CallCancelled& e) {
     context->AddTrailingMetadata("autostage-error-class", "CallCancelled");
     return {grpc::StatusCode::CANCELLED, e.what()};
-  } catch (const Busy& e) {
-    context->AddTrailingMetadata("autostage-error-class", "Busy");
-    return {grpc::StatusCode::RESOURCE_EXHAUSTED, e.what()};
   } catch (const NotStored& e) {
     context->AddTrailingMetadata("autostage-error-class", "NotStored");
     return {grpc::StatusCode::NOT_FOUND, e.what()};

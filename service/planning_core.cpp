@@ -268,19 +268,33 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
   }
   {
     // Again under the lock, so that a plan finished (stored, and no longer in planning_) since
-    // the first look is found, not planned again.
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (auto answer = fromStore(planKey)) {
-      ++storeHits_;
-      return *answer;
-    }
-    auto found = planning_.find(planKey);
-    if (found != planning_.end()) {
-      state = found->second;  // Note [Planning service]: the same plan is being made
-      ++state->waiters;
-    } else {
-      state = startPlanLocked(std::move(r), batchSize, counted);
-      mine = true;
+    // the first look is found, not planned again. A new plan beyond the slots waits for one while
+    // its caller waits (Note [Call deadlines]); meanwhile the same plan may be started by another
+    // call or even finished, so every look starts from the store.
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      if (auto answer = fromStore(planKey)) {
+        ++storeHits_;
+        return *answer;
+      }
+      auto found = planning_.find(planKey);
+      if (found != planning_.end()) {
+        state = found->second;  // Note [Planning service]: the same plan is being made
+        ++state->waiters;
+        break;
+      }
+      if (!counted || countedPlans_ < maxConcurrentPlans_) {
+        state = startPlanLocked(std::move(r), batchSize, counted);
+        mine = true;
+        break;
+      }
+      ++waitingForSlot_;
+      slotFreed_.wait_for(lock, kCallerPoll);
+      --waitingForSlot_;
+      lock.unlock();
+      checkCaller(caller, limit, "plan " + planKey,
+                  "it waited for one of the service's --workers and was not started");
+      lock.lock();
     }
   }
   struct Leave {  // a waiter less, however the wait ends
@@ -302,10 +316,9 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
 
 std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r, int64_t batchSize,
                                                                       bool counted) {
-  AUTOSTAGE_CHECK_AS(Busy, !counted || countedPlans_ < maxConcurrentPlans_,
-                     "the planning service is making ", countedPlans_,
-                     " plans already (at most its --workers at once, including plans whose "
-                     "callers left); ask again later or plan locally");
+  AUTOSTAGE_CHECK(!counted || countedPlans_ < maxConcurrentPlans_,
+                  "internal: a plan started beyond the service's --workers (", countedPlans_,
+                  " being made)");
   for (uint64_t id : finishedPlanThreads_) {  // threads done since the last plan
     planThreads_.at(id).join();
     planThreads_.erase(id);
@@ -349,6 +362,7 @@ void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r,
     std::lock_guard<std::mutex> lock(mutex_);
     countedPlans_ -= counted ? 1 : 0;
   }
+  if (counted) slotFreed_.notify_all();
   if (answer) {
     store_.put("plans", r.planKey,
                core::encodeFramed(kAnswerKind, kAnswerVersion, answer->SerializeAsString()));
@@ -546,6 +560,7 @@ proto::StatusAnswer PlanningCore::status() const {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     s.set_background_queued(static_cast<int64_t>(backgroundQueue_.size()));
+    s.set_waiting_for_worker(waitingForSlot_);
   }
   s.set_store_dir(store_.directory());
   s.set_store_evictions(store_.evictions());

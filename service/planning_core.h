@@ -20,8 +20,10 @@
 // limit is reached, the call stops waiting and fails (DeadlineExceeded, CallCancelled) while the
 // plan goes on: when it is made it is stored, so the next identical call is answered from the
 // store, and an identical call arriving meanwhile waits for it (still planned once). A new plan
-// beyond maxConcurrentPlans is refused (Busy) rather than queued, so callers that left cannot
-// exhaust the machine (Neighbours' background plans, one at a time, are not counted). A WhatIf
+// beyond maxConcurrentPlans waits for a slot, asking its caller and the limit as above: a burst of
+// jobs is answered, one slot after another, while a caller that leaves before its plan started
+// leaves nothing behind, so callers that left occupy at most maxConcurrentPlans threads
+// (Neighbours' background plans, one at a time, are not counted). A WhatIf
 // sweep is not stored: the calling thread watches the caller and the limit while the sweep's
 // threads plan, and when either ends the wait no thread takes another point; the call returns
 // when the points being planned at that moment are done (one planGraph each at most). Only the
@@ -56,10 +58,6 @@ class DeadlineExceeded : public Error {  // the caller's deadline, or the servic
 class CallCancelled : public Error {  // the caller went away
   using Error::Error;
 };
-// A new plan beyond the plans the core makes at once.
-class Busy : public Error {
-  using Error::Error;
-};
 
 enum class CallerState { kWaiting, kDeadlinePassed, kCancelled };
 // Asked (from the call's threads) while a call is answered; empty: the caller always waits.
@@ -81,7 +79,7 @@ class PlanningCore {
   ~PlanningCore();  // waits for the plans being made, drops the queued background ones
 
   // Throws FormatError (bad files or unknown hashes), ConfigError (options), PlanError, and
-  // (Note [Call deadlines]) DeadlineExceeded, CallCancelled or Busy.
+  // (Note [Call deadlines]) DeadlineExceeded or CallCancelled.
   proto::PlanAnswer plan(const proto::PlanCall& call, const CallerCheck& caller = {});
   proto::WhatIfAnswer whatIf(const proto::WhatIfCall& call, const CallerCheck& caller = {});
   proto::NeighboursAnswer neighbours(const proto::NeighboursCall& call);
@@ -106,7 +104,7 @@ class PlanningCore {
   // counted: a call's plan (limited by maxConcurrentPlans), not a background one.
   proto::PlanAnswer planResolved(Resolved r, int64_t batchSize, const CallerCheck& caller,
                                  std::chrono::steady_clock::time_point limit, bool counted);
-  // Starts a plan thread for r (under mutex_); throws Busy beyond maxConcurrentPlans.
+  // Starts a plan thread for r (under mutex_, with a slot free when counted).
   std::shared_ptr<InFlight> startPlanLocked(Resolved r, int64_t batchSize, bool counted);
   // On a plan thread: plans, stores, frees the slot, then answers the waiting calls.
   void makePlan(const std::shared_ptr<InFlight>& state, Resolved& r, int64_t batchSize,
@@ -137,6 +135,8 @@ class PlanningCore {
   std::vector<uint64_t> finishedPlanThreads_;
   uint64_t nextPlanThread_ = 0;
   int countedPlans_ = 0;  // plans being made for calls (not background ones)
+  int waitingForSlot_ = 0;  // calls whose new plan waits for countedPlans_ to drop
+  std::condition_variable slotFreed_;
   std::condition_variable backgroundWake_;
   std::deque<proto::PlanCall> backgroundQueue_;
   bool stopping_ = false;

@@ -87,13 +87,15 @@ int runStatusCommand(const std::vector<std::string>& args, std::ostream& out) {
         << ", \"hit_rate\": " << s.hit_rate() << ", \"in_flight\": " << s.in_flight()
         << ", \"store_entries\": " << s.store_entries() << ", \"store_bytes\": " << s.store_bytes()
         << ", \"background_queued\": " << s.background_queued()
+        << ", \"waiting_for_worker\": " << s.waiting_for_worker()
         << ", \"store_evictions\": " << s.store_evictions()
         << ", \"store_max_bytes\": " << s.store_max_bytes() << "}\n";
     return 0;
   }
   out << std::fixed << std::setprecision(1) << "planning service at " << address << "\n"
       << "  up " << s.uptime_seconds() << " s; " << s.requests() << " request(s) answered, "
-      << s.failed() << " refused, " << s.in_flight() << " in flight\n"
+      << s.failed() << " refused, " << s.in_flight() << " in flight ("
+      << s.waiting_for_worker() << " waiting for a worker)\n"
       << "  plans made " << s.plans_made() << ", answered from the store " << s.store_hits()
       << " (hit rate " << s.hit_rate() * 100 << "%), " << s.background_queued()
       << " background plan(s) queued\n"

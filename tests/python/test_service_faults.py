@@ -45,13 +45,14 @@ def no_service_left():
 class Service:
     """`autostage serve` on a unix socket in `directory`, its log in directory/service-N.log."""
 
-    def __init__(self, directory, store, starts=[0]):
+    def __init__(self, directory, store, extra=(), starts=[0]):
         starts[0] += 1
         self.address = f"unix:{directory}/planner.sock"
         self.log_path = os.path.join(directory, f"service-{starts[0]}.log")
         self._log = open(self.log_path, "w")
         self.process = subprocess.Popen([CLI, "serve", "--listen", self.address, "--store",
-                                         str(store)], stdout=self._log, stderr=subprocess.STDOUT)
+                                         str(store), *extra],
+                                        stdout=self._log, stderr=subprocess.STDOUT)
         _started.append(self)
         for _ in range(600):  # bounded wait for it to answer (not a speed check)
             assert self.process.poll() is None, self.log()
@@ -202,7 +203,8 @@ def test_a_service_killed_while_it_writes_leaves_a_store_that_answers_every_plan
 
 
 def test_fifty_clients_with_valid_and_malformed_calls_at_once(tmp_path):
-    service = Service(tmp_path, tmp_path / "store")
+    # One worker: the five new plans wait for it in turn (Note [Call deadlines]), none refused.
+    service = Service(tmp_path, tmp_path / "store", ["--workers", "1"])
     sock_path = service.address[len("unix:"):]
     valid = [8, 16, 24, 32, 40] * 5  # 25 valid calls, 5 distinct plans
     local = {b: plan(b) for b in set(valid)}
@@ -244,8 +246,11 @@ def test_fifty_clients_with_valid_and_malformed_calls_at_once(tmp_path):
     with ThreadPoolExecutor(50) as pool:
         results = list(pool.map(lambda job: job[0](job[1]), jobs))
     assert results.count("ok") == 25 and results.count("refused") == 13
-    # Still serving, and what it stored is right.
+    # Still serving, nothing left waiting, and what it stored is right.
     assert service.process.poll() is None
+    status = subprocess.run([CLI, "status", "--server", service.address, "--json"],
+                            capture_output=True, text=True, check=True)
+    assert json.loads(status.stdout)["waiting_for_worker"] == 0
     for b in set(valid):
         answer = plan(b, service.address)
         same_plan(answer, local[b])

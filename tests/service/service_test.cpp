@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -474,7 +475,7 @@ TEST_CASE("a call planning longer than --max-plan-s fails, naming the flag; the 
   CHECK(gate.arrived() == 1);
 }
 
-TEST_CASE("a caller that leaves stops its wait; plans beyond the limit are refused as busy",
+TEST_CASE("a caller that leaves stops its wait; a plan beyond the workers waits for one",
           "[service]") {
   Model m = syntheticModel();
   Gate gate(/*held=*/1);
@@ -484,32 +485,63 @@ TEST_CASE("a caller that leaves stops its wait; plans beyond the limit are refus
   OpenAtExit openAtExit{gate};
   core.setPlanHookForTesting([&] { gate.pass(); });
   proto::PlanCall call = makePlanCall(m.graph, m.profile, cluster(4), 32, options());
-  std::atomic<bool> gone{false};
-  auto caller = [&] { return gone ? CallerState::kCancelled : CallerState::kWaiting; };
-  std::exception_ptr error;
-  std::thread waiting([&] {
-    try {
-      core.plan(call, caller);
-    } catch (...) {
-      error = std::current_exception();
+  // Runs core.plan(c) on a thread until `gone`; its answer or the error it ended with. Leaves
+  // and is joined when the test ends, also when a check failed.
+  struct Caller {
+    ~Caller() {
+      gone = true;
+      if (thread.joinable()) thread.join();
     }
-  });
+    std::atomic<bool> gone{false};
+    std::exception_ptr error;
+    std::optional<proto::PlanAnswer> answer;
+    std::thread thread;
+    void start(PlanningCore& core, const proto::PlanCall& c) {
+      thread = std::thread([this, &core, c] {
+        try {
+          answer = core.plan(c, [this] {
+            return gone ? CallerState::kCancelled : CallerState::kWaiting;
+          });
+        } catch (...) {
+          error = std::current_exception();
+        }
+      });
+    }
+  };
+  Caller first;
+  first.start(core, call);
   REQUIRE(gate.waitArrived(1));
-  gone = true;
-  waiting.join();  // returns although the plan is held
-  REQUIRE(error);
-  CHECK_THROWS_AS(std::rethrow_exception(error), CallCancelled);
-  // The held plan takes the one slot: another plan is refused, an identical call waits for it.
+  first.gone = true;
+  first.thread.join();  // returns although the plan is held
+  REQUIRE(first.error);
+  CHECK_THROWS_AS(std::rethrow_exception(first.error), CallCancelled);
+  // The held plan takes the one worker: another plan waits for it without starting, and its
+  // caller may leave meanwhile, leaving nothing behind.
   proto::PlanCall other = call;
   other.set_batch_size(64);
-  CHECK_THROWS_AS(core.plan(other), Busy);
-  CHECK_THROWS_WITH(core.plan(other), Catch::Contains("--workers"));
+  Caller leaving;
+  leaving.start(core, other);
+  REQUIRE(eventually([&] { return core.status().waiting_for_worker() == 1; }));
+  leaving.gone = true;
+  leaving.thread.join();
+  REQUIRE(leaving.error);
+  CHECK_THROWS_WITH(std::rethrow_exception(leaving.error),
+                    Catch::Contains("waited for one of the service's --workers"));
+  CHECK(core.status().waiting_for_worker() == 0);
+  CHECK(gate.arrived() == 1);
+  // One that stays is planned when the worker is free; an identical call joins the held plan.
+  Caller staying;
+  staying.start(core, other);
+  REQUIRE(eventually([&] { return core.status().waiting_for_worker() == 1; }));
   gate.open();
   CHECK(core.plan(call).from_store());
-  CHECK(core.plansMade() == 1);
-  // The slot was freed before the answer was given: the next plan is not refused.
-  CHECK_FALSE(core.plan(other).from_store());
+  staying.thread.join();
+  REQUIRE_FALSE(staying.error);
+  REQUIRE(staying.answer);
+  CHECK_FALSE(staying.answer->from_store());
   CHECK(core.plansMade() == 2);
+  CHECK(gate.arrived() == 2);  // the caller that left started no plan
+  CHECK(core.status().waiting_for_worker() == 0);
 }
 
 TEST_CASE("a WhatIf sweep whose caller left stops between points", "[service]") {
