@@ -98,28 +98,23 @@ RangeTotals RangeIndex::range(int first, int last) const {
   return r;
 }
 
+namespace {
+
+// What every rank holds as the caller: its local batch's output rows (and as much again for their
+// gradients in training; Note [Pipeline cost model]).
+double callerBytesOf(const PlanRequest& request) {
+  const double localBatch = std::ceil(double(request.batchSize) / double(request.devices));
+  return request.outputBytesPerSample * localBatch;
+}
+
+}  // namespace
+
 CostModel::CostModel(const PlanRequest& request)
     : request_(request),
       ranges_(request),
       memoryLimit_(request.memoryLimit()),
-      castCopyRatio_(core::castCopyRatio(core::parsePrecision(request.options.precision))) {}
-
-int64_t CostModel::microBatchPerReplica(int microBatches, int replicaCount) const {
-  int64_t share = static_cast<int64_t>(microBatches) * replicaCount;
-  if (share > request_.batchSize) return 0;
-  return (request_.batchSize + share - 1) / share;
-}
-
-bool CostModel::sameNode(int rankA, int rankB) const {
-  return rankA / request_.devicesPerNode == rankB / request_.devicesPerNode;
-}
-
-// What every rank holds as the caller: its local batch's output rows (and as much again for their
-// gradients in training; Note [Pipeline cost model]).
-double CostModel::callerBytes() const {
-  const double localBatch = std::ceil(double(request_.batchSize) / double(request_.devices));
-  return request_.outputBytesPerSample * localBatch;
-}
+      castCopyRatio_(core::castCopyRatio(core::parsePrecision(request.options.precision))),
+      callerBytes_(callerBytesOf(request)) {}
 
 // The gradient allreduce of a replicated stage flattens its gradients into buckets of at most
 // gradient_bucket_bytes (staging/gradient_sync.h) one at a time.

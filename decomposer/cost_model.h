@@ -112,11 +112,17 @@ class CostModel {
   double memoryLimit() const { return memoryLimit_; }
 
   // Per-replica micro-batch size; 0 when M * r exceeds the global batch (no sample per replica).
-  int64_t microBatchPerReplica(int microBatches, int replicaCount) const;
+  int64_t microBatchPerReplica(int microBatches, int replicaCount) const {
+    const int64_t share = static_cast<int64_t>(microBatches) * replicaCount;
+    if (share > request_.batchSize) return 0;
+    return (request_.batchSize + share - 1) / share;
+  }
   StageEstimate stage(const StageChoice& choice, int microBatches, Schedule schedule) const;
   StageEstimate stage(const RangeTotals& range, const StageChoice& choice, int microBatches,
                       Schedule schedule) const;
-  bool sameNode(int rankA, int rankB) const;
+  bool sameNode(int rankA, int rankB) const {
+    return rankA / request_.devicesPerNode == rankB / request_.devicesPerNode;
+  }
   // Micro-batches whose activations (inference: outputs) a stage holds at its peak.
   int heldMicroBatches(Schedule schedule, int microBatches, int stagesAfter) const {
     if (schedule == Schedule::GPipe || request_.options.usage == PlanUsage::Inference)
@@ -134,7 +140,7 @@ class CostModel {
 
  private:
   double allreduceBucketBytes(const RangeTotals& range, int replicaCount) const;
-  double callerBytes() const;
+  double callerBytes() const { return callerBytes_; }
   // Turns a training estimate into the inference one (Note [Plan usage]).
   void forwardOnly(StageEstimate& e, int microBatches) const;
 
@@ -143,6 +149,7 @@ class CostModel {
   RangeIndex ranges_;
   double memoryLimit_;
   double castCopyRatio_;  // cast-cache bytes per parameter byte (core::castCopyRatio)
+  double callerBytes_;    // callerBytes(), computed once
 };
 
 // evaluatePlan with a model already built for the request (saves rebuilding the range index).

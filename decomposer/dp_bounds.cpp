@@ -14,24 +14,38 @@ core::LinkCost fasterLink(const core::LinkCost& a, const core::LinkCost& b) {
   return {std::min(a.latencySeconds, b.latencySeconds), std::max(a.bytesPerSecond, b.bytesPerSecond)};
 }
 
-// Compute plus send time of stage [first, last] with r devices over the faster link, or infinity
+// A stage's time and its two period parts (CostModel::periodParts), bounded from below.
+struct FrugalTimes {
+  double total = kInf;
+  double parts[2] = {kInf, kInf};
+};
+
+// Compute plus send times of stage [first, last] with r devices over the faster link, or infinity
 // when it cannot fit in memory even recomputed and holding the fewest micro-batches; sets `stop`
 // when no longer stage can fit.
-double frugalStageTime(const CostModel& model, const RangeTotals& range, int first, int last, int r,
-                       int microBatches, Schedule schedule, bool* stop) {
-  double best = kInf, growing = kInf;
-  for (bool recompute : model.request().options.recomputeCandidates()) {
-    // The smallest memory the options allow: ZeRO-1 when it may be chosen.
-    StageChoice choice{first, last, r, 0, recompute, 0, model.request().options.zeroCandidates().back()};
+FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, int first, int last,
+                            int r, int microBatches, Schedule schedule,
+                            const std::vector<bool>& recomputeCandidates, bool zero, bool* stop) {
+  FrugalTimes best;
+  double growing = kInf;
+  for (bool recompute : recomputeCandidates) {
+    // The smallest memory the options allow: ZeRO-1 when it may be chosen (`zero`).
+    StageChoice choice{first, last, r, 0, recompute, 0, zero};
     StageEstimate e = model.stage(range, choice, microBatches, schedule);
     growing = std::min(growing, e.totalMemoryBytes - e.commBufferBytes -
                                     (recompute ? e.heldMicroBatches * e.bytesPerHeldMicroBatch : 0));
     if (e.totalMemoryBytes > model.memoryLimit()) continue;
     const core::CommProfile& comm = model.request().comm;
     const core::LinkCost link = fasterLink(comm.p2pIntraNode, comm.p2pInterNode);
-    const double mb = static_cast<double>(e.microBatchPerReplica);
-    best = std::min(best, range.forwardSeconds.at(mb) + range.backwardSeconds.at(mb) +
-                              link.seconds(e.outputBytes) + link.seconds(e.inputBytes));
+    // The estimate's own compute times (recomputation included only when it is chosen, none
+    // backward for inference: Note [Plan usage]); the sends over the faster link.
+    const bool inference = model.request().options.usage == PlanUsage::Inference;
+    const double forward = e.forwardSeconds + link.seconds(e.outputBytes);
+    const double backward = inference ? 0.0 : e.backwardSeconds + link.seconds(e.inputBytes);
+    best.total = std::min(best.total, forward + backward);
+    const bool split = schedule == Schedule::GPipe;
+    best.parts[0] = std::min(best.parts[0], split ? forward : forward + backward);
+    best.parts[1] = std::min(best.parts[1], split ? backward : 0.0);
   }
   *stop = growing > model.memoryLimit();
   return best;
@@ -45,8 +59,12 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
   const int n = model.ranges().blockCount();
   sum_.assign(static_cast<size_t>(n + 1) * (units + 1), kInf);
   max_.assign(sum_.size(), kInf);
-  for (int u = 0; u <= units; ++u) sum_[index(0, u)] = max_[index(0, u)] = 0;
+  for (auto& part : maxPart_) part.assign(sum_.size(), kInf);
+  for (int u = 0; u <= units; ++u)
+    sum_[index(0, u)] = max_[index(0, u)] = maxPart_[0][index(0, u)] = maxPart_[1][index(0, u)] = 0;
   std::vector<bool> open(replicaUnits.size());
+  const std::vector<bool> recompute = model.request().options.recomputeCandidates();
+  const bool zero = model.request().options.zeroCandidates().back();
   for (int a = 1; a <= n; ++a) {
     std::fill(open.begin(), open.end(), true);
     for (int first = a - 1; first >= 0; --first) {
@@ -55,19 +73,25 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
         if (!open[i]) continue;
         const int r = replicaUnits[i];
         bool stop = false;
-        const double t = frugalStageTime(model, range, first, a - 1, r * unit, microBatches, schedule, &stop);
+        const FrugalTimes t =
+            frugalStageTime(model, range, first, a - 1, r * unit, microBatches, schedule,
+                            recompute, zero, &stop);
         if (stop) open[i] = false;
-        if (t == kInf) continue;
+        if (t.total == kInf) continue;
         for (int u = r; u <= units; ++u) {
           const size_t from = index(first, u - r), to = index(a, u);
-          sum_[to] = std::min(sum_[to], sum_[from] + t);
-          max_[to] = std::min(max_[to], std::max(max_[from], t));
+          sum_[to] = std::min(sum_[to], sum_[from] + t.total);
+          max_[to] = std::min(max_[to], std::max(max_[from], t.total));
+          for (int k = 0; k < 2; ++k)
+            maxPart_[k][to] = std::min(maxPart_[k][to], std::max(maxPart_[k][from], t.parts[k]));
         }
       }
     }
     for (int u = 1; u <= units; ++u) {  // more units never hurt
       sum_[index(a, u)] = std::min(sum_[index(a, u)], sum_[index(a, u - 1)]);
       max_[index(a, u)] = std::min(max_[index(a, u)], max_[index(a, u - 1)]);
+      for (auto& part : maxPart_)
+        part[index(a, u)] = std::min(part[index(a, u)], part[index(a, u - 1)]);
     }
   }
 }

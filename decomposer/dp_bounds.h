@@ -5,6 +5,9 @@
 // replica counts from the search's candidates that fit in memory in their most frugal setting:
 //   sum(a, units): the smallest summed time of the stages,
 //   max(a, units): the smallest time of the slowest stage,
+//   maxPart(k, a, units): the smallest largest k-th part of a stage's time, the parts whose
+//                         maxima add up to the period (CostModel::periodParts: for 1f1b the
+//                         stage time and 0, for gpipe forward + send and backward + send),
 // where a stage's time counts its compute and its sends over the faster of the two links. Each is
 // minimised on its own, so each bounds every real plan from below.
 
@@ -21,11 +24,15 @@ class PrefixBounds {
                const std::vector<int>& replicaUnits);
   double sum(int blocks, int units) const { return sum_[index(blocks, units)]; }
   double max(int blocks, int units) const { return max_[index(blocks, units)]; }
+  double maxPart(int part, int blocks, int units) const {
+    return maxPart_[part][index(blocks, units)];
+  }
 
  private:
   size_t index(int blocks, int units) const { return static_cast<size_t>(blocks) * (units_ + 1) + units; }
   int units_;
   std::vector<double> sum_, max_;
+  std::vector<double> maxPart_[2];
 };
 
 }  // namespace autostage::decomposer

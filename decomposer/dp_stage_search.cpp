@@ -14,6 +14,7 @@
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_bounds.h"
 #include "decomposer/interleaved_search.h"
+#include "decomposer/refine.h"
 #include "decomposer/request_merge.h"
 #include "decomposer/simulator.h"
 
@@ -33,6 +34,17 @@ std::vector<int> replicaCandidates(int units) {
     if (units <= 16 || r <= 8 || powerOfTwo || threeTimesPower || r == units) result.push_back(r);
   }
   return result;
+}
+
+// Note [Schedule choice]
+// In the cost model gpipe never takes less time than 1f1b (max F' + max B' >= max (F' + B')) and
+// never holds fewer activations, so
+// with schedule=auto a 1f1b plan is always at least as good: only 1f1b is searched. A forced
+// schedule is searched as given, and so is a usage that can run gpipe only (Note [Plan usage]).
+std::vector<Schedule> searchedSchedules(const PlanOptions& options) {
+  if (options.schedule == "auto" && options.usage == PlanUsage::TrainStep)
+    return {Schedule::OneFOneB};
+  return options.scheduleCandidates();
 }
 
 namespace {
@@ -64,9 +76,13 @@ struct Best {
 // Two labels of one cell (same first block, same devices used) have the same futures. A is at
 // least as good as B for every future when (1) it leaves the earlier stages no more activation to
 // hold (fewer stages after them for 1f1b; equal counts when partition_num is forced) and (2)
-//   A.sum + (M-1) * (max(0, A.maxFirst - B.maxFirst) + max(0, A.maxSecond - B.maxSecond))
+//   A.sum + (M-1) * (max(0, A.maxFirst - max(B.maxFirst, L1))
+//                    + max(0, A.maxSecond - max(B.maxSecond, L2)))
 //         + max(0, A.maxAllreduce - B.maxAllreduce) <= B.sum,
-// since a future adds the same stage times to both and max(a, x) - max(b, x) <= max(0, a - b).
+// since a future adds the same stages to both, and for x the future's largest part and L a lower
+// bound of the plan's largest part (max(b, x) >= L: Note [Prefix bounds], the whole plan's and the
+// cell's prefix's), max(a, x) - max(b, x) <= max(0, a - max(b, L)). Without L (L = 0) labels whose
+// maxima differ only below what every plan reaches anyway were all kept.
 class SuffixSearch {
  public:
   SuffixSearch(const CostModel& model, int microBatches, Schedule schedule, Best& best)
@@ -82,6 +98,7 @@ class SuffixSearch {
       if (model.microBatchPerReplica(microBatches, r * unit_) > 0) replicas_.push_back(r);
     cells_.resize(static_cast<size_t>(blocks_ + 1) * (units_ + 1));
     bounds_ = std::make_unique<PrefixBounds>(model, microBatches, schedule, unit_, units_, replicas_);
+    globalFloors_ = {bounds_->maxPart(0, blocks_, units_), bounds_->maxPart(1, blocks_, units_)};
   }
 
   // Whether this micro-batch count can beat the best plan so far at all.
@@ -116,16 +133,29 @@ class SuffixSearch {
  private:
   int cellIndex(int a, int u) const { return a * (units_ + 1) + u; }
 
-  bool dominates(const Label& a, const Label& b) const {
+  // Lower bounds of the two period parts of every plan completing a label of a cell.
+  struct PartFloors {
+    double first = 0, second = 0;
+  };
+
+  PartFloors floorsOf(int first, int unitsUsed) const {
+    const int left = units_ - unitsUsed;
+    return {std::max(globalFloors_.first, bounds_->maxPart(0, first, left)),
+            std::max(globalFloors_.second, bounds_->maxPart(1, first, left))};
+  }
+
+  bool dominates(const Label& a, const Label& b, const PartFloors& floors) const {
     if (forcedStages_ > 0 ? a.stages != b.stages : a.stages > b.stages) return false;
-    const double period = std::max(0.0, a.maxFirst - b.maxFirst) + std::max(0.0, a.maxSecond - b.maxSecond);
+    const double period = std::max(0.0, a.maxFirst - std::max(b.maxFirst, floors.first)) +
+                          std::max(0.0, a.maxSecond - std::max(b.maxSecond, floors.second));
     return a.sum + (microBatches_ - 1) * period + std::max(0.0, a.maxAllreduce - b.maxAllreduce) <= b.sum;
   }
 
-  void insert(std::vector<Label>& cell, const Label& label) const {
+  void insert(std::vector<Label>& cell, const Label& label, const PartFloors& floors) const {
     for (const Label& l : cell)
-      if (dominates(l, label)) return;
-    cell.erase(std::remove_if(cell.begin(), cell.end(), [&](const Label& l) { return dominates(label, l); }),
+      if (dominates(l, label, floors)) return;
+    cell.erase(std::remove_if(cell.begin(), cell.end(),
+                              [&](const Label& l) { return dominates(label, l, floors); }),
                cell.end());
     cell.push_back(label);
   }
@@ -157,6 +187,7 @@ class SuffixSearch {
       const double prefixSum = bounds_->sum(first, units_ - u - r);
       const double prefixMax = std::max(globalMaxBound, bounds_->max(first, units_ - u - r));
       if (prefixSum == kInf) continue;
+      const PartFloors floors = floorsOf(first, u + r);
       for (size_t i = 0; i < labels.size(); ++i) {
         const Label& from = labels[i];
         const int held = model_.heldMicroBatches(schedule_, microBatches_, from.stages);
@@ -165,11 +196,13 @@ class SuffixSearch {
                    std::max(from.maxSecond, parts.second), std::max(from.maxAllreduce, e.allreduceSeconds),
                    std::min(from.stages + 1, kCap_), source, static_cast<int>(i), r, recompute, zero};
         if (forcedStages_ > 0 && from.stages + 1 > forcedStages_) continue;
-        double bound = CostModel::iterationSeconds(
-            next.sum + prefixSum, std::max(next.maxFirst + next.maxSecond, prefixMax), next.maxAllreduce,
-            microBatches_);
+        const double period = std::max(std::max(next.maxFirst, floors.first) +
+                                           std::max(next.maxSecond, floors.second),
+                                       prefixMax);
+        const double bound =
+            CostModel::iterationSeconds(next.sum + prefixSum, period, next.maxAllreduce, microBatches_);
         if (bound >= best_.seconds) continue;
-        insert(cells_[target], next);
+        insert(cells_[target], next, floors);
       }
     }
   }
@@ -219,18 +252,8 @@ class SuffixSearch {
   const std::vector<bool> zeroCandidates_ = request_.options.zeroCandidates();
   std::vector<std::vector<Label>> cells_;
   std::unique_ptr<PrefixBounds> bounds_;  // Note [Prefix bounds] in dp_bounds.h
+  PartFloors globalFloors_;               // of the whole plan
 };
-
-// Note [Schedule choice]
-// In the cost model gpipe never takes less time than 1f1b (max F' + max B' >= max (F' + B')) and
-// never holds fewer activations, so
-// with schedule=auto a 1f1b plan is always at least as good: only 1f1b is searched. A forced
-// schedule is searched as given, and so is a usage that can run gpipe only (Note [Plan usage]).
-std::vector<Schedule> searchedSchedules(const PlanOptions& options) {
-  if (options.schedule == "auto" && options.usage == PlanUsage::TrainStep)
-    return {Schedule::OneFOneB};
-  return options.scheduleCandidates();
-}
 
 // The best baseline plan, moved onto the DP's rank layout (ending at the last rank), as the first
 // incumbent: the search then only keeps partial plans that can beat it.
@@ -256,8 +279,10 @@ Best seedFromBaselines(const PlanRequest& request, const CostModel& model) {
 }
 
 
-// Runs the search for every micro-batch count and schedule, improving `best`.
-void searchAll(const CostModel& model, Best& best, bool logProgress) {
+// Runs the search for every micro-batch count and schedule, improving `best`; with `phases`,
+// records the time of each.
+void searchAll(const CostModel& model, Best& best, bool logProgress,
+               std::vector<std::pair<std::string, double>>* phases = nullptr) {
   const PlanOptions& options = model.request().options;
   auto log = core::logger("DPStaging");
   auto start = std::chrono::steady_clock::now();
@@ -266,8 +291,15 @@ void searchAll(const CostModel& model, Best& best, bool logProgress) {
   std::reverse(microBatchCounts.begin(), microBatchCounts.end());
   for (int microBatches : microBatchCounts) {
     for (Schedule schedule : searchedSchedules(options)) {
+      const auto searchStart = std::chrono::steady_clock::now();
       SuffixSearch search(model, microBatches, schedule, best);
-      if (search.promising()) search.run();
+      const bool promising = search.promising();
+      if (promising) search.run();
+      if (phases)
+        phases->emplace_back(
+            fmt::format("dp pipeline={} schedule={}{}", microBatches, scheduleName(schedule),
+                        promising ? "" : " (bound: skipped)"),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - searchStart).count());
       double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (logProgress && elapsed > 2.0)
         log->info("Searching: pipeline={} schedule={} done after {:.1f} s, best so far {:.6f} s",
@@ -302,14 +334,21 @@ Best firstPlan(const PlanRequest& request, const CostModel& model) {
   return best;
 }
 
-// The simulated iteration time of a plan (simulator.h) from the cost model's stage times.
-double simulatedSeconds(const CostModel& model, const Plan& plan) {
-  const PlanEvaluation e = evaluatePlanWith(model, plan, true);
-  std::vector<StageTiming> timings;
-  for (const StageEstimate& s : e.stages)
-    timings.push_back({s.forwardSeconds, s.sendForwardSeconds, s.backwardSeconds, s.sendBackwardSeconds,
-                       s.allreduceSeconds});
-  return simulateTimeline(timings, plan.microBatchCount, plan.schedule).iterationSeconds;
+// The refinement's phase name: what it evaluated and found.
+std::string describe(const Refinement& r) {
+  return fmt::format("refinement ({} neighbours, {} moves{})", r.evaluations, r.moves,
+                     r.exhausted ? ", stopped at the budget" : "");
+}
+
+// Finalists the refinement starts from (the fastest, simulated; Note [Simulated refinement]).
+constexpr size_t kRefineStarts = 4;
+
+// Sets what every plan the DP returns carries (dp_stage_search.h).
+void finishPlan(const CostModel& model, Plan& plan) {
+  const PlanEvaluation e = evaluatePlanWith(model, plan);
+  plan.decomposer = "dp";
+  plan.searchSeconds = e.searchSeconds;
+  plan.predictedSeconds = e.iterationSeconds;
 }
 
 }  // namespace
@@ -317,18 +356,16 @@ double simulatedSeconds(const CostModel& model, const Plan& plan) {
 DpSearchResult searchDynamicProgramming(const PlanRequest& request) {
   request.validate();
   CostModel model(request);
+  std::vector<std::pair<std::string, double>> phases;
+  PhaseClock clock(phases);
   Best best = firstPlan(request, model);
-  searchAll(model, best, true);
+  clock.mark("first plan (baselines, merged blocks)");
+  searchAll(model, best, true, &phases);
   AUTOSTAGE_CHECK_AS(PlanError, best.seconds < kInf, infeasibleMessage(request));
   DpSearchResult result{std::move(best.plan), std::move(best.finalists)};
-  auto finish = [&](Plan& plan) {
-    const PlanEvaluation e = evaluatePlanWith(model, plan);
-    plan.decomposer = "dp";
-    plan.searchSeconds = e.searchSeconds;
-    plan.predictedSeconds = e.iterationSeconds;
-  };
-  finish(result.best);
-  for (Plan& plan : result.finalists) finish(plan);
+  result.best.phaseSeconds = phases;
+  finishPlan(model, result.best);
+  for (Plan& plan : result.finalists) finishPlan(model, plan);
   return result;
 }
 
@@ -338,17 +375,41 @@ DpSearchResult searchDynamicProgramming(const PlanRequest& request) {
 Plan planDynamicProgramming(const PlanRequest& request) {
   const std::vector<int> virtualStages = request.options.virtualStageCandidates();
   CostModel model(request);
+  std::vector<std::pair<std::string, double>> phases;
   std::optional<Plan> chosen;
   double chosenSeconds = kInf;
   std::string plainProblem;
   if (std::find(virtualStages.begin(), virtualStages.end(), 1) != virtualStages.end()) {
     try {
       DpSearchResult search = searchDynamicProgramming(request);
-      chosen = search.best;
-      chosenSeconds = simulatedSeconds(model, *chosen);
-      for (const Plan& plan : search.finalists) {
-        const double seconds = simulatedSeconds(model, plan);
-        if (seconds < chosenSeconds * (1 - 1e-12)) chosen = plan, chosenSeconds = seconds;
+      phases = search.best.phaseSeconds;
+      PhaseClock clock(phases);
+      // Note [Simulated refinement]: the fastest finalists, simulated, are the climbs' starts.
+      std::vector<std::pair<double, Plan>> starts{{simulatedSeconds(model, search.best), search.best}};
+      for (const Plan& plan : search.finalists)
+        starts.emplace_back(simulatedSeconds(model, plan), plan);
+      std::stable_sort(starts.begin(), starts.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      starts.erase(std::unique(starts.begin(), starts.end(),
+                               [](const auto& a, const auto& b) {
+                                 return a.second.stages == b.second.stages &&
+                                        a.second.microBatchCount == b.second.microBatchCount &&
+                                        a.second.schedule == b.second.schedule;
+                               }),
+                   starts.end());
+      chosen = starts.front().second;
+      chosenSeconds = starts.front().first;
+      clock.mark(fmt::format("finalists simulated ({})", search.finalists.size()));
+      double budget = kRefineWork;
+      for (size_t i = 0; i < starts.size() && i < kRefineStarts && budget > 0; ++i) {
+        const Refinement refined = refinePlan(model, starts[i].second, budget);
+        budget -= refined.work;
+        clock.mark(fmt::format("from finalist {}: {}", i + 1, describe(refined)));
+        if (refined.seconds < chosenSeconds * (1 - 1e-12)) {
+          chosen = refined.plan;
+          chosenSeconds = refined.seconds;
+          finishPlan(model, *chosen);
+        }
       }
     } catch (const PlanError& e) {
       if (virtualStages.size() == 1) throw;
@@ -358,11 +419,15 @@ Plan planDynamicProgramming(const PlanRequest& request) {
   auto log = core::logger("DPStaging");
   for (int v : virtualStages) {
     if (v == 1) continue;
-    std::optional<Plan> interleaved = searchInterleaved(model, v);
+    PhaseClock clock(phases);
+    Refinement refined;
+    std::optional<Plan> interleaved = searchInterleaved(model, v, &refined);
+    clock.mark(fmt::format("interleaved v={}: family and {}", v, describe(refined)));
     if (!interleaved) {
       log->debug("Interleaved 1f1b v={}: no plan fits", v);
       continue;
     }
+
     const double seconds = interleaved->predictedSeconds;
     if (chosen && seconds >= chosenSeconds * (1 - 1e-9)) {
       log->debug("Interleaved 1f1b v={} simulates {:.3f} ms, not faster than {:.3f} ms: not chosen",
@@ -386,6 +451,7 @@ Plan planDynamicProgramming(const PlanRequest& request) {
                     "; interleaving also needs a stage count dividing the devices and a "
                     "micro-batch count that is a multiple of it; try virtual_stages=auto or 1");
   }
+  chosen->phaseSeconds = std::move(phases);
   return *chosen;
 }
 

@@ -17,18 +17,20 @@
 // count, every complete plan left in the last cells (each beats the incumbent the count started
 // with). These finalists cost nothing to collect (6 for the 96-layer BERT on 32 devices) and one
 // simulation each (simulateTimeline over the cost model's stage times); planDynamicProgramming
-// returns the finalist that simulates fastest (ties: the closed-form optimum). The optimum is a
-// finalist, so the plan returned never simulates slower than it.
+// refines the ones that simulate fastest (ties: the closed-form optimum first) and returns the
+// fastest plan found. The optimum is a finalist, so the plan returned never simulates slower than
+// it.
 // Choosing by the reported estimate instead was tried: it is a lower bound, and a finalist whose
 // estimate is further below its schedule can win wrongly. On small instances it never did, but
 // on the 10k-node BERT on 1024 devices (bench/plan_scaling) it chose a plan simulating 496.87 ms
 // over the optimum's 489.22 ms. The simulator costs as little and cannot do that.
 // Measured on small random instances against every plan of the space, simulated
-// (dp_stage_search_test.cpp): the finalist choice is faster than the closed-form optimum on 17
-// of 233 instances, by up to 12%; the DP's plan simulates at worst 1.171x the best plan of the
-// space (the closed-form optimum alone: 1.188x), mean 1.005x. Keeping plans up to 2% (5%) above
-// the incumbent brought the worst to 1.116x (1.097x) but prunes less: the 96-layer BERT then
-// planned in 1.13x (1.6x) the time, so it is not done.
+// (dp_stage_search_test.cpp): the closed-form optimum alone simulates at worst 1.19x the best plan
+// of the space, the fastest finalist at worst 1.17x (mean 1.005x). Keeping plans up to 2% (5%)
+// above the incumbent brought the worst to 1.116x (1.097x) but prunes less (the 96-layer BERT
+// then planned in 1.13x (1.6x) the time), so it is not done: planDynamicProgramming instead
+// refines the fastest finalists by simulation (Note [Simulated refinement] in refine.h), which
+// brings the worst to 1.019x and the mean to 1.00006x on 520 instances.
 
 #include <vector>
 
@@ -43,6 +45,10 @@ int deviceUnit(int devices);
 // 16 units, else 1..8, `units` itself, and the powers of two and three times powers of two below.
 std::vector<int> replicaCandidates(int units);
 
+// The schedules the DP searches for the options (Note [Schedule choice] in dp_stage_search.cpp:
+// 1f1b only for a train_step plan with schedule=auto, as gpipe is never faster there).
+std::vector<Schedule> searchedSchedules(const PlanOptions& options);
+
 // The search's answer: the plan with the smallest closed form (exact over the search space), and
 // the finalists (Note [Finalists]); every plan has decomposer, searchSeconds and predictedSeconds
 // set. Throws PlanError (see infeasibleMessage) when none fits in memory.
@@ -52,8 +58,9 @@ struct DpSearchResult {
 };
 DpSearchResult searchDynamicProgramming(const PlanRequest& request);
 
-// The finalist that simulates fastest (Note [Finalists]); throws PlanError (see
-// infeasibleMessage) when no plan fits in memory.
+// The fastest plan, simulated: the finalists (Note [Finalists]) and the interleaved plans (Note
+// [Interleaved search]), refined (Note [Simulated refinement]); its phaseSeconds say what each
+// step cost. Throws PlanError (see infeasibleMessage) when no plan fits in memory.
 Plan planDynamicProgramming(const PlanRequest& request);
 
 // The message for "no feasible plan": the smallest per-device memory any plan could need, the

@@ -2,6 +2,7 @@
 // without any of the planner's search state (the tests compare the two).
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
@@ -16,7 +17,9 @@ namespace {
 
 // Empty when the plan is well formed for the request; otherwise what is wrong.
 std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
-  std::ostringstream out;
+  // Built only for a problem: planners evaluate many plans, and a stream costs its locale.
+  std::optional<std::ostringstream> stream;
+  auto out = [&]() -> std::ostringstream& { return stream ? *stream : stream.emplace(); };
   const int n = static_cast<int>(request.blocks.size());
   if (plan.stages.empty()) return "plan has no stages";
   if (plan.microBatchCount < 1) return "micro-batch count must be >= 1";
@@ -35,28 +38,28 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const StagePlan& st = plan.stages[s];
     if (st.firstBlock != nextBlock || st.lastBlock < st.firstBlock) {
-      out << "stage " << s << " covers blocks " << st.firstBlock << ".." << st.lastBlock
+      out() << "stage " << s << " covers blocks " << st.firstBlock << ".." << st.lastBlock
           << " but must start at block " << nextBlock;
-      return out.str();
+      return out().str();
     }
     nextBlock = st.lastBlock + 1;
     if (s >= positions) {  // a later virtual stage: on its position's ranks
       const StagePlan& home = plan.stages[s % positions];
       if (st.firstRank != home.firstRank || st.replicaCount != home.replicaCount) {
-        out << "stage " << s << " must run on the ranks of stage " << s % positions
+        out() << "stage " << s << " must run on the ranks of stage " << s % positions
             << " (virtual stage " << s / positions << " of that position)";
-        return out.str();
+        return out().str();
       }
       continue;
     }
     if (st.replicaCount < 1 || st.firstRank != nextRank) {
-      out << "stage " << s << " must have >= 1 replica starting at rank " << nextRank;
-      return out.str();
+      out() << "stage " << s << " must have >= 1 replica starting at rank " << nextRank;
+      return out().str();
     }
     if (static_cast<int64_t>(plan.microBatchCount) * st.replicaCount > request.batchSize) {
-      out << "stage " << s << ": " << plan.microBatchCount << " micro-batches x "
+      out() << "stage " << s << ": " << plan.microBatchCount << " micro-batches x "
           << st.replicaCount << " replicas exceed the batch " << request.batchSize;
-      return out.str();
+      return out().str();
     }
     nextRank = st.firstRank + st.replicaCount;
   }
@@ -118,7 +121,10 @@ PlanEvaluation evaluateInterleaved(const CostModel& model, const Plan& plan) {
   const SimulationResult sim = simulateEstimates(result.stages, recomputeBytes,
                                                  plan.microBatchCount, plan.schedule,
                                                  plan.virtualStages);
-  std::ostringstream memoryProblems;
+  std::optional<std::ostringstream> memoryStream;  // as in shapeProblem
+  auto memoryProblems = [&]() -> std::ostringstream& {
+    return memoryStream ? *memoryStream : memoryStream.emplace();
+  };
   for (int s = 0; s < count; ++s) {
     StageEstimate& e = result.stages[s];
     e.activationBytes = sim.activationBytesAtPeak[s];
@@ -131,14 +137,14 @@ PlanEvaluation evaluateInterleaved(const CostModel& model, const Plan& plan) {
     e.totalMemoryBytes = e.baseMemoryBytes + e.activationBytes;
     result.peakMemoryBytes = std::max(result.peakMemoryBytes, sim.peakMemoryBytes[s]);
     if (s < positions && sim.peakMemoryBytes[s] > model.memoryLimit())
-      memoryProblems << "position " << s << " (stages " << s << ", " << s + positions
+      memoryProblems() << "position " << s << " (stages " << s << ", " << s + positions
                      << (plan.virtualStages > 2 ? ", ..." : "") << ") needs "
                      << sim.peakMemoryBytes[s] << " bytes > limit " << model.memoryLimit() << "; ";
   }
   result.pipelineSeconds = sim.pipelineSeconds;
   result.iterationSeconds = result.searchSeconds = sim.iterationSeconds;
   result.allreduceSeconds = sim.iterationSeconds - sim.pipelineSeconds;
-  result.problem = memoryProblems.str();
+  if (memoryStream) result.problem = memoryStream->str();
   result.feasible = result.problem.empty();
   return result;
 }
@@ -153,7 +159,10 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool s
   if (plan.virtualStages > 1) return evaluateInterleaved(model, plan);
   const int stageCount = static_cast<int>(plan.stages.size());
   double sum = 0, maxFirst = 0, maxSecond = 0, maxAllreduce = 0;
-  std::ostringstream memoryProblems;
+  std::optional<std::ostringstream> memoryStream;  // as in shapeProblem
+  auto memoryProblems = [&]() -> std::ostringstream& {
+    return memoryStream ? *memoryStream : memoryStream.emplace();
+  };
   std::vector<StageTimes> times;
   times.reserve(stageCount);
   for (int s = 0; s < stageCount; ++s) {
@@ -168,7 +177,7 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool s
     maxAllreduce = std::max(maxAllreduce, e.allreduceSeconds);
     result.peakMemoryBytes = std::max(result.peakMemoryBytes, e.totalMemoryBytes);
     if (e.totalMemoryBytes > model.memoryLimit())
-      memoryProblems << "stage " << s << " needs " << e.totalMemoryBytes << " bytes > limit "
+      memoryProblems() << "stage " << s << " needs " << e.totalMemoryBytes << " bytes > limit "
                      << model.memoryLimit() << "; ";
     times.push_back({e.forwardSeconds + e.sendForwardSeconds, e.backwardSeconds + e.sendBackwardSeconds});
     result.stages.push_back(e);
@@ -181,7 +190,7 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool s
     result.pipelineSeconds = estimatePipelineSeconds(times, plan.microBatchCount, plan.schedule);
     result.iterationSeconds = result.pipelineSeconds + maxAllreduce;
   }
-  result.problem = memoryProblems.str();
+  if (memoryStream) result.problem = memoryStream->str();
   result.feasible = result.problem.empty();
   return result;
 }

@@ -59,7 +59,8 @@ std::vector<std::pair<int, int>> minMaxCuts(const std::vector<double>& cost, int
   return greedyCuts(cost, parts, high * (1 + 1e-12));
 }
 
-std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages) {
+std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages,
+                                      Refinement* refinement) {
   const PlanRequest& request = model.request();
   const PlanOptions& options = request.options;
   const int blocks = model.ranges().blockCount();
@@ -94,6 +95,14 @@ std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages)
         }
       }
     }
+  }
+  if (!best) return best;
+  // Note [Simulated refinement]: from the family's fastest plan to a local optimum.
+  const Refinement refined = refinePlan(model, *best, kRefineWork);
+  if (refinement) *refinement = refined;
+  if (refined.seconds < bestSeconds) {
+    best = refined.plan;
+    best->predictedSeconds = best->searchSeconds = refined.seconds;
   }
   return best;
 }

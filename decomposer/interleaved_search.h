@@ -14,7 +14,8 @@
 //   - the blocks are cut into S v contiguous chunks minimising the largest chunk's compute time
 //     (forward + backward at the per-replica micro-batch; binary search on that time with a
 //     greedy cut, exact for min-max contiguous partitions);
-//   - recompute and zero are chosen for all stages alike, over their candidates.
+//   - recompute and zero are chosen for all stages alike, over their candidates;
+// and the family's fastest plan is then refined by simulation (Note [Simulated refinement]).
 // The fastest feasible candidate per v competes with the DP's plan (v = 1) by simulated iteration
 // time and replaces it only when faster (planDynamicProgramming; the log says which won and by
 // how much). The family is small (for 32 devices: 5 depths x up to 6 micro-batch counts x 4), so
@@ -25,12 +26,15 @@
 
 #include "decomposer/cost_model.h"
 #include "decomposer/plan.h"
+#include "decomposer/refine.h"
 
 namespace autostage::decomposer {
 
-// The fastest feasible interleaved plan with `virtualStages` (>= 2) stages per position, with
-// predictedSeconds and searchSeconds set to its simulated iteration; nullopt when none fits.
-std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages);
+// The fastest feasible interleaved plan with `virtualStages` (>= 2) stages per position, refined
+// (Note [Simulated refinement]), with predictedSeconds and searchSeconds set to its simulated
+// iteration; nullopt when none fits. `refinement`, when given, receives the refinement's counts.
+std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages,
+                                      Refinement* refinement = nullptr);
 
 // Cuts blocks 0..n-1 into `parts` contiguous non-empty ranges minimising the largest sum of
 // `cost` (per block); requires 1 <= parts <= n. Pure.

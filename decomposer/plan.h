@@ -5,8 +5,10 @@
 // the cluster shape, the global batch and the options. Its text form (toText/parse) lets a bad
 // plan be replayed without the graph. Everything is plain data; no torch, no MPI.
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -139,7 +141,26 @@ struct Plan {
   // searched (PlanEvaluation::searchSeconds).
   double predictedSeconds = 0;
   double searchSeconds = 0;
+  // How long each phase of the planner took that made it, in order (`plan --json`'s
+  // phase_seconds): what a slower plan spent its time on. Not part of the plan itself.
+  std::vector<std::pair<std::string, double>> phaseSeconds;
   std::string toString() const;
+};
+
+// Appends the time since the last mark (or construction) to a phase list.
+class PhaseClock {
+ public:
+  explicit PhaseClock(std::vector<std::pair<std::string, double>>& phases)
+      : phases_(phases), last_(std::chrono::steady_clock::now()) {}
+  void mark(std::string phase) {
+    const auto now = std::chrono::steady_clock::now();
+    phases_.emplace_back(std::move(phase), std::chrono::duration<double>(now - last_).count());
+    last_ = now;
+  }
+
+ private:
+  std::vector<std::pair<std::string, double>>& phases_;
+  std::chrono::steady_clock::time_point last_;
 };
 
 // Per-stage prediction of the cost model (decomposer/cost_model.h).

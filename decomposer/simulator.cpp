@@ -2,6 +2,8 @@
 #include "decomposer/simulator.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/pipeline_schedule.h"
@@ -24,7 +26,7 @@ struct StageState {
 // core::pipelineOrder (Note [Pipeline schedules]); its operations share one timeline and one
 // memory.
 struct Lane {
-  std::vector<core::PipelineOp> ops;
+  const std::vector<core::PipelineOp>* ops = nullptr;  // orderOf's, valid for this simulation
   size_t next = 0;
   double freeAt = 0, busy = 0, held = 0, peakDynamic = 0;
   std::vector<double> heldBy, peakBy;  // per chunk: bytes held now, and at the peak
@@ -43,8 +45,8 @@ void addEvents(std::vector<SimulationEvent>* events, int stage, bool forward, in
 bool step(std::vector<StageState>& stages, std::vector<Lane>& lanes, int p,
           std::vector<SimulationEvent>* events) {
   Lane& lane = lanes[p];
-  if (lane.next == lane.ops.size()) return false;
-  const core::PipelineOp op = lane.ops[lane.next];
+  if (lane.next == lane.ops->size()) return false;
+  const core::PipelineOp op = (*lane.ops)[lane.next];
   const int s = op.chunk * static_cast<int>(lanes.size()) + p;
   const int last = static_cast<int>(stages.size()) - 1;
   StageState& st = stages[s];
@@ -81,6 +83,28 @@ bool step(std::vector<StageState>& stages, std::vector<Lane>& lanes, int p,
   return true;
 }
 
+// core::pipelineOrder, remembered per thread: a planner simulates thousands of plans of a few
+// shapes (Note [Simulated refinement]). References stay valid until the memo is cleared, which
+// run() does only before a simulation starts, when it holds more than kOrderMemoSize orders.
+using OrderKey = std::tuple<Schedule, int, int, int, int>;
+std::map<OrderKey, std::vector<core::PipelineOp>>& orderMemo() {
+  thread_local std::map<OrderKey, std::vector<core::PipelineOp>> memo;
+  return memo;
+}
+constexpr size_t kOrderMemoSize = 4096;
+
+const std::vector<core::PipelineOp>& orderOf(Schedule schedule, int position, int positions,
+                                             int virtualStages, int microBatches) {
+  auto& memo = orderMemo();
+  const OrderKey key{schedule, position, positions, virtualStages, microBatches};
+  auto found = memo.find(key);
+  if (found != memo.end()) return found->second;
+  return memo
+      .emplace(key, core::pipelineOrder(scheduleName(schedule), position, positions, virtualStages,
+                                        microBatches))
+      .first->second;
+}
+
 // Runs every position's operations to completion and fills the timing results; the lanes are
 // left with their memory peaks. A position's gradient allreduce covers all its stages (one
 // holder set, Note [Gradient scaling] in staging/gradient_sync.h): their times add up.
@@ -94,10 +118,11 @@ SimulationResult run(std::vector<StageState>& stages, std::vector<Lane>& lanes, 
   SimulationResult result;
   std::vector<SimulationEvent>* events = recordEvents ? &result.events : nullptr;
   lanes.assign(positions, Lane{});
+  if (orderMemo().size() > kOrderMemoSize) orderMemo().clear();
   for (int p = 0; p < positions; ++p) {
     lanes[p].heldBy.assign(virtualStages, 0.0);
     lanes[p].peakBy.assign(virtualStages, 0.0);
-    lanes[p].ops = core::pipelineOrder(scheduleName(schedule), p, positions, virtualStages, microBatches);
+    lanes[p].ops = &orderOf(schedule, p, positions, virtualStages, microBatches);
   }
   std::vector<double> allreduce(positions, 0.0);
   for (int s = 0; s < count; ++s) {
@@ -112,7 +137,7 @@ SimulationResult run(std::vector<StageState>& stages, std::vector<Lane>& lanes, 
   }
   double busyTotal = 0;
   for (const Lane& lane : lanes) {
-    AUTOSTAGE_INTERNAL_ASSERT(lane.next == lane.ops.size(), "pipeline simulation deadlocked");
+    AUTOSTAGE_INTERNAL_ASSERT(lane.next == lane.ops->size(), "pipeline simulation deadlocked");
     result.pipelineSeconds = std::max(result.pipelineSeconds, lane.freeAt);
     busyTotal += lane.busy;
   }

@@ -87,6 +87,10 @@ void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::Pl
         << ", \"zero\": " << (st.zero ? 1 : 0)
         << ", \"memory_bytes\": " << st.totalMemoryBytes << "}";
   }
+  out << "],\n  \"phase_seconds\": [";
+  for (size_t i = 0; i < r.plan.phaseSeconds.size(); ++i)
+    out << (i ? ", " : "") << "{\"phase\": \"" << r.plan.phaseSeconds[i].first
+        << "\", \"seconds\": " << r.plan.phaseSeconds[i].second << "}";
   out << "]\n}\n";
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -41,6 +42,8 @@ class Exhaustive {
     return best_;
   }
   double bestSimulated() const { return bestSimulated_; }
+  // The plan of bestSimulated(), for messages.
+  std::string bestSimulatedPlan() const { return bestSimulatedPlan_; }
 
  private:
   struct Stage {
@@ -94,7 +97,15 @@ class Exhaustive {
     best_ = std::min(best_, sum + (microBatches_ - 1) * period + maxAllreduce);
     if (simulate_) {
       const double simulated = simulateTimeline(timings_, microBatches_, schedule_).iterationSeconds;
-      bestSimulated_ = std::min(bestSimulated_, simulated);
+      if (simulated < bestSimulated_) {
+        bestSimulated_ = simulated;
+        std::ostringstream text;
+        text << "M=" << microBatches_ << " " << scheduleName(schedule_) << ":";
+        for (const Stage& st : stages_)
+          text << " [" << st.first << ".." << st.last << " r=" << st.replicas
+               << (st.recompute ? " rc" : "") << (st.zero ? " z" : "") << "]";
+        bestSimulatedPlan_ = text.str();
+      }
     }
   }
 
@@ -107,6 +118,7 @@ class Exhaustive {
   const bool simulate_;
   std::vector<StageTiming> timings_;
   double bestSimulated_ = kInf;
+  std::string bestSimulatedPlan_;
 };
 
 bool near(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); }
@@ -165,54 +177,63 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
   REQUIRE(multiStage >= 30);
 }
 
-// What searching the closed form instead of the schedule costs (Note [Search objective and
-// reported estimate] in decomposer/cost_model.h, Note [Finalists] in dp_stage_search.h): the
-// DP's plan, simulated, against the best simulated time of every plan in the DP's search space
-// (cuts x replicas x micro-batch counts x schedules x recompute flags that fit in memory,
-// enumerated here). This is not the estimate's accuracy (estimate_check.h holds that to 5%) but
-// the plan quality lost because the search ranks plans by the closed form: measured worst 1.171
-// (1.188 for the closed-form optimum alone, before the choice among the finalists), mean 1.005.
-// The choice among the finalists is also compared with the closed-form optimum: it is never
-// slower (the optimum is a finalist) and faster on some instances.
-TEST_CASE("DP plans simulate within a measured factor of the exhaustive best simulated plan",
-          "[decomposer]") {
+// Plan quality (Note [Simulated refinement] in decomposer/refine.h, Note [Finalists]): the DP's
+// plan, simulated, against the best simulated time of every plan in the DP's search space (cuts x
+// replicas x micro-batch counts x schedules x recompute and ZeRO-1 flags that fit in memory,
+// enumerated here), on random small instances: plain ones and ones stressed by embedding-heavy
+// first/last blocks, tight memory and many micro-batches. The closed-form optimum alone was at
+// worst 1.188x (mean 1.005x before the refinement); the contract is the planner's plan within 2%
+// on every instance and 0.2% on average. A failing instance is printed whole (request text and
+// both plans) so it can be replayed.
+TEST_CASE("DP plans simulate within 2% of the exhaustive best simulated plan", "[decomposer]") {
   std::mt19937 rng(4242);
-  int compared = 0, suboptimal = 0, better = 0, worse = 0;
-  double worst = 1, worstClosedForm = 1, total = 0, largestGain = 0, largestLoss = 0;
-  for (int instance = 0; instance < 300; ++instance) {
-    const int blocks = 2 + static_cast<int>(rng() % 7), devices = 1 + static_cast<int>(rng() % 6);
-    PlanRequest request = testing::randomRequest(rng, blocks, devices);
+  const testing::Stress stresses[] = {testing::Stress::kNone, testing::Stress::kEmbeddings,
+                                      testing::Stress::kTightMemory,
+                                      testing::Stress::kManyMicroBatches};
+  const char* names[] = {"plain", "embeddings", "tight memory", "many micro-batches"};
+  int compared = 0, suboptimal = 0, perStress[4] = {0, 0, 0, 0};
+  double worst = 1, worstClosedForm = 1, total = 0;
+  for (int instance = 0; instance < 4000; ++instance) {
+    const int stress = instance % 4;
+    if (perStress[stress] >= 130) {  // 4 x 130 compared instances
+      if (compared >= 4 * 130) break;
+      continue;
+    }
+    const bool many = stresses[stress] == testing::Stress::kManyMicroBatches;
+    const int blocks = 2 + static_cast<int>(rng() % (many ? 5 : 7));
+    const int devices = 1 + static_cast<int>(rng() % (many ? 4 : 6));
+    PlanRequest request = testing::stressedRequest(rng, blocks, devices, stresses[stress]);
     request.options.virtualStages = "1";  // the one-stage-per-rank space (interleaving:
                                           // interleaved_search_test.cpp)
     if (instance % 5 == 1) request.options.schedule = "1f1b";
     Exhaustive exhaustive(request, true);
     if (exhaustive.best() == kInf) continue;
     const double best = exhaustive.bestSimulated();
-    const Plan closedFormPlan = searchDynamicProgramming(request).best;
     const Plan plan = planDynamicProgramming(request);
     const double ratio = simulatePlan(request, plan).iterationSeconds / best;
-    const double closedForm = simulatePlan(request, closedFormPlan).iterationSeconds / best;
-    INFO("instance " << instance << "\n" << request.toText() << plan.toString());
+    const double closedForm =
+        simulatePlan(request, searchDynamicProgramming(request).best).iterationSeconds / best;
+    INFO("instance " << instance << " (" << names[stress] << "), ratio " << ratio << "\n"
+                     << request.toText() << "planner: " << plan.toString()
+                     << "\nexhaustive best: " << exhaustive.bestSimulatedPlan());
     REQUIRE(ratio >= 1 - 1e-9);  // the enumeration covers the DP's plan
-    REQUIRE(closedForm >= 1 - 1e-9);
+    REQUIRE(ratio <= 1.02);
+    REQUIRE(ratio <= closedForm * (1 + 1e-9));  // never worse than the closed-form optimum
     worst = std::max(worst, ratio);
     worstClosedForm = std::max(worstClosedForm, closedForm);
     total += ratio;
     suboptimal += ratio > 1 + 1e-9;
-    better += ratio < closedForm * (1 - 1e-9);
-    worse += ratio > closedForm * (1 + 1e-9);
-    largestGain = std::max(largestGain, closedForm / ratio - 1);
-    largestLoss = std::max(largestLoss, ratio / closedForm - 1);
+    ++perStress[stress];
     ++compared;
   }
-  std::printf("DP plan simulated / exhaustive best simulated on %d small instances: worst %.4f, mean %.4f, "
-              "%d not optimal; closed-form optimum alone worst %.4f; choice among finalists better on %d "
-              "(up to %.4f), worse on %d (up to %.4f)\n", compared, worst, total / compared, suboptimal,
-              worstClosedForm, better, largestGain, worse, largestLoss);
-  REQUIRE(compared >= 150);
-  REQUIRE(worst <= 1.18);
-  REQUIRE(worse == 0);
-  REQUIRE(better >= 10);
+  std::printf("DP plan simulated / exhaustive best simulated on %d small instances (%d plain, %d "
+              "embedding-heavy, %d tight memory, %d many micro-batches): worst %.4f, mean %.5f, %d "
+              "not optimal; the closed-form optimum alone: worst %.4f\n",
+              compared, perStress[0], perStress[1], perStress[2], perStress[3], worst,
+              total / compared, suboptimal, worstClosedForm);
+  REQUIRE(compared >= 500);
+  for (int count : perStress) REQUIRE(count >= 130);
+  REQUIRE(total / compared <= 1.002);
 }
 
 TEST_CASE("replica candidates and device units", "[decomposer]") {

@@ -189,13 +189,16 @@ TEST_CASE("options: virtual_stages values and the APIs that can run them", "[dec
 }
 
 TEST_CASE("interleaved search against every cut of small instances", "[decomposer]") {
-  // The family of Note [Interleaved search] cuts by compute time only; measure how far its
-  // choice is from the best interleaved plan over every contiguous cut (same S, M, recompute and
-  // zero candidates) on random instances.
+  // The family of Note [Interleaved search] cuts by compute time only, and its fastest plan is
+  // then refined by simulation (Note [Simulated refinement]); its choice against the best
+  // interleaved plan over every contiguous cut (same S, M, recompute and zero candidates) on
+  // random instances: at worst 1.25x before the refinement, 1.0032x with it (158 instances). Where
+  // no plan of the family fits in memory (10 of them) nothing is refined and the DP's plan runs
+  // without interleaving.
   std::mt19937 rng(99);
   double worst = 1;
   int compared = 0, missed = 0;
-  for (int instance = 0; instance < 60; ++instance) {
+  for (int instance = 0; instance < 240; ++instance) {
     const int blocks = 4 + static_cast<int>(rng() % 5);
     PlanRequest r = testing::randomRequest(rng, blocks, 2);
     r.options.maxPipeline = 4;
@@ -233,6 +236,6 @@ TEST_CASE("interleaved search against every cut of small instances", "[decompose
   WARN("interleaved search vs exhaustive over cuts: " << compared << " instances, worst "
                                                       << worst << "x, " << missed
                                                       << " where only another cut fits");
-  REQUIRE(compared >= 20);
-  REQUIRE(worst < 1.5);
+  REQUIRE(compared >= 150);
+  REQUIRE(worst <= 1.05);
 }
