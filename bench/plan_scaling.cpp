@@ -1,27 +1,36 @@
 // plan_scaling: planning time (grouping + coarsening + search + deployment; the synthetic graph
-// and its profile are built before the clock starts) and peak RSS for BERT-shaped graphs of about
-// 1k, 10k and 100k IR nodes on 8, 64 and 1024 devices, plus the 96-layer BERT on 32 devices.
+// and its profile are built before the clock starts) and peak RSS, per case:
+//   - the 96-layer BERT (hidden 2048) on 32 devices of 40 GiB, batch 256, for each usage
+//     (train_step, forward_backward, inference: Note [Plan usage]);
+//   - a 48-layer GPT (hidden 2048, 50k vocabulary, sequence 1024) on 64 devices, batch 512;
+//   - BERT-shaped graphs of about 1k, 10k and 100k IR nodes on 8, 64 and 1024 devices;
+//   - with --large, about 1M nodes on 16,384 devices.
 // Each case runs in a forked child so its peak RSS is its own; a case over --timeout seconds is
-// reported as such. Prints a table, or one JSON object per case with --json. Per plan it also
-// prints the reported estimate (iter_ms), the closed form the planner searched (search_ms) and
-// the simulated iteration (sim_ms); see Note [Search objective and reported estimate].
+// reported as such. Per plan it also prints the reported estimate (iter_ms), the closed form the
+// planner searched (search_ms) and the simulated iteration (sim_ms); see Note [Search objective
+// and reported estimate]. With --quality N it first prints the planner's plan quality against an
+// exhaustive search on 4 x N random small instances (tests/decomposer/plan_quality.h).
+// bench/plan_scaling_compare builds this same source against an earlier planner and prints both
+// side by side.
 //
-//   plan_scaling [--json] [--timeout SECONDS] [--max-nodes N] [--target-only]
+//   plan_scaling [--json] [--timeout S] [--max-nodes N] [--target-only] [--large] [--quality N]
 
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
+#include "plan_quality.h"
 
 using namespace autostage;
 using namespace autostage::decomposer;
@@ -33,12 +42,13 @@ struct Case {
   TransformerShape shape;
   int devices;
   int64_t batch;
+  PlanUsage usage = PlanUsage::TrainStep;
 };
 
 struct Outcome {
   double planSeconds = -1;
   double planCpuSeconds = -1;  // this process's CPU time over the same span (the machine is shared)
-  int nodes = 0, blocks = 0, stages = 0, microBatches = 0;
+  int nodes = 0, blocks = 0, stages = 0, microBatches = 0, virtualStages = 1;
   double iterationMs = 0;   // the plan's reported estimate
   double searchMs = 0;      // the closed form the planner searched
   double simulatedMs = 0;   // the pipeline simulator's iteration time of the plan
@@ -56,8 +66,10 @@ Outcome runCase(const Case& c) {
   cluster.memoryPerDevice = int64_t{40} << 30;
   o.nodes = static_cast<int>(m.graph.nodeCount());
   try {
+    PlanOptions options;
+    options.usage = c.usage;
     const std::clock_t cpuStart = std::clock();
-    PlanResult r = planGraph(m.graph, m.profile, cluster, c.batch, PlanOptions{});
+    PlanResult r = planGraph(m.graph, m.profile, cluster, c.batch, options);
     // planSeconds excludes the simulation planGraph runs after the deployment; so does this,
     // approximately: the simulation of a few stages is negligible.
     o.planCpuSeconds = static_cast<double>(std::clock() - cpuStart) / CLOCKS_PER_SEC;
@@ -65,6 +77,7 @@ Outcome runCase(const Case& c) {
     o.blocks = r.blocking.blockCount();
     o.stages = static_cast<int>(r.plan.stages.size());
     o.microBatches = r.plan.microBatchCount;
+    o.virtualStages = r.plan.virtualStages;
     o.iterationMs = r.evaluation.iterationSeconds * 1e3;
     o.searchMs = r.evaluation.searchSeconds * 1e3;
     o.simulatedMs = r.simulation.iterationSeconds * 1e3;
@@ -114,54 +127,96 @@ Case bertCase(int targetNodes, int devices) {
   return c;
 }
 
+const char* usageLabel(PlanUsage usage) {
+  switch (usage) {
+    case PlanUsage::TrainStep:
+      return "train_step";
+    case PlanUsage::ForwardBackward:
+      return "fwd_bwd";
+    case PlanUsage::Inference:
+      return "inference";
+  }
+  return "?";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false, targetOnly = false;
-  int timeout = 600, maxNodes = 100000;
+  bool json = false, targetOnly = false, large = false;
+  int timeout = 600, maxNodes = 100000, quality = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) json = true;
     else if (!std::strcmp(argv[i], "--target-only")) targetOnly = true;
+    else if (!std::strcmp(argv[i], "--large")) large = true;
     else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--max-nodes") && i + 1 < argc) maxNodes = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quality") && i + 1 < argc) quality = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: plan_scaling [--json] [--timeout S] [--max-nodes N] [--target-only]\n");
+      std::fprintf(stderr, "usage: plan_scaling [--json] [--timeout S] [--max-nodes N] "
+                           "[--target-only] [--large] [--quality N]\n");
       return 2;
     }
   }
+  if (quality > 0) {
+    const testing::QualityReport report =
+        testing::measurePlanQuality(4242, quality, [](const testing::QualityCase&) {});
+    std::printf(json ? "{\"quality\": \"%s\"}\n" : "%s\n", report.summary().c_str());
+    std::fflush(stdout);
+  }
   std::vector<Case> cases;
-  Case target;
-  target.label = "bert-96L-2048";
-  target.shape.layers = 96;
-  target.shape.hidden = 2048;
-  target.shape.heads = 32;
-  target.shape.sequence = 512;
-  target.devices = 32;
-  target.batch = 256;
-  cases.push_back(target);
-  if (!targetOnly)
+  for (PlanUsage usage : {PlanUsage::TrainStep, PlanUsage::ForwardBackward, PlanUsage::Inference}) {
+    Case target;
+    target.label = "bert-96L-2048";
+    target.shape.layers = 96;
+    target.shape.hidden = 2048;
+    target.shape.heads = 32;
+    target.shape.sequence = 512;
+    target.devices = 32;
+    target.batch = 256;
+    target.usage = usage;
+    cases.push_back(target);
+  }
+  if (!targetOnly) {
+    Case gpt;
+    gpt.label = "gpt-48L-2048";
+    gpt.shape.layers = 48;
+    gpt.shape.hidden = 2048;
+    gpt.shape.heads = 16;
+    gpt.shape.sequence = 1024;
+    gpt.shape.vocabulary = 50257;
+    gpt.shape.causal = true;
+    gpt.devices = 64;
+    gpt.batch = 512;
+    cases.push_back(gpt);
     for (int nodes : {1000, 10000, 100000})
       for (int devices : {8, 64, 1024})
         if (nodes <= maxNodes) cases.push_back(bertCase(nodes, devices));
+    if (large) cases.push_back(bertCase(1000000, 16384));
+  }
   if (!json)
-    std::printf("%-14s %7s %7s %6s %6s %6s %4s %12s %12s %12s %10s %10s %9s\n", "case", "layers", "nodes",
-                "devs", "batch", "blocks", "stg", "iter_ms", "search_ms", "sim_ms", "plan_s", "plan_cpu_s",
-                "rss_MiB");
+    std::printf("%-14s %-10s %6s %8s %6s %6s %6s %6s %11s %11s %11s %8s %10s %8s\n", "case",
+                "usage", "layers", "nodes", "devs", "batch", "blocks", "stg/v", "iter_ms",
+                "search_ms", "sim_ms", "plan_s", "plan_cpu_s", "rss_MiB");
   for (const Case& c : cases) {
     double rss = -1;
     Outcome o = runIsolated(c, timeout, &rss);
     if (json) {
-      std::printf("{\"case\": \"%s\", \"layers\": %d, \"nodes\": %d, \"devices\": %d, \"batch\": %lld, "
-                  "\"blocks\": %d, \"stages\": %d, \"micro_batches\": %d, \"predicted_iteration_ms\": %.3f, "
-                  "\"search_objective_ms\": %.3f, \"simulated_iteration_ms\": %.3f, "
-                  "\"plan_seconds\": %.3f, \"plan_cpu_seconds\": %.3f, \"peak_rss_mib\": %.1f, \"error\": \"%s\"}\n",
-                  c.label.c_str(), c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch),
-                  o.blocks, o.stages, o.microBatches, o.iterationMs, o.searchMs, o.simulatedMs, o.planSeconds,
+      std::printf("{\"case\": \"%s\", \"usage\": \"%s\", \"layers\": %d, \"nodes\": %d, "
+                  "\"devices\": %d, \"batch\": %lld, \"blocks\": %d, \"stages\": %d, "
+                  "\"virtual_stages\": %d, \"micro_batches\": %d, "
+                  "\"predicted_iteration_ms\": %.3f, \"search_objective_ms\": %.3f, "
+                  "\"simulated_iteration_ms\": %.3f, \"plan_seconds\": %.3f, "
+                  "\"plan_cpu_seconds\": %.3f, \"peak_rss_mib\": %.1f, \"error\": \"%s\"}\n",
+                  c.label.c_str(), usageLabel(c.usage), c.shape.layers, o.nodes, c.devices,
+                  static_cast<long long>(c.batch), o.blocks, o.stages, o.virtualStages,
+                  o.microBatches, o.iterationMs, o.searchMs, o.simulatedMs, o.planSeconds,
                   o.planCpuSeconds, rss, o.error);
     } else {
-      std::printf("%-14s %7d %7d %6d %6lld %6d %4d %12.2f %12.2f %12.2f %10.3f %10.3f %9.1f %s\n",
-                  c.label.c_str(), c.shape.layers, o.nodes, c.devices, static_cast<long long>(c.batch), o.blocks, o.stages,
-                  o.iterationMs, o.searchMs, o.simulatedMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
+      const std::string shape = std::to_string(o.stages) + "/" + std::to_string(o.virtualStages);
+      std::printf("%-14s %-10s %6d %8d %6d %6lld %6d %6s %11.2f %11.2f %11.2f %8.3f %10.3f %8.1f %s\n",
+                  c.label.c_str(), usageLabel(c.usage), c.shape.layers, o.nodes, c.devices,
+                  static_cast<long long>(c.batch), o.blocks, shape.c_str(), o.iterationMs,
+                  o.searchMs, o.simulatedMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
     }
     std::fflush(stdout);
   }

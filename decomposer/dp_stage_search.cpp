@@ -295,15 +295,19 @@ void searchAll(const CostModel& model, Best& best, bool logProgress,
       SuffixSearch search(model, microBatches, schedule, best);
       const bool promising = search.promising();
       if (promising) search.run();
+      const auto now = std::chrono::steady_clock::now();
+      const double took = std::chrono::duration<double>(now - searchStart).count();
       if (phases)
-        phases->emplace_back(
-            fmt::format("dp pipeline={} schedule={}{}", microBatches, scheduleName(schedule),
-                        promising ? "" : " (bound: skipped)"),
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - searchStart).count());
-      double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        phases->emplace_back(fmt::format("dp pipeline={} schedule={}{}", microBatches,
+                                         scheduleName(schedule),
+                                         promising ? "" : " (bound: skipped)"),
+                             took);
+      const double elapsed = std::chrono::duration<double>(now - start).count();
       if (logProgress && elapsed > 2.0)
-        log->info("Searching: pipeline={} schedule={} done after {:.1f} s, best so far {:.6f} s",
-                  microBatches, scheduleName(schedule), elapsed, best.seconds);
+        log->info("Searching: pipeline={} schedule={} took {:.1f} s{} ({:.1f} s in all), best so "
+                  "far {:.6f} s",
+                  microBatches, scheduleName(schedule), took,
+                  promising ? "" : " (ruled out by its bound)", elapsed, best.seconds);
     }
   }
 }

@@ -75,7 +75,8 @@ SyntheticModel syntheticTransformer(const TransformerShape& s, const DeviceModel
                      "transformer shape layers=", s.layers, " hidden=", s.hidden, " heads=", s.heads,
                      " seq=", s.sequence, " vocab=", s.vocabulary,
                      ": all must be >= 1 and hidden divisible by heads");
-  SyntheticBuilder b(s.causal ? "gpt" : "bert", device, core::DType::Float16);
+  SyntheticBuilder b(s.causal ? "gpt" : "bert", device,
+                     device.activationType.value_or(core::DType::Float16));
   const int64_t S = s.sequence, H = s.hidden, V = s.vocabulary;
   ValueId ids = b.batchInput("input_ids", {1, S}, core::DType::Int64);
   ValueId labels = b.batchInput("labels", {1, S}, core::DType::Int64);

@@ -7,6 +7,7 @@
 // Tensor shapes carry dim 0 = 1 (one sample); every cost is per sample.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/ir/graph.h"
@@ -20,6 +21,10 @@ struct DeviceModel {
   double efficiency = 0.5;
   double memoryBandwidth = 1.5e12;  // bytes/s
   double launchSeconds = 5e-6;      // per kernel, forward
+  // A transformer's parameters when set (fp32 for mixed precision: Note [Device presets]);
+  // otherwise in the model's own type (fp16 for transformers).
+  std::optional<core::DType> parameterType;
+  std::optional<core::DType> activationType;  // likewise for its activations
 };
 
 struct TransformerShape {

@@ -6,7 +6,8 @@
 namespace autostage::decomposer::detail {
 
 SyntheticBuilder::SyntheticBuilder(const std::string& name, const DeviceModel& device, core::DType dtype)
-    : device_(device), dtype_(dtype), graph_(name) {}
+    : device_(device), dtype_(dtype), paramType_(device.parameterType.value_or(dtype)),
+      graph_(name) {}
 
 double SyntheticBuilder::bytesOf(const std::vector<int64_t>& shape) const {
   double elements = 1;
@@ -20,7 +21,8 @@ core::ValueId SyntheticBuilder::batchInput(const std::string& name, std::vector<
 }
 
 core::ValueId SyntheticBuilder::param(const std::string& name, std::vector<int64_t> shape) {
-  return graph_.addInput(name, core::Type::tensor(dtype_, std::move(shape), true), core::ValueClass::Param);
+  return graph_.addInput(name, core::Type::tensor(paramType_, std::move(shape), true),
+                         core::ValueClass::Param);
 }
 
 core::NodeId SyntheticBuilder::add(const std::string& kind, const std::vector<core::ValueId>& inputs,
@@ -73,7 +75,7 @@ core::ValueId SyntheticBuilder::shapeOp(const std::string& kind, core::ValueId i
 
 core::ValueId SyntheticBuilder::paramOp(const std::string& kind, core::ValueId input,
                                         std::vector<int64_t> shape, const std::string& scope) {
-  core::NodeId id = add(kind, {input}, core::Type::tensor(dtype_, std::move(shape), true), scope);
+  core::NodeId id = add(kind, {input}, core::Type::tensor(paramType_, std::move(shape), true), scope);
   return graph_.node(id).outputs[0];
 }
 

@@ -44,7 +44,8 @@ class SyntheticBuilder {
                    const core::Type& type, const std::string& scope);
 
   DeviceModel device_;
-  core::DType dtype_;
+  core::DType dtype_;      // of activations
+  core::DType paramType_;  // of parameters
   core::Graph graph_;
   std::vector<core::NodeProfile> profiles_;
 };

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "bindings/cli/cli_args.h"
@@ -11,6 +12,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/proto/deployment_file.h"
+#include "decomposer/device_presets.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
 #include "service/plan_call.h"
@@ -26,7 +28,7 @@ const std::vector<std::string> kValued = {
     "graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
     "decomposer", "out", "max-blocks", "partition-num", "pipeline-num", "min-pipeline",
     "max-pipeline", "schedule", "virtual-stages", "usage", "mem-limit-gb", "mem-margin",
-    "opt-param-factor",
+    "opt-param-factor", "recompute", "zero", "precision", "device-preset",
     "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops", "server",
     "timeout-s"};
 const std::vector<std::string> kFlags = {"json", "help", "csv"};
@@ -45,21 +47,59 @@ PlanOptions planOptions(const Arguments& a) {
   o.memLimitGb = a.getFloat("mem-limit-gb", o.memLimitGb);
   o.memMargin = a.getFloat("mem-margin", o.memMargin);
   o.optParamFactor = a.getFloat("opt-param-factor", o.optParamFactor);
+  o.recompute = a.get("recompute", o.recompute);
+  o.zero = a.get("zero", o.zero);
+  o.precision = a.get("precision", o.precision);
   o.validate();
   return o;
+}
+
+// Note [Device presets]: --device-preset NAME sets the device's memory, peak FLOP/s for the
+// precision, HBM and links; every explicit flag overrides the preset's figure.
+std::optional<decomposer::DevicePreset> presetOf(const Arguments& a) {
+  if (!a.has("device-preset")) return std::nullopt;
+  return decomposer::devicePreset(a.get("device-preset"));
+}
+
+// The cluster flags common to plan and whatif (the device count and memory, which whatif lists,
+// are set by the caller).
+core::ClusterSpec commandCluster(const Arguments& a, const PlanOptions& options) {
+  const auto preset = presetOf(a);
+  core::ClusterSpec cluster;
+  cluster.devices = static_cast<int>(a.getInt("devices", 1));
+  cluster.devicesPerNode = static_cast<int>(
+      a.getInt("devices-per-node", preset ? preset->devicesPerServer : cluster.devices));
+  cluster.peakFlops =
+      a.getFloat("peak-flops", preset ? preset->peakFlops(options.precision) : 312e12);
+  if (preset) cluster.deviceKind = preset->model;
+  return cluster;
+}
+
+// --device-memory, or the preset's memory.
+std::string memoryArgument(const Arguments& a, const std::string& usage) {
+  if (a.has("device-memory")) return a.get("device-memory");
+  const auto preset = presetOf(a);
+  AUTOSTAGE_CHECK_AS(ConfigError, preset.has_value(),
+                     "missing --device-memory (or --device-preset)\n", usage);
+  return std::to_string(static_cast<int64_t>(preset->memoryBytes));
 }
 
 // Communication model from the config fallbacks (comm_bandwidth, allreduce_bandwidth,
 // comm_latency), with per-level overrides from the command line.
 core::CommProfile commProfile(const Arguments& a) {
-  core::CommProfile comm = core::configuredCommProfile(core::globalConfig());
-  const double latency = a.getFloat("latency", comm.p2pIntraNode.latencySeconds);
-  comm.p2pIntraNode = {latency, a.getFloat("intra-node-bandwidth", comm.p2pIntraNode.bytesPerSecond)};
-  comm.p2pInterNode = {latency, a.getFloat("inter-node-bandwidth", comm.p2pInterNode.bytesPerSecond)};
-  comm.allreduceIntraNode = {latency, a.getFloat("intra-node-bandwidth",
-                                                 comm.allreduceIntraNode.bytesPerSecond)};
-  comm.allreduceInterNode = {latency, a.getFloat("inter-node-bandwidth",
-                                                 comm.allreduceInterNode.bytesPerSecond)};
+  const auto preset = presetOf(a);
+  core::CommProfile comm =
+      preset ? preset->comm() : core::configuredCommProfile(core::globalConfig());
+  const double intraLatency = a.getFloat("latency", comm.p2pIntraNode.latencySeconds);
+  const double interLatency = a.getFloat("latency", comm.p2pInterNode.latencySeconds);
+  comm.p2pIntraNode = {intraLatency,
+                       a.getFloat("intra-node-bandwidth", comm.p2pIntraNode.bytesPerSecond)};
+  comm.p2pInterNode = {interLatency,
+                       a.getFloat("inter-node-bandwidth", comm.p2pInterNode.bytesPerSecond)};
+  comm.allreduceIntraNode = {intraLatency, a.getFloat("intra-node-bandwidth",
+                                                      comm.allreduceIntraNode.bytesPerSecond)};
+  comm.allreduceInterNode = {interLatency, a.getFloat("inter-node-bandwidth",
+                                                      comm.allreduceInterNode.bytesPerSecond)};
   return comm;
 }
 
@@ -110,12 +150,14 @@ void writeAnswerJson(std::ostream& out, const proto::PlanAnswer& a, const PlanOp
 }
 
 // The model a plan or what-if command names: a saved graph (+ profile) or a synthetic spec.
-SavedModel commandModel(const Arguments& a, double peakFlops) {
+SavedModel commandModel(const Arguments& a, double peakFlops, const PlanOptions& options) {
   AUTOSTAGE_CHECK_AS(ConfigError, a.has("graph") != a.has("synthetic"),
                      "give exactly one of --graph FILE or --synthetic SPEC");
   if (!a.has("synthetic")) return loadSavedModel(a.get("graph"), a.get("profile"));
   SavedModel model;
-  decomposer::DeviceModel device;
+  const auto preset = presetOf(a);
+  decomposer::DeviceModel device =
+      preset ? preset->deviceModel(options.precision) : decomposer::DeviceModel{};
   device.peakFlops = peakFlops;
   decomposer::SyntheticModel synthetic = decomposer::syntheticFromSpec(a.get("synthetic"), device);
   model.graph = std::move(synthetic.graph);
@@ -137,6 +179,7 @@ std::vector<std::string> splitList(const std::string& text) {
 std::string planUsage() {
   return "usage: autostage plan (--graph FILE [--profile FILE] | --synthetic SPEC)\n"
          "         --devices N --devices-per-node K --device-memory 40GiB --batch B\n"
+         "         (--devices-per-node and --device-memory may be left to --device-preset)\n"
          "         [--decomposer dp|data_parallel|uniform|param_balanced] [--out deployment.pb] [--json]\n"
          "         [--max-blocks N] [--partition-num N] [--pipeline-num N] [--min-pipeline N]\n"
          "         [--max-pipeline N] [--schedule gpipe|1f1b|auto] [--virtual-stages auto|1|2|4]\n"
@@ -144,7 +187,10 @@ std::string planUsage() {
          "         [--usage train_step|forward_backward|inference]  (the API that runs the plan;\n"
          "                    forward()/backward() run gpipe only; default train_step)\n"
          "         [--opt-param-factor F] [--intra-node-bandwidth B/s] [--inter-node-bandwidth B/s]\n"
-         "         [--latency S] [--peak-flops F]\n"
+         "         [--latency S] [--peak-flops F] [--recompute auto|always|never] [--zero auto|0|1]\n"
+         "         [--precision fp32|bf16|fp16]\n"
+         "         [--device-preset a100-40gb|a100-80gb|h100-80gb|h200]  (memory, peak FLOP/s,\n"
+         "                    HBM and links from the data sheet; flags above override them)\n"
          "         [--server unix:PATH|tcp:HOST:PORT [--timeout-s S]]  (ask `autostage serve`)\n"
          "  SPEC: bert:layers=96,hidden=2048,heads=32,seq=512 | gpt:... | resnet:blocks=16 | mlp:layers=8\n";
 }
@@ -157,17 +203,14 @@ int runPlanCommand(const std::vector<std::string>& args, std::ostream& out) {
   }
   AUTOSTAGE_CHECK_AS(ConfigError, a.has("graph") != a.has("synthetic"),
                      "give exactly one of --graph FILE or --synthetic SPEC\n", planUsage());
-  for (const char* required : {"devices", "device-memory", "batch"})
+  for (const char* required : {"devices", "batch"})
     AUTOSTAGE_CHECK_AS(ConfigError, a.has(required), "missing --", required, "\n", planUsage());
   PlanOptions options = planOptions(a);
-  core::ClusterSpec cluster;
-  cluster.devices = static_cast<int>(a.getInt("devices", 1));
-  cluster.devicesPerNode = static_cast<int>(a.getInt("devices-per-node", cluster.devices));
-  cluster.memoryPerDevice = parseMemorySize(a.get("device-memory"), "--device-memory");
-  cluster.peakFlops = a.getFloat("peak-flops", 312e12);
+  core::ClusterSpec cluster = commandCluster(a, options);
+  cluster.memoryPerDevice = parseMemorySize(memoryArgument(a, planUsage()), "--device-memory");
   const int64_t batch = a.getInt("batch", 1);
 
-  SavedModel model = commandModel(a, cluster.peakFlops);
+  SavedModel model = commandModel(a, cluster.peakFlops, options);
   if (a.has("server")) {  // Note [Planning service]: the service plans (or has the plan)
     service::PlannerClient client(a.get("server"));
     proto::PlanAnswer answer = client.plan(
@@ -197,8 +240,9 @@ namespace {
 const std::vector<std::string> kWhatIfValued = {
     "graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
     "schedule", "usage", "partition-num", "pipeline-num", "min-pipeline", "max-pipeline",
-    "mem-margin", "opt-param-factor", "intra-node-bandwidth", "inter-node-bandwidth", "latency",
-    "peak-flops", "server", "timeout-s", "decomposer", "max-blocks", "mem-limit-gb"};
+    "mem-margin", "opt-param-factor", "recompute", "zero", "precision", "device-preset",
+    "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops", "server",
+    "timeout-s", "decomposer", "max-blocks", "mem-limit-gb"};
 
 // An error message inside a CSV or JSON string: one line, quotes escaped (`""` in CSV).
 std::string escaped(const std::string& text, bool csv) {
@@ -261,6 +305,7 @@ void writeWhatIf(std::ostream& out, const proto::WhatIfAnswer& answer, bool csv,
 std::string whatIfUsage() {
   return "usage: autostage whatif (--graph FILE [--profile FILE] | --synthetic SPEC)\n"
          "         --devices N[,N...] --device-memory 40GiB[,80GiB...] --batch B[,B...]\n"
+         "         (--device-memory may be left to --device-preset)\n"
          "         [--schedule auto|gpipe|1f1b[,...]] [--devices-per-node K] [--usage U]\n"
          "         [--server unix:PATH|tcp:HOST:PORT [--timeout-s S]] [--csv | --json]\n"
          "         and the planner options of `autostage plan`\n"
@@ -274,7 +319,7 @@ int runWhatIfCommand(const std::vector<std::string>& args, std::ostream& out) {
     out << whatIfUsage();
     return 0;
   }
-  for (const char* required : {"devices", "device-memory", "batch"})
+  for (const char* required : {"devices", "batch"})
     AUTOSTAGE_CHECK_AS(ConfigError, a.has(required), "missing --", required, "\n", whatIfUsage());
   // --schedule is a list here: the options take the first (each point sets its own).
   std::vector<std::string> optionArgs;
@@ -288,7 +333,7 @@ int runWhatIfCommand(const std::vector<std::string>& args, std::ostream& out) {
   }
   PlanOptions options = planOptions(Arguments(optionArgs, kWhatIfValued, kFlags));
   const std::vector<std::string> devices = splitList(a.get("devices")),
-                                 memories = splitList(a.get("device-memory")),
+                                 memories = splitList(memoryArgument(a, whatIfUsage())),
                                  batches = splitList(a.get("batch")),
                                  schedules = splitList(a.get("schedule", options.schedule));
   AUTOSTAGE_CHECK_AS(ConfigError, !devices.empty() && !memories.empty() && !batches.empty(),
@@ -307,11 +352,11 @@ int runWhatIfCommand(const std::vector<std::string>& args, std::ostream& out) {
     call.add_batch_sizes(one.getInt("batch", 1));
   }
   for (const std::string& schedule : schedules) call.add_schedules(schedule);
+  cluster = commandCluster(Arguments(optionArgs, kWhatIfValued, kFlags), options);
   cluster.devices = call.devices(0);
-  cluster.devicesPerNode = static_cast<int>(a.getInt("devices-per-node", cluster.devices));
+  if (!a.has("devices-per-node") && !a.has("device-preset")) cluster.devicesPerNode = cluster.devices;
   cluster.memoryPerDevice = parseMemorySize(memories[0], "--device-memory");
-  cluster.peakFlops = a.getFloat("peak-flops", 312e12);
-  SavedModel model = commandModel(a, cluster.peakFlops);
+  SavedModel model = commandModel(a, cluster.peakFlops, options);
   *call.mutable_base() =
       service::makePlanCall(model.graph, model.profile, cluster, call.batch_sizes(0), options);
   proto::WhatIfAnswer answer;

@@ -14,6 +14,7 @@
 #include "decomposer/cost_model.h"
 #include "decomposer/planner.h"
 #include "decomposer/simulator.h"
+#include "plan_quality.h"
 #include "random_requests.h"
 
 using namespace autostage;
@@ -22,104 +23,6 @@ using namespace autostage::decomposer;
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// Brute force: every cut set x replica vector (sum <= devices) x recompute vector x ZeRO-1 vector
-// (replicated stages only) x micro-batch count x schedule, stages laid out on consecutive ranks ending at the last rank (the DP's layout).
-// The objective is composed here from CostModel::stage, independently of the DP and evaluator.
-// With `simulate`, it also keeps the smallest simulated iteration time over the same plans.
-class Exhaustive {
- public:
-  explicit Exhaustive(const PlanRequest& request, bool simulate = false)
-      : request_(request), model_(request), simulate_(simulate) {}
-
-  double best() {
-    for (int m : request_.options.microBatchCandidates())
-      for (Schedule s : request_.options.scheduleCandidates()) {
-        microBatches_ = m;
-        schedule_ = s;
-        chooseStage(0, 0);
-      }
-    return best_;
-  }
-  double bestSimulated() const { return bestSimulated_; }
-  // The plan of bestSimulated(), for messages.
-  std::string bestSimulatedPlan() const { return bestSimulatedPlan_; }
-
- private:
-  struct Stage {
-    int first, last, replicas;
-    bool recompute;
-    bool zero;
-  };
-
-  void chooseStage(int firstBlock, int devicesUsed) {
-    const int n = static_cast<int>(request_.blocks.size());
-    if (firstBlock == n) return score(devicesUsed);
-    for (int last = firstBlock; last < n; ++last)
-      for (int r = 1; devicesUsed + r <= request_.devices; ++r)
-        for (bool recompute : {false, true})
-          for (bool zero : {false, true}) {
-            if (zero && r == 1) continue;  // one replica has nothing to shard
-            stages_.push_back({firstBlock, last, r, recompute, zero});
-            chooseStage(last + 1, devicesUsed + r);
-            stages_.pop_back();
-          }
-  }
-
-  void score(int devicesUsed) {
-    const int count = static_cast<int>(stages_.size());
-    if (request_.options.partitionNum > 0 && count != request_.options.partitionNum) return;
-    double sum = 0, maxForward = 0, maxBackward = 0, maxStage = 0, maxAllreduce = 0;
-    int rank = request_.devices - devicesUsed;
-    const std::string& forced = request_.options.recompute;
-    timings_.clear();
-    for (int s = 0; s < count; ++s) {
-      const Stage& st = stages_[s];
-      if ((forced == "always" && !st.recompute) || (forced == "never" && st.recompute)) return;
-      const std::string& zero = request_.options.zero;
-      if ((zero == "1" && st.replicas > 1 && !st.zero) || (zero == "0" && st.zero)) return;
-      if (model_.microBatchPerReplica(microBatches_, st.replicas) == 0) return;
-      StageChoice c{st.first, st.last, st.replicas, rank, st.recompute, count - 1 - s, st.zero};
-      StageEstimate e = model_.stage(c, microBatches_, schedule_);
-      if (e.totalMemoryBytes > model_.memoryLimit()) return;
-      sum += e.stageSeconds;
-      maxStage = std::max(maxStage, e.stageSeconds);
-      maxForward = std::max(maxForward, e.forwardSeconds + e.sendForwardSeconds);
-      maxBackward = std::max(maxBackward, e.backwardSeconds + e.sendBackwardSeconds);
-      maxAllreduce = std::max(maxAllreduce, e.allreduceSeconds);
-      timings_.push_back({e.forwardSeconds, e.sendForwardSeconds, e.backwardSeconds, e.sendBackwardSeconds,
-                          e.allreduceSeconds});
-      rank += st.replicas;
-    }
-    // Steady state: 1f1b alternates, so the slowest stage sets the pace; gpipe runs all forwards
-    // and then all backwards, each paced by its own slowest stage.
-    double period = schedule_ == Schedule::OneFOneB ? maxStage : maxForward + maxBackward;
-    best_ = std::min(best_, sum + (microBatches_ - 1) * period + maxAllreduce);
-    if (simulate_) {
-      const double simulated = simulateTimeline(timings_, microBatches_, schedule_).iterationSeconds;
-      if (simulated < bestSimulated_) {
-        bestSimulated_ = simulated;
-        std::ostringstream text;
-        text << "M=" << microBatches_ << " " << scheduleName(schedule_) << ":";
-        for (const Stage& st : stages_)
-          text << " [" << st.first << ".." << st.last << " r=" << st.replicas
-               << (st.recompute ? " rc" : "") << (st.zero ? " z" : "") << "]";
-        bestSimulatedPlan_ = text.str();
-      }
-    }
-  }
-
-  const PlanRequest& request_;
-  CostModel model_;
-  int microBatches_ = 1;
-  Schedule schedule_ = Schedule::GPipe;
-  std::vector<Stage> stages_;
-  double best_ = kInf;
-  const bool simulate_;
-  std::vector<StageTiming> timings_;
-  double bestSimulated_ = kInf;
-  std::string bestSimulatedPlan_;
-};
 
 bool near(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b)); }
 
@@ -141,7 +44,7 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
     if (instance % 6 == 2) request.options.recompute = instance % 12 == 2 ? "always" : "never";
     if (instance % 4 == 1) request.options.zero = instance % 8 == 1 ? "1" : "0";
     INFO("instance " << instance << "\n" << request.toText());
-    double reference = Exhaustive(request).best();
+    double reference = testing::Exhaustive(request).best();
     if (reference == kInf) {
       REQUIRE_THROWS_AS(planDynamicProgramming(request), PlanError);
       ++infeasible;
@@ -178,62 +81,23 @@ TEST_CASE("DP search objective equals exhaustive search on 240 random small inst
 }
 
 // Plan quality (Note [Simulated refinement] in decomposer/refine.h, Note [Finalists]): the DP's
-// plan, simulated, against the best simulated time of every plan in the DP's search space (cuts x
-// replicas x micro-batch counts x schedules x recompute and ZeRO-1 flags that fit in memory,
-// enumerated here), on random small instances: plain ones and ones stressed by embedding-heavy
-// first/last blocks, tight memory and many micro-batches. The closed-form optimum alone was at
-// worst 1.188x (mean 1.005x before the refinement); the contract is the planner's plan within 2%
-// on every instance and 0.2% on average. A failing instance is printed whole (request text and
-// both plans) so it can be replayed.
+// plan, simulated, against the best simulated plan of the whole space on 520 random small
+// instances, plain and stressed (plan_quality.h; bench/plan_scaling --quality prints the same
+// figures). The closed-form optimum alone is at worst 1.19x; the contract is the planner's plan
+// within 2% on every instance and 0.2% on average. A failing instance is printed whole (request
+// text and both plans) so that it can be replayed.
 TEST_CASE("DP plans simulate within 2% of the exhaustive best simulated plan", "[decomposer]") {
-  std::mt19937 rng(4242);
-  const testing::Stress stresses[] = {testing::Stress::kNone, testing::Stress::kEmbeddings,
-                                      testing::Stress::kTightMemory,
-                                      testing::Stress::kManyMicroBatches};
-  const char* names[] = {"plain", "embeddings", "tight memory", "many micro-batches"};
-  int compared = 0, suboptimal = 0, perStress[4] = {0, 0, 0, 0};
-  double worst = 1, worstClosedForm = 1, total = 0;
-  for (int instance = 0; instance < 4000; ++instance) {
-    const int stress = instance % 4;
-    if (perStress[stress] >= 130) {  // 4 x 130 compared instances
-      if (compared >= 4 * 130) break;
-      continue;
-    }
-    const bool many = stresses[stress] == testing::Stress::kManyMicroBatches;
-    const int blocks = 2 + static_cast<int>(rng() % (many ? 5 : 7));
-    const int devices = 1 + static_cast<int>(rng() % (many ? 4 : 6));
-    PlanRequest request = testing::stressedRequest(rng, blocks, devices, stresses[stress]);
-    request.options.virtualStages = "1";  // the one-stage-per-rank space (interleaving:
-                                          // interleaved_search_test.cpp)
-    if (instance % 5 == 1) request.options.schedule = "1f1b";
-    Exhaustive exhaustive(request, true);
-    if (exhaustive.best() == kInf) continue;
-    const double best = exhaustive.bestSimulated();
-    const Plan plan = planDynamicProgramming(request);
-    const double ratio = simulatePlan(request, plan).iterationSeconds / best;
-    const double closedForm =
-        simulatePlan(request, searchDynamicProgramming(request).best).iterationSeconds / best;
-    INFO("instance " << instance << " (" << names[stress] << "), ratio " << ratio << "\n"
-                     << request.toText() << "planner: " << plan.toString()
-                     << "\nexhaustive best: " << exhaustive.bestSimulatedPlan());
-    REQUIRE(ratio >= 1 - 1e-9);  // the enumeration covers the DP's plan
-    REQUIRE(ratio <= 1.02);
-    REQUIRE(ratio <= closedForm * (1 + 1e-9));  // never worse than the closed-form optimum
-    worst = std::max(worst, ratio);
-    worstClosedForm = std::max(worstClosedForm, closedForm);
-    total += ratio;
-    suboptimal += ratio > 1 + 1e-9;
-    ++perStress[stress];
-    ++compared;
-  }
-  std::printf("DP plan simulated / exhaustive best simulated on %d small instances (%d plain, %d "
-              "embedding-heavy, %d tight memory, %d many micro-batches): worst %.4f, mean %.5f, %d "
-              "not optimal; the closed-form optimum alone: worst %.4f\n",
-              compared, perStress[0], perStress[1], perStress[2], perStress[3], worst,
-              total / compared, suboptimal, worstClosedForm);
-  REQUIRE(compared >= 500);
-  for (int count : perStress) REQUIRE(count >= 130);
-  REQUIRE(total / compared <= 1.002);
+  const testing::QualityReport report = testing::measurePlanQuality(
+      4242, 130, [](const testing::QualityCase& c) {
+        INFO(c.describe());
+        REQUIRE(c.ratio >= 1 - 1e-9);  // the enumeration covers the DP's plan
+        REQUIRE(c.ratio <= 1.02);
+        REQUIRE(c.ratio <= c.closedFormRatio * (1 + 1e-9));  // never worse than the optimum
+      });
+  std::printf("%s\n", report.summary().c_str());
+  REQUIRE(report.compared >= 500);
+  for (int count : report.perStress) REQUIRE(count >= 130);
+  REQUIRE(report.mean() <= 1.002);
 }
 
 TEST_CASE("replica candidates and device units", "[decomposer]") {
@@ -286,7 +150,7 @@ TEST_CASE("plans for forward_backward and inference are gpipe and exact against 
     const bool inference = instance % 2 == 1;
     request.options.usage = inference ? PlanUsage::Inference : PlanUsage::ForwardBackward;
     INFO("instance " << instance << "\n" << request.toText());
-    const double reference = Exhaustive(request).best();
+    const double reference = testing::Exhaustive(request).best();
     if (reference == kInf) {
       REQUIRE_THROWS_AS(planDynamicProgramming(request), PlanError);
       continue;
@@ -322,9 +186,9 @@ TEST_CASE("an inference plan fits where no training plan does", "[decomposer]") 
     PlanRequest request = testing::randomRequest(rng, 1 + static_cast<int>(rng() % 5), 2);
     request.options.optParamFactor = 2;
     request.options.usage = PlanUsage::ForwardBackward;
-    if (Exhaustive(request).best() != kInf) continue;
+    if (testing::Exhaustive(request).best() != kInf) continue;
     request.options.usage = PlanUsage::Inference;
-    if (Exhaustive(request).best() == kInf) continue;
+    if (testing::Exhaustive(request).best() == kInf) continue;
     INFO(request.toText());
     REQUIRE(planDynamicProgramming(request).schedule == Schedule::GPipe);
     ++found;
@@ -342,9 +206,9 @@ TEST_CASE("zero=auto picks ZeRO-1 only where it makes the plan fit", "[decompose
         testing::randomRequest(rng, 1 + static_cast<int>(rng() % 5), 2 + static_cast<int>(rng() % 3));
     request.options.optParamFactor = 2;
     request.options.zero = "0";
-    const double without = Exhaustive(request).best();
+    const double without = testing::Exhaustive(request).best();
     request.options.zero = "auto";
-    const double with = Exhaustive(request).best();
+    const double with = testing::Exhaustive(request).best();
     INFO("instance " << instance << "\n" << request.toText());
     if (with == kInf) continue;
     const Plan plan = planDynamicProgramming(request);
