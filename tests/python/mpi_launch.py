@@ -35,10 +35,11 @@ def mpi_env(**extra):
     return env
 
 
-def mpirun_command(args, env, recovery=False, ranks=4):
+def mpirun_command(args, env, recovery=False, ranks=4, options=()):
     """The mpirun command line running `args` on `ranks` ranks (2 cores: oversubscribed),
-    exporting the autostage, OpenMP and Python path variables of `env`."""
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
+    exporting the autostage, OpenMP and Python path variables of `env`, with mpirun `options`
+    (placement, MCA parameters) before them."""
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), *options]
     if recovery:
         cmd.append("--enable-recovery")  # else mpirun kills every rank when one dies
     for name in env:
