@@ -1,9 +1,13 @@
 // PlanOptions: validation, text form, config reading, and the search candidates they imply.
+#include <cstdint>
+#include <functional>
 #include <sstream>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/precision.h"
 #include "decomposer/plan.h"
+#include "decomposer/plan_option_fields.h"
 
 namespace autostage::decomposer {
 
@@ -67,37 +71,118 @@ void PlanOptions::validate() const {
                      " must be >= 0 (2 for Adam, 0 for SGD)");
 }
 
-std::string PlanOptions::toString() const {
+namespace {
+
+// Note [Plan option fields]: one row per option.
+struct Field {
+  std::string key;
+  std::function<std::string(const PlanOptions&)> get;
+  std::function<void(PlanOptions&, const std::string&)> set;
+  std::function<void(PlanOptions&, const core::Config&)> read;  // from the config's typed value
+};
+
+template <typename T>
+T number(const std::string& key, const std::string& text) {
+  std::istringstream in(text);
+  T value{};
+  AUTOSTAGE_CHECK_AS(ConfigError, (in >> value) && in.peek() == std::char_traits<char>::eof(),
+                     "option ", key, "='", text, "' is not ",
+                     std::is_integral_v<T> ? "an integer" : "a number");
+  return value;
+}
+
+template <typename T>
+std::string textOf(T value) {
   std::ostringstream out;
-  out << "decomposer=" << decomposer << " max_blocks=" << maxBlocks
-      << " partition_num=" << partitionNum << " pipeline_num=" << pipelineNum
-      << " min_pipeline=" << minPipeline << " max_pipeline=" << maxPipeline
-      << " schedule=" << schedule << " recompute=" << recompute << " zero=" << zero
-      << " virtual_stages=" << virtualStages
-      << " mem_limit_gb=" << memLimitGb
-      << " mem_margin=" << memMargin << " opt_param_factor=" << optParamFactor
-      << " gradient_bucket_bytes=" << static_cast<int64_t>(gradientBucketBytes)
-      << " precision=" << precision << " usage=" << usageName(usage);
+  out << value;
   return out.str();
+}
+
+Field text(const std::string& key, std::string PlanOptions::*member) {
+  return {key, [member](const PlanOptions& o) { return o.*member; },
+          [member](PlanOptions& o, const std::string& v) { o.*member = v; },
+          [key, member](PlanOptions& o, const core::Config& c) { o.*member = c.getString(key); }};
+}
+Field integer(const std::string& key, int PlanOptions::*member) {
+  return {key, [member](const PlanOptions& o) { return textOf(o.*member); },
+          [key, member](PlanOptions& o, const std::string& v) { o.*member = number<int>(key, v); },
+          [key, member](PlanOptions& o, const core::Config& c) {
+            o.*member = static_cast<int>(c.getInt(key));
+          }};
+}
+Field real(const std::string& key, double PlanOptions::*member) {
+  return {key, [member](const PlanOptions& o) { return textOf(o.*member); },
+          [key, member](PlanOptions& o, const std::string& v) {
+            o.*member = number<double>(key, v);
+          },
+          [key, member](PlanOptions& o, const core::Config& c) { o.*member = c.getFloat(key); }};
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> all = {
+      text("decomposer", &PlanOptions::decomposer),
+      integer("max_blocks", &PlanOptions::maxBlocks),
+      integer("partition_num", &PlanOptions::partitionNum),
+      integer("pipeline_num", &PlanOptions::pipelineNum),
+      integer("min_pipeline", &PlanOptions::minPipeline),
+      integer("max_pipeline", &PlanOptions::maxPipeline),
+      text("schedule", &PlanOptions::schedule),
+      text("recompute", &PlanOptions::recompute),
+      text("zero", &PlanOptions::zero),
+      text("virtual_stages", &PlanOptions::virtualStages),
+      real("mem_limit_gb", &PlanOptions::memLimitGb),
+      real("mem_margin", &PlanOptions::memMargin),
+      real("opt_param_factor", &PlanOptions::optParamFactor),
+      // Bytes, written as an integer (a request's text stays as before).
+      {"gradient_bucket_bytes",
+       [](const PlanOptions& o) { return textOf(static_cast<int64_t>(o.gradientBucketBytes)); },
+       [](PlanOptions& o, const std::string& v) {
+         o.gradientBucketBytes = number<double>("gradient_bucket_bytes", v);
+       },
+       [](PlanOptions& o, const core::Config& c) {
+         o.gradientBucketBytes = static_cast<double>(c.getInt("gradient_bucket_bytes"));
+       }},
+      text("precision", &PlanOptions::precision),
+  };
+  return all;
+}
+
+const Field& field(const std::string& key) {
+  for (const Field& f : fields())
+    if (f.key == key) return f;
+  std::string known;
+  for (const Field& f : fields()) known += (known.empty() ? "" : ", ") + f.key;
+  throw ConfigError("planner option '" + key + "' is unknown; known: " + known);
+}
+
+}  // namespace
+
+const std::vector<std::string>& planOptionKeys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const Field& f : fields()) k.push_back(f.key);
+    return k;
+  }();
+  return keys;
+}
+
+std::string planOptionText(const PlanOptions& options, const std::string& key) {
+  return field(key).get(options);
+}
+
+void setPlanOption(PlanOptions& options, const std::string& key, const std::string& text) {
+  field(key).set(options, text);
+}
+
+std::string PlanOptions::toString() const {
+  std::string out;
+  for (const Field& f : fields()) out += f.key + "=" + f.get(*this) + " ";
+  return out + "usage=" + usageName(usage);
 }
 
 PlanOptions PlanOptions::fromConfig(const core::Config& config) {
   PlanOptions o;
-  o.decomposer = config.getString("decomposer");
-  o.maxBlocks = static_cast<int>(config.getInt("max_blocks"));
-  o.partitionNum = static_cast<int>(config.getInt("partition_num"));
-  o.pipelineNum = static_cast<int>(config.getInt("pipeline_num"));
-  o.minPipeline = static_cast<int>(config.getInt("min_pipeline"));
-  o.maxPipeline = static_cast<int>(config.getInt("max_pipeline"));
-  o.schedule = config.getString("schedule");
-  o.recompute = config.getString("recompute");
-  o.zero = config.getString("zero");
-  o.virtualStages = config.getString("virtual_stages");
-  o.memLimitGb = config.getFloat("mem_limit_gb");
-  o.memMargin = config.getFloat("mem_margin");
-  o.optParamFactor = config.getFloat("opt_param_factor");
-  o.gradientBucketBytes = static_cast<double>(config.getInt("gradient_bucket_bytes"));
-  o.precision = config.getString("precision");
+  for (const Field& f : fields()) f.read(o, config);
   o.validate();
   return o;
 }

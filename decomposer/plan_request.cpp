@@ -6,6 +6,7 @@
 #include "core/cluster_spec.h"
 #include "core/error.h"
 #include "decomposer/plan.h"
+#include "decomposer/plan_option_fields.h"
 
 namespace autostage::decomposer {
 
@@ -54,19 +55,6 @@ void readLink(std::istringstream& in, core::LinkCost& c, int line) {
   readField(in, c.bytesPerSecond, line);
 }
 
-// The whole of `text` as a number, else a FormatError naming the option (std::stoi would throw
-// std::invalid_argument or accept "12abc").
-template <typename T>
-T optionNumber(const std::string& key, const std::string& text, int line) {
-  std::istringstream in(text);
-  T value{};
-  if (!(in >> value) || in.peek() != std::char_traits<char>::eof())
-    throw FormatError("plan request text, line " + std::to_string(line) + ": option " + key + "='" +
-                      text + "' is not a valid " +
-                      (std::is_integral_v<T> ? "integer" : "number"));
-  return value;
-}
-
 void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
   std::string item;
   while (in >> item) {
@@ -75,25 +63,15 @@ void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
       throw FormatError("plan request text, line " + std::to_string(line) + ": option '" + item +
                         "' is not key=value");
     std::string key = item.substr(0, eq), v = item.substr(eq + 1);
-    auto integer = [&] { return optionNumber<int>(key, v, line); };
-    auto real = [&] { return optionNumber<double>(key, v, line); };
-    if (key == "decomposer") o.decomposer = v;
-    else if (key == "max_blocks") o.maxBlocks = integer();
-    else if (key == "partition_num") o.partitionNum = integer();
-    else if (key == "pipeline_num") o.pipelineNum = integer();
-    else if (key == "min_pipeline") o.minPipeline = integer();
-    else if (key == "max_pipeline") o.maxPipeline = integer();
-    else if (key == "schedule") o.schedule = v;
-    else if (key == "recompute") o.recompute = v;
-    else if (key == "zero") o.zero = v;
-    else if (key == "virtual_stages") o.virtualStages = v;
-    else if (key == "mem_limit_gb") o.memLimitGb = real();
-    else if (key == "mem_margin") o.memMargin = real();
-    else if (key == "opt_param_factor") o.optParamFactor = real();
-    else if (key == "gradient_bucket_bytes") o.gradientBucketBytes = real();
-    else if (key == "precision") o.precision = v;
-    else if (key == "usage") o.usage = parseUsage(v);
-    else throw FormatError("plan request text, line " + std::to_string(line) + ": unknown option '" + key + "'");
+    if (key == "usage") {
+      o.usage = parseUsage(v);
+      continue;
+    }
+    try {
+      setPlanOption(o, key, v);  // Note [Plan option fields]
+    } catch (const ConfigError& e) {
+      throw FormatError("plan request text, line " + std::to_string(line) + ": " + e.what());
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 #include "service/plan_call.h"
 
-#include <set>
+#include <algorithm>
 #include <sstream>
 
 #include "core/config.h"
@@ -10,6 +10,7 @@
 #include "core/proto/deployment_file.h"
 #include "core/proto/graph_file.h"
 #include "core/proto/profile_file.h"
+#include "decomposer/plan_option_fields.h"
 #include "decomposer/planner.h"
 
 namespace autostage::service {
@@ -22,33 +23,24 @@ proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphProfile*
   if (profile) call.set_profile(core::encodeProfile(*profile));
   call.set_cluster(core::encodeClusterSpec(cluster));
   call.set_batch_size(batchSize);
-  // PlanOptions::toString(): `key=value` with config key names; usage travels on its own.
-  std::istringstream pairs(options.toString());
-  for (std::string pair; pairs >> pair;) {
-    size_t eq = pair.find('=');
-    if (eq == std::string::npos || pair.substr(0, eq) == "usage") continue;
-    (*call.mutable_options())[pair.substr(0, eq)] = pair.substr(eq + 1);
-  }
+  // Note [Plan option fields]: config key names and text; usage travels on its own.
+  for (const std::string& key : decomposer::planOptionKeys())
+    (*call.mutable_options())[key] = decomposer::planOptionText(options, key);
   call.set_usage(decomposer::usageName(options.usage));
   return call;
 }
 
 decomposer::PlanOptions optionsOf(const proto::PlanCall& call) {
   core::Config config;  // defaults, not this process's config: the caller's options decide
-  decomposer::PlanOptions defaults = decomposer::PlanOptions::fromConfig(config);
-  std::set<std::string> known;
-  std::string names;
-  std::istringstream pairs(defaults.toString());
-  for (std::string pair; pairs >> pair;) {
-    std::string name = pair.substr(0, pair.find('='));
-    if (name == "usage") continue;
-    known.insert(name);
-    names += (names.empty() ? "" : ", ") + name;
-  }
+  const std::vector<std::string>& keys = decomposer::planOptionKeys();
   for (const auto& [key, value] : call.options()) {
-    AUTOSTAGE_CHECK_AS(ConfigError, known.count(key) > 0, "planning call option '", key,
-                       "' is not a planner option; the planner options are ", names);
-    config.set(key, value, "planning call");
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      std::string names;
+      for (const std::string& k : keys) names += (names.empty() ? "" : ", ") + k;
+      throw ConfigError("planning call option '" + key +
+                        "' is not a planner option; the planner options are " + names);
+    }
+    config.set(key, value, "planning call");  // checked as a config value of that key
   }
   decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
   options.usage = decomposer::parseUsage(call.usage().empty() ? "train_step" : call.usage());

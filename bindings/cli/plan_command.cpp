@@ -1,5 +1,6 @@
 #include "bindings/cli/plan_command.h"
 
+#include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "core/proto/deployment_file.h"
 #include "decomposer/device_presets.h"
+#include "decomposer/plan_option_fields.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
 #include "service/plan_call.h"
@@ -24,32 +26,30 @@ namespace {
 
 using decomposer::PlanOptions;
 
-const std::vector<std::string> kValued = {
-    "graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
-    "decomposer", "out", "max-blocks", "partition-num", "pipeline-num", "min-pipeline",
-    "max-pipeline", "schedule", "virtual-stages", "usage", "mem-limit-gb", "mem-margin",
-    "opt-param-factor", "recompute", "zero", "precision", "device-preset",
-    "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops", "server",
-    "timeout-s"};
+// A planner option's flag: its config key with dashes (Note [Plan option fields]).
+std::string flagOf(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return key;
+}
+
+// The command's own valued flags, and every planner option's.
+std::vector<std::string> withPlannerFlags(std::vector<std::string> flags) {
+  for (const std::string& key : decomposer::planOptionKeys()) flags.push_back(flagOf(key));
+  return flags;
+}
+
+const std::vector<std::string> kValued = withPlannerFlags(
+    {"graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
+     "out", "usage", "device-preset", "intra-node-bandwidth", "inter-node-bandwidth", "latency",
+     "peak-flops", "server", "timeout-s"});
 const std::vector<std::string> kFlags = {"json", "help", "csv"};
 
+// The config's planner options, each overridden by its flag when given.
 PlanOptions planOptions(const Arguments& a) {
   PlanOptions o = PlanOptions::fromConfig(core::globalConfig());
-  o.decomposer = a.get("decomposer", o.decomposer);
-  o.maxBlocks = static_cast<int>(a.getInt("max-blocks", o.maxBlocks));
-  o.partitionNum = static_cast<int>(a.getInt("partition-num", o.partitionNum));
-  o.pipelineNum = static_cast<int>(a.getInt("pipeline-num", o.pipelineNum));
-  o.minPipeline = static_cast<int>(a.getInt("min-pipeline", o.minPipeline));
-  o.maxPipeline = static_cast<int>(a.getInt("max-pipeline", o.maxPipeline));
-  o.schedule = a.get("schedule", o.schedule);
-  o.virtualStages = a.get("virtual-stages", o.virtualStages);
+  for (const std::string& key : decomposer::planOptionKeys())
+    if (a.has(flagOf(key))) decomposer::setPlanOption(o, key, a.get(flagOf(key)));
   o.usage = decomposer::parseUsage(a.get("usage", decomposer::usageName(o.usage)));
-  o.memLimitGb = a.getFloat("mem-limit-gb", o.memLimitGb);
-  o.memMargin = a.getFloat("mem-margin", o.memMargin);
-  o.optParamFactor = a.getFloat("opt-param-factor", o.optParamFactor);
-  o.recompute = a.get("recompute", o.recompute);
-  o.zero = a.get("zero", o.zero);
-  o.precision = a.get("precision", o.precision);
   o.validate();
   return o;
 }
@@ -237,12 +237,10 @@ int runPlanCommand(const std::vector<std::string>& args, std::ostream& out) {
 namespace autostage::cli {
 namespace {
 
-const std::vector<std::string> kWhatIfValued = {
-    "graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
-    "schedule", "usage", "partition-num", "pipeline-num", "min-pipeline", "max-pipeline",
-    "mem-margin", "opt-param-factor", "recompute", "zero", "precision", "device-preset",
-    "intra-node-bandwidth", "inter-node-bandwidth", "latency", "peak-flops", "server",
-    "timeout-s", "decomposer", "max-blocks", "mem-limit-gb"};
+const std::vector<std::string> kWhatIfValued = withPlannerFlags(
+    {"graph", "profile", "synthetic", "devices", "devices-per-node", "device-memory", "batch",
+     "usage", "device-preset", "intra-node-bandwidth", "inter-node-bandwidth", "latency",
+     "peak-flops", "server", "timeout-s"});
 
 // An error message inside a CSV or JSON string: one line, quotes escaped (`""` in CSV).
 std::string escaped(const std::string& text, bool csv) {

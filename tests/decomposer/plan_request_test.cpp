@@ -1,7 +1,9 @@
 #include "decomposer/plan.h"
+#include "decomposer/plan_option_fields.h"
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 
 #include "core/config.h"
@@ -52,6 +54,49 @@ TEST_CASE("plan options come from the config table and are validated", "[decompo
   PlanOptions bad;
   bad.memMargin = 1.5;
   REQUIRE_THROWS_AS(bad.validate(), ConfigError);
+}
+
+// Note [Plan option fields]: one table, read the same way by every place listing the options.
+TEST_CASE("every planner option is one field of the table, in every text form", "[decomposer]") {
+  core::Config config;
+  PlanOptions o;
+  o.decomposer = "uniform";
+  o.maxBlocks = 77;
+  o.partitionNum = 3;
+  o.pipelineNum = 8;
+  o.minPipeline = 2;
+  o.maxPipeline = 16;
+  o.schedule = "1f1b";
+  o.recompute = "never";
+  o.zero = "1";
+  o.virtualStages = "2";
+  o.memLimitGb = 12.5;
+  o.memMargin = 0.25;
+  o.optParamFactor = 1;
+  o.gradientBucketBytes = 1 << 20;
+  o.precision = "bf16";
+  const std::vector<std::string> planInputs = core::planInputOptions();
+  for (const std::string& key : planOptionKeys()) {
+    INFO(key);
+    // A config key, and one the plan cache's key covers (Note [Plan inputs]).
+    REQUIRE(std::find(planInputs.begin(), planInputs.end(), key) != planInputs.end());
+    config.set(key, planOptionText(o, key), "test");
+    PlanOptions fromText;
+    setPlanOption(fromText, key, planOptionText(o, key));
+    REQUIRE(planOptionText(fromText, key) == planOptionText(o, key));
+  }
+  // The config, the text form and a plan request's options line all give back every field.
+  REQUIRE(PlanOptions::fromConfig(config).toString() == o.toString());
+  PlanRequest r;
+  r.options = o;
+  r.blocks.resize(1);
+  REQUIRE(PlanRequest::parse(r.toText()).options.toString() == o.toString());
+  REQUIRE(o.toString().find("usage=train_step") != std::string::npos);
+  REQUIRE_THROWS_WITH(setPlanOption(o, "max_bloks", "3"),
+                      Catch::Contains("planner option 'max_bloks' is unknown") &&
+                          Catch::Contains("max_blocks"));
+  REQUIRE_THROWS_WITH(setPlanOption(o, "max_blocks", "3x"),
+                      Catch::Contains("max_blocks='3x' is not an integer"));
 }
 
 TEST_CASE("baseline cuts: uniform by block count and param_balanced by parameter bytes", "[decomposer]") {
