@@ -67,7 +67,10 @@ proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile&
 }
 
 std::string replicasOf(const std::string& deploymentBytes) {
-  core::Deployment deployment = core::decodeDeployment(deploymentBytes, "planning answer");
+  return replicasOf(core::decodeDeployment(deploymentBytes, "planning answer"));
+}
+
+std::string replicasOf(const core::Deployment& deployment) {
   std::string text;
   for (const core::StageDeployment& stage : deployment.stages)
     text += (text.empty() ? "" : ",") + std::to_string(stage.replicaCount());

@@ -41,7 +41,8 @@ proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile&
                              const core::ClusterSpec& cluster, int64_t batchSize,
                              const decomposer::PlanOptions& options);
 
-// "2,2,1": replicas of each stage of a deployment file's bytes.
+// "2,2,1": replicas of each stage of a deployment (or of its file's bytes).
 std::string replicasOf(const std::string& deploymentBytes);
+std::string replicasOf(const core::Deployment& deployment);
 
 }  // namespace autostage::service

@@ -171,10 +171,11 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(options_.maxRequestBytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(INT32_MAX);
-  // Calls wait for plans made on the core's threads (Note [Call deadlines]), and answers from the
-  // store take a millisecond or two, so many more calls than plans can be in flight: a burst of
-  // clients must not be refused while plans are made. gRPC's own poller needs one more thread.
-  const int callThreads = std::max(16, 4 * workers);
+  // Calls wait on their thread for plans made on the core's threads, and for a worker when every
+  // one is busy (Note [Call deadlines]); answers from the store take a millisecond or two. So many
+  // more calls than plans can be in flight, each thread mostly asleep: a burst of clients must
+  // not be refused while plans are made. gRPC's own poller needs one more thread.
+  const int callThreads = std::max(64, 4 * workers);
   grpc::ResourceQuota quota("autostage-planner");
   quota.SetMaxThreads(callThreads + 1);
   builder.SetResourceQuota(quota);

@@ -21,7 +21,7 @@ std::string grpcTarget(const std::string& address);
 struct ServerOptions {
   std::string listen = "unix:/tmp/autostage-planner.sock";
   std::string storeDirectory;  // empty: in memory only
-  int workers = 0;  // plans made at once (Note [Call deadlines]); 0: cores. Calls: 4x, >= 16
+  int workers = 0;  // plans made at once (Note [Call deadlines]); 0: cores. Calls: 4x, >= 64
   int64_t maxRequestBytes = int64_t{256} << 20;
   // Note [Call deadlines]: a Plan or WhatIf call fails with DEADLINE_EXCEEDED after this (or its
   // caller's deadline, when sooner); a plan goes on and is stored.

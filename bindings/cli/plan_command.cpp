@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "bindings/cli/cli_args.h"
+#include "bindings/cli/deployment_view.h"
 #include "bindings/cli/saved_files.h"
 #include "core/comm_costs.h"
 #include "core/config.h"
@@ -103,50 +104,75 @@ core::CommProfile commProfile(const Arguments& a) {
   return comm;
 }
 
-void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::PlanResult& r) {
+// Note [Plan JSON]: `autostage plan --json` writes the same keys whether it planned here or the
+// service answered (its deployment carries the plan): where this process planned, also the graph's
+// size and what each phase of the planner took; where the service answered, whether it came
+// from the store and its plan key. Simulated figures come from the deployment's stage times.
+struct PlanJson {
+  const core::Deployment& deployment;
+  std::string usage;
+  double planSeconds = 0, predictedSeconds = 0, peakBytes = 0;
+  std::vector<std::string> extra;  // "\"key\": value" members
+};
+
+void writePlanJson(std::ostream& out, const PlanJson& p) {
+  const core::Deployment& d = p.deployment;
+  const decomposer::SimulationResult sim = simulateDeployment(d);
   out << std::setprecision(10) << "{\n"
-      << "  \"plan_seconds\": " << r.planSeconds << ",\n"
-      << "  \"nodes\": " << graph.nodeCount() << ",\n"
-      << "  \"blocks\": " << r.blocking.blockCount() << ",\n"
-      << "  \"stages\": " << r.plan.stages.size() << ",\n"
-      << "  \"decomposer\": \"" << r.plan.decomposer << "\",\n"
-      << "  \"micro_batches\": " << r.plan.microBatchCount << ",\n"
-      << "  \"schedule\": \"" << decomposer::scheduleName(r.plan.schedule) << "\",\n"
-      << "  \"virtual_stages\": " << r.plan.virtualStages << ",\n"
-      << "  \"usage\": \"" << decomposer::usageName(r.blocking.request.options.usage) << "\",\n"
-      << "  \"predicted_iteration_ms\": " << r.evaluation.iterationSeconds * 1e3 << ",\n"
-      << "  \"search_objective_ms\": " << r.evaluation.searchSeconds * 1e3 << ",\n"
-      << "  \"simulated_iteration_ms\": " << r.simulation.iterationSeconds * 1e3 << ",\n"
-      << "  \"bubble_fraction\": " << r.simulation.bubbleFraction << ",\n"
-      << "  \"peak_memory_bytes\": " << static_cast<int64_t>(r.evaluation.peakMemoryBytes) << ",\n"
-      << "  \"stage_list\": [";
-  for (size_t s = 0; s < r.deployment.stages.size(); ++s) {
-    const core::StageDeployment& st = r.deployment.stages[s];
+      << "  \"plan_seconds\": " << p.planSeconds << ",\n"
+      << "  \"stages\": " << d.stages.size() << ",\n"
+      << "  \"decomposer\": \"" << d.decomposer << "\",\n"
+      << "  \"micro_batches\": " << d.microBatchCount << ",\n"
+      << "  \"schedule\": \"" << d.schedule << "\",\n"
+      << "  \"virtual_stages\": " << d.virtualStages << ",\n"
+      << "  \"usage\": \"" << p.usage << "\",\n"
+      << "  \"replicas\": \"" << service::replicasOf(d) << "\",\n"
+      << "  \"predicted_iteration_ms\": " << p.predictedSeconds * 1e3 << ",\n"
+      << "  \"simulated_iteration_ms\": " << sim.iterationSeconds * 1e3 << ",\n"
+      << "  \"bubble_fraction\": " << sim.bubbleFraction << ",\n"
+      << "  \"peak_memory_bytes\": " << static_cast<int64_t>(p.peakBytes) << ",\n";
+  for (const std::string& member : p.extra) out << "  " << member << ",\n";
+  out << "  \"stage_list\": [";
+  for (size_t s = 0; s < d.stages.size(); ++s) {
+    const core::StageDeployment& st = d.stages[s];
     out << (s ? ", " : "") << "{\"name\": \"" << st.name << "\", \"replicas\": " << st.replicaCount()
         << ", \"first_rank\": " << st.ranks.front() << ", \"recompute\": " << (st.recompute ? "true" : "false")
         << ", \"zero\": " << (st.zero ? 1 : 0)
         << ", \"memory_bytes\": " << st.totalMemoryBytes << "}";
   }
-  out << "],\n  \"phase_seconds\": [";
-  for (size_t i = 0; i < r.plan.phaseSeconds.size(); ++i)
-    out << (i ? ", " : "") << "{\"phase\": \"" << r.plan.phaseSeconds[i].first
-        << "\", \"seconds\": " << r.plan.phaseSeconds[i].second << "}";
   out << "]\n}\n";
 }
 
-// The --json summary of a service's answer: the keys of writeJson the answer carries.
+void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::PlanResult& r) {
+  std::ostringstream phases;
+  phases << std::setprecision(10) << "\"phase_seconds\": [";
+  for (size_t i = 0; i < r.plan.phaseSeconds.size(); ++i)
+    phases << (i ? ", " : "") << "{\"phase\": \"" << r.plan.phaseSeconds[i].first
+           << "\", \"seconds\": " << r.plan.phaseSeconds[i].second << "}";
+  phases << "]";
+  std::ostringstream search;
+  search << std::setprecision(10) << "\"search_objective_ms\": " << r.evaluation.searchSeconds * 1e3;
+  writePlanJson(out, {r.deployment,
+                      decomposer::usageName(r.blocking.request.options.usage),
+                      r.planSeconds,
+                      r.evaluation.iterationSeconds,
+                      r.evaluation.peakMemoryBytes,
+                      {"\"nodes\": " + std::to_string(graph.nodeCount()),
+                       "\"blocks\": " + std::to_string(r.blocking.blockCount()), search.str(),
+                       phases.str()}});
+}
+
+// The --json summary of a service's answer (Note [Plan JSON]).
 void writeAnswerJson(std::ostream& out, const proto::PlanAnswer& a, const PlanOptions& options) {
-  out << std::setprecision(10) << "{\n"
-      << "  \"plan_seconds\": " << a.plan_seconds() << ",\n"
-      << "  \"stages\": " << a.stages() << ",\n"
-      << "  \"micro_batches\": " << a.micro_batches() << ",\n"
-      << "  \"schedule\": \"" << a.schedule() << "\",\n"
-      << "  \"usage\": \"" << decomposer::usageName(options.usage) << "\",\n"
-      << "  \"replicas\": \"" << service::replicasOf(a.deployment()) << "\",\n"
-      << "  \"predicted_iteration_ms\": " << a.iteration_seconds() * 1e3 << ",\n"
-      << "  \"peak_memory_bytes\": " << a.peak_bytes() << ",\n"
-      << "  \"from_store\": " << (a.from_store() ? "true" : "false") << ",\n"
-      << "  \"plan_key\": \"" << a.plan_key() << "\"\n}\n";
+  const core::Deployment deployment =
+      core::decodeDeployment(a.deployment(), "the service's answer");
+  writePlanJson(out, {deployment,
+                      decomposer::usageName(options.usage),
+                      a.plan_seconds(),
+                      a.iteration_seconds(),
+                      static_cast<double>(a.peak_bytes()),
+                      {std::string("\"from_store\": ") + (a.from_store() ? "true" : "false"),
+                       "\"plan_key\": \"" + a.plan_key() + "\""}});
 }
 
 // The model a plan or what-if command names: a saved graph (+ profile) or a synthetic spec.
