@@ -125,8 +125,9 @@ class Climb {
       StagePlan& st = plan.stages[s];
       double fastest = kInf;
       for (bool recompute : recompute_)
-        for (bool zero : zero_) {
-          if (zero && st.replicaCount == 1) continue;
+        for (bool asked : zero_) {
+          const bool zero = asked && st.replicaCount > 1;  // one replica has nothing to shard
+          if (zero != asked && zero_.size() > 1) continue;  // the same as zero=0, tried
           const StageChoice c{st.firstBlock, st.lastBlock, st.replicaCount, st.firstRank,
                               recompute, count - 1 - s, zero};
           const StageEstimate e = model_.stage(c, plan.microBatchCount, plan.schedule);
