@@ -1,6 +1,9 @@
 #include "driver/module.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <set>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -28,6 +31,36 @@ namespace autostage::driver {
 using namespace staging;  // the runtime this module drives (this file only)
 
 namespace {
+
+// Note [Hosts in the log]
+// On a job spread over several hosts the partition log says which host each rank and each
+// stage's replicas are on (the ranks' hostnames, gathered once when the Module is made): `Hosts:
+// a (ranks 0,1), b (ranks 2,3)` after the Job line, and `Stages on hosts: STAGE_0_3 on a (ranks
+// 0,1); ...` after each plan, so that replicas split across a slow link are seen in the log.
+
+std::string thisHostName() {
+  char name[256] = {0};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// "a (ranks 0,1), b (ranks 2)": the hosts of `ranks` (every rank when empty) in rank order.
+std::string hostsText(const std::vector<std::string>& hosts, const std::vector<int>& ranks) {
+  std::vector<std::pair<std::string, std::string>> byHost;  // host, its ranks, in first-seen order
+  for (size_t i = 0; i < (ranks.empty() ? hosts.size() : ranks.size()); ++i) {
+    const int rank = ranks.empty() ? static_cast<int>(i) : ranks[i];
+    const std::string& host = hosts.at(rank);
+    auto found = std::find_if(byHost.begin(), byHost.end(),
+                              [&](const auto& entry) { return entry.first == host; });
+    if (found == byHost.end()) found = byHost.insert(byHost.end(), {host, ""});
+    found->second += (found->second.empty() ? "" : ",") + std::to_string(rank);
+  }
+  std::string text;
+  for (const auto& [host, list] : byHost)
+    text += (text.empty() ? "" : ", ") + host + " (ranks " + list + ")";
+  return text;
+}
+
 
 // "rank 2, stage 1 (STAGE_3_5)" or "rank 2 (no stage)".
 std::string whereOf(const Executor& executor, int rank) {
@@ -189,7 +222,12 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
   anchor_ = at::zeros({}, at::kFloat).requires_grad_(true);
   auto log = core::logger("Module");
   log->debug("options: {}", options_.toString());
-  if (backend_->rank() == 0) log->info("Job: {}", job_.toString());
+  hosts_ = backend_->allGatherBytes(thisHostName(), comm::Group::world(backend_->worldSize()));
+  if (backend_->rank() == 0) {
+    log->info("Job: {}", job_.toString());
+    if (std::set<std::string>(hosts_.begin(), hosts_.end()).size() > 1)
+      log->info("Hosts: {}", hostsText(hosts_, {}));
+  }
 }
 
 Module::~Module() = default;
@@ -408,6 +446,12 @@ void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage
   std::vector<c10::IValue> examples = examplesOn(inputs, stageDevice_);
   int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
   staging::VerifiedDeployment deployment = obtainDeployment(examples, globalBatch, usage);
+  if (backend_->rank() == 0 && std::set<std::string>(hosts_.begin(), hosts_.end()).size() > 1) {
+    std::string placed;
+    for (const core::StageDeployment& stage : deployment.get().stages)
+      placed += (placed.empty() ? "" : "; ") + stage.name + " on " + hostsText(hosts_, stage.ranks);
+    core::logger("DPStaging")->info("Stages on hosts: {}", placed);
+  }
   ExecutorOptions executorOptions;
   executorOptions.device = stageDevice_;
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;

@@ -224,6 +224,15 @@ def test_two_hosts_train_like_one_host(hosts, folder):
     assert placed == {0: hosts.names[0], 1: hosts.names[0], 2: hosts.names[1],
                       3: hosts.names[1]}, log
     assert "4 rank(s), 2 per node" in log, log
+    # Note [Hosts in the log]: the partition log names the hosts of the ranks and of the stages.
+    h0, h1 = hosts.names
+    assert f"Hosts: {h0} (ranks 0,1), {h1} (ranks 2,3)" in log, log
+    stages = re.search(r"Stages on hosts: (.*)", log)
+    assert stages, log
+    named = re.findall(r"(\S+) \(ranks ([\d,]+)\)", stages.group(1))
+    assert sorted(int(r) for _, ranks in named for r in ranks.split(",")) == [0, 1, 2, 3], log
+    for host, ranks in named:  # each stage's ranks under the host they ran on
+        assert all(placed[int(r)] == host for r in ranks.split(",")), (host, ranks, log)
     alone = os.path.join(folder, "one")
     os.mkdir(alone)
     env = mpi_env(AUTOSTAGE_LOAD_DEPLOYMENT="true", AUTOSTAGE_DEPLOYMENT_FILE=plan,
