@@ -316,9 +316,9 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
 
 std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r, int64_t batchSize,
                                                                       bool counted) {
-  AUTOSTAGE_CHECK(!counted || countedPlans_ < maxConcurrentPlans_,
-                  "internal: a plan started beyond the service's --workers (", countedPlans_,
-                  " being made)");
+  AUTOSTAGE_INTERNAL_ASSERT(!counted || countedPlans_ < maxConcurrentPlans_,
+                            "a plan started beyond the service's --workers (", countedPlans_,
+                            " being made)");
   for (uint64_t id : finishedPlanThreads_) {  // threads done since the last plan
     planThreads_.at(id).join();
     planThreads_.erase(id);
