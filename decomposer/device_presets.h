@@ -22,11 +22,12 @@
 // 3.53 s per 512-sequence step by the paper's FLOP count. Planned here with the same shape
 // (`autostage plan --synthetic gpt:layers=24,hidden=2304,heads=24,seq=2048,vocab=51200 --devices
 // 32 --device-preset a100-80gb --precision fp16 --batch 512 --partition-num 1 --recompute
-// always`) it predicts 6.13 s: 1.74x, outside the 15% the planner should reach. The matmuls alone
-// at kComputeEfficiency take 2.58 s; most of the rest is the memory traffic of the unfused
-// attention the synthetic transformer models (scores of heads x 2048 x 2048 through scale, mask,
-// softmax and dropout, as TorchScript records an unfused model; Megatron fuses them), and the
-// 0.69 s gradient allreduce, which the runtime does not overlap with the backward. Calibrating
+// always`) it predicts 6.13 s: 1.74x, outside the 15% the planner should reach. The paper's FLOPs
+// at kComputeEfficiency of 32 GPUs' peak come to 2.58 s (computed); the plan's 0.69 s gradient
+// allreduce, which the runtime does not overlap with the backward, is in the partition log; the
+// rest is, by the synthetic model's per-node costs, the memory traffic of the unfused attention it
+// models (scores of heads x 2048 x 2048 through scale, mask, softmax and dropout, as TorchScript
+// records an unfused model; Megatron fuses them). Calibrating
 // the synthetic model to fused kernels is open (issue 29).
 
 #include <string>

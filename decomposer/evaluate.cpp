@@ -15,11 +15,20 @@
 namespace autostage::decomposer {
 namespace {
 
+// A message stream made on first use: planners evaluate many plans, and a stream costs its
+// locale, while most plans have no problem to describe.
+class LazyMessage {
+ public:
+  std::ostringstream& operator()() { return stream_ ? *stream_ : stream_.emplace(); }
+  std::string str() const { return stream_ ? stream_->str() : ""; }
+
+ private:
+  std::optional<std::ostringstream> stream_;
+};
+
 // Empty when the plan is well formed for the request; otherwise what is wrong.
 std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
-  // Built only for a problem: planners evaluate many plans, and a stream costs its locale.
-  std::optional<std::ostringstream> stream;
-  auto out = [&]() -> std::ostringstream& { return stream ? *stream : stream.emplace(); };
+  LazyMessage out;
   const int n = static_cast<int>(request.blocks.size());
   if (plan.stages.empty()) return "plan has no stages";
   if (plan.microBatchCount < 1) return "micro-batch count must be >= 1";
@@ -121,10 +130,7 @@ PlanEvaluation evaluateInterleaved(const CostModel& model, const Plan& plan) {
   const SimulationResult sim = simulateEstimates(result.stages, recomputeBytes,
                                                  plan.microBatchCount, plan.schedule,
                                                  plan.virtualStages);
-  std::optional<std::ostringstream> memoryStream;  // as in shapeProblem
-  auto memoryProblems = [&]() -> std::ostringstream& {
-    return memoryStream ? *memoryStream : memoryStream.emplace();
-  };
+  LazyMessage memoryProblems;
   for (int s = 0; s < count; ++s) {
     StageEstimate& e = result.stages[s];
     e.activationBytes = sim.activationBytesAtPeak[s];
@@ -144,7 +150,7 @@ PlanEvaluation evaluateInterleaved(const CostModel& model, const Plan& plan) {
   result.pipelineSeconds = sim.pipelineSeconds;
   result.iterationSeconds = result.searchSeconds = sim.iterationSeconds;
   result.allreduceSeconds = sim.iterationSeconds - sim.pipelineSeconds;
-  if (memoryStream) result.problem = memoryStream->str();
+  result.problem = memoryProblems.str();
   result.feasible = result.problem.empty();
   return result;
 }
@@ -159,10 +165,7 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool s
   if (plan.virtualStages > 1) return evaluateInterleaved(model, plan);
   const int stageCount = static_cast<int>(plan.stages.size());
   double sum = 0, maxFirst = 0, maxSecond = 0, maxAllreduce = 0;
-  std::optional<std::ostringstream> memoryStream;  // as in shapeProblem
-  auto memoryProblems = [&]() -> std::ostringstream& {
-    return memoryStream ? *memoryStream : memoryStream.emplace();
-  };
+  LazyMessage memoryProblems;
   std::vector<StageTimes> times;
   times.reserve(stageCount);
   for (int s = 0; s < stageCount; ++s) {
@@ -190,7 +193,7 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool s
     result.pipelineSeconds = estimatePipelineSeconds(times, plan.microBatchCount, plan.schedule);
     result.iterationSeconds = result.pipelineSeconds + maxAllreduce;
   }
-  if (memoryStream) result.problem = memoryStream->str();
+  result.problem = memoryProblems.str();
   result.feasible = result.problem.empty();
   return result;
 }

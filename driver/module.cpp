@@ -61,7 +61,6 @@ std::string hostsText(const std::vector<std::string>& hosts, const std::vector<i
   return text;
 }
 
-
 // "rank 2, stage 1 (STAGE_3_5)" or "rank 2 (no stage)".
 std::string whereOf(const Executor& executor, int rank) {
   std::ostringstream out;
@@ -222,11 +221,12 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
   anchor_ = at::zeros({}, at::kFloat).requires_grad_(true);
   auto log = core::logger("Module");
   log->debug("options: {}", options_.toString());
-  hosts_ = backend_->allGatherBytes(thisHostName(), comm::Group::world(backend_->worldSize()));
+  const std::vector<std::string> hosts =
+      backend_->allGatherBytes(thisHostName(), comm::Group::world(backend_->worldSize()));
+  if (std::set<std::string>(hosts.begin(), hosts.end()).size() > 1) hosts_ = hosts;
   if (backend_->rank() == 0) {
     log->info("Job: {}", job_.toString());
-    if (std::set<std::string>(hosts_.begin(), hosts_.end()).size() > 1)
-      log->info("Hosts: {}", hostsText(hosts_, {}));
+    if (!hosts_.empty()) log->info("Hosts: {}", hostsText(hosts_, {}));
   }
 }
 
@@ -446,7 +446,7 @@ void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage
   std::vector<c10::IValue> examples = examplesOn(inputs, stageDevice_);
   int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
   staging::VerifiedDeployment deployment = obtainDeployment(examples, globalBatch, usage);
-  if (backend_->rank() == 0 && std::set<std::string>(hosts_.begin(), hosts_.end()).size() > 1) {
+  if (backend_->rank() == 0 && !hosts_.empty()) {
     std::string placed;
     for (const core::StageDeployment& stage : deployment.get().stages)
       placed += (placed.empty() ? "" : "; ") + stage.name + " on " + hostsText(hosts_, stage.ranks);

@@ -315,7 +315,8 @@ class Module {
   ModuleOptions options_;
   std::shared_ptr<comm::Backend> backend_;
   JobSpec job_;                              // Note [Resolving the job]
-  std::vector<std::string> hosts_;           // each rank's hostname (Note [Hosts in the log])
+  // Each rank's hostname when the job spans several hosts, else empty (Note [Hosts in the log]).
+  std::vector<std::string> hosts_;
   std::unique_ptr<AutoPlanner> autoPlanner_;  // when options_.planner is unset
   // Shared with the autograd node of forward()'s outputs, which may run backward after the
   // Module is gone (the executors refer to it).

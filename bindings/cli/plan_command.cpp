@@ -62,12 +62,12 @@ std::optional<decomposer::DevicePreset> presetOf(const Arguments& a) {
   return decomposer::devicePreset(a.get("device-preset"));
 }
 
-// The cluster flags common to plan and whatif (the device count and memory, which whatif lists,
-// are set by the caller).
-core::ClusterSpec commandCluster(const Arguments& a, const PlanOptions& options) {
+// The cluster flags common to plan and whatif, for `devices` devices (whatif lists several; the
+// memory is set by the caller).
+core::ClusterSpec commandCluster(const Arguments& a, const PlanOptions& options, int devices) {
   const auto preset = presetOf(a);
   core::ClusterSpec cluster;
-  cluster.devices = static_cast<int>(a.getInt("devices", 1));
+  cluster.devices = devices;
   cluster.devicesPerNode = static_cast<int>(
       a.getInt("devices-per-node", preset ? preset->devicesPerServer : cluster.devices));
   cluster.peakFlops =
@@ -232,7 +232,8 @@ int runPlanCommand(const std::vector<std::string>& args, std::ostream& out) {
   for (const char* required : {"devices", "batch"})
     AUTOSTAGE_CHECK_AS(ConfigError, a.has(required), "missing --", required, "\n", planUsage());
   PlanOptions options = planOptions(a);
-  core::ClusterSpec cluster = commandCluster(a, options);
+  core::ClusterSpec cluster =
+      commandCluster(a, options, static_cast<int>(a.getInt("devices", 1)));
   cluster.memoryPerDevice = parseMemorySize(memoryArgument(a, planUsage()), "--device-memory");
   const int64_t batch = a.getInt("batch", 1);
 
@@ -376,9 +377,7 @@ int runWhatIfCommand(const std::vector<std::string>& args, std::ostream& out) {
     call.add_batch_sizes(one.getInt("batch", 1));
   }
   for (const std::string& schedule : schedules) call.add_schedules(schedule);
-  cluster = commandCluster(Arguments(optionArgs, kWhatIfValued, kFlags), options);
-  cluster.devices = call.devices(0);
-  if (!a.has("devices-per-node") && !a.has("device-preset")) cluster.devicesPerNode = cluster.devices;
+  cluster = commandCluster(a, options, call.devices(0));
   cluster.memoryPerDevice = parseMemorySize(memories[0], "--device-memory");
   SavedModel model = commandModel(a, cluster.peakFlops, options);
   *call.mutable_base() =
