@@ -28,7 +28,7 @@ bool Deployment::operator==(const Deployment& o) const {
          batchSize == o.batchSize && microBatchCount == o.microBatchCount &&
          schedule == o.schedule && virtualStages == o.virtualStages && decomposer == o.decomposer && stages == o.stages &&
          routes == o.routes && options == o.options &&
-         predictedIterationSeconds == o.predictedIterationSeconds;
+         predictedIterationSeconds == o.predictedIterationSeconds && rankHosts == o.rankHosts;
 }
 
 double memoryMargin(const Deployment& d) {
@@ -51,6 +51,38 @@ std::string scheduleText(const Deployment& d) {
 int pipelinePositions(const Deployment& d) {
   const int v = std::max(1, d.virtualStages);
   return static_cast<int>(d.stages.size()) / v;
+}
+
+std::vector<HostRanks> ranksByHost(const std::vector<std::string>& hosts,
+                                   const std::vector<int>& ranks) {
+  std::vector<HostRanks> byHost;
+  for (size_t i = 0; i < (ranks.empty() ? hosts.size() : ranks.size()); ++i) {
+    const int rank = ranks.empty() ? static_cast<int>(i) : ranks[i];
+    const std::string& host = hosts.at(rank);
+    auto found = std::find_if(byHost.begin(), byHost.end(),
+                              [&](const HostRanks& entry) { return entry.host == host; });
+    if (found == byHost.end()) found = byHost.insert(byHost.end(), {host, {}});
+    found->ranks.push_back(rank);
+  }
+  return byHost;
+}
+
+std::string hostsText(const std::vector<std::string>& hosts, const std::vector<int>& ranks) {
+  std::string text;
+  for (const HostRanks& entry : ranksByHost(hosts, ranks)) {
+    std::string list;
+    for (int rank : entry.ranks) list += (list.empty() ? "" : ",") + std::to_string(rank);
+    text += (text.empty() ? "" : ", ") + entry.host + " (ranks " + list + ")";
+  }
+  return text;
+}
+
+std::string stageHostsText(const Deployment& d) {
+  if (d.rankHosts.empty()) return "";
+  std::string text;
+  for (const StageDeployment& stage : d.stages)
+    text += (text.empty() ? "" : "; ") + stage.name + " on " + hostsText(d.rankHosts, stage.ranks);
+  return text;
 }
 
 }  // namespace autostage::core

@@ -62,6 +62,16 @@ struct Route {
   bool operator==(const Route& o) const;
 };
 
+// Note [Hosts of a deployment]
+// rankHosts records where a deployment runs, not what it was planned for: rankHosts[r] is rank r's
+// hostname when the job spans several hosts. The driver fills it once per deployment, whatever
+// the plan's source (planner, plan cache, deployment file), before it logs, saves or runs it
+// (Note [Hosts in the log] in driver/module.cpp). It is empty for a one-host job, in a plan as the
+// planner, the plan cache and the planning service hold it, and in files written before it was
+// recorded: no plan cache key, service hash or fit check reads it, and a one-host deployment
+// encodes to the same bytes as before. `autostage show` and `autostage report` name the hosts
+// from it.
+
 struct Deployment {
   std::string graphHash;
   int worldSize = 1;
@@ -79,7 +89,15 @@ struct Deployment {
   std::vector<Route> routes;
   std::map<std::string, std::string> options;  // effective planner options as text
   double predictedIterationSeconds = 0;
+  // Empty, or one hostname per rank (Note [Hosts of a deployment]).
+  std::vector<std::string> rankHosts;
   bool operator==(const Deployment& o) const;
+};
+
+// One host and the ranks on it.
+struct HostRanks {
+  std::string host;
+  std::vector<int> ranks;
 };
 
 // The planner's memory margin recorded in the deployment options (0.1 when absent or bad) and the
@@ -90,5 +108,16 @@ double usableMemory(const Deployment& deployment);
 int pipelinePositions(const Deployment& deployment);
 // The schedule as users read it: "gpipe", "1f1b", or "1f1b(v=2)" with virtual stages.
 std::string scheduleText(const Deployment& deployment);
+
+// The hosts of `ranks` (every rank when empty) in order of first appearance, each with its ranks
+// in the order given; hosts[r] is rank r's hostname (Note [Hosts of a deployment]), so every
+// rank in `ranks` must index `hosts` (checkDeployment ensures it for a deployment's). Pure.
+std::vector<HostRanks> ranksByHost(const std::vector<std::string>& hosts,
+                                   const std::vector<int>& ranks = {});
+// ranksByHost as the partition log's `Hosts:` line writes it: "a (ranks 0,1), b (ranks 2)".
+std::string hostsText(const std::vector<std::string>& hosts, const std::vector<int>& ranks = {});
+// Each stage's hosts, as the log's `Stages on hosts:` line writes them: "STAGE_0_3 on a (ranks
+// 0,1); STAGE_4_7 on b (ranks 2,3)"; "" when the deployment records no hosts.
+std::string stageHostsText(const Deployment& deployment);
 
 }  // namespace autostage::core

@@ -36,29 +36,15 @@ namespace {
 // On a job spread over several hosts the partition log says which host each rank and each
 // stage's replicas are on (the ranks' hostnames, gathered once when the Module is made): `Hosts:
 // a (ranks 0,1), b (ranks 2,3)` after the Job line, and `Stages on hosts: STAGE_0_3 on a (ranks
-// 0,1); ...` after each plan, so that replicas split across a slow link are seen in the log.
+// 0,1); ...` after each plan, so that replicas split across a slow link are seen in the log. The
+// hostnames go into every deployment this job runs (obtainDeployment, Note [Hosts of a
+// deployment] in core/deployment.h) before it is logged or saved, so that the saved file, the
+// log line, `autostage show` and `autostage report` say the same.
 
 std::string thisHostName() {
   char name[256] = {0};
   gethostname(name, sizeof(name) - 1);
   return name;
-}
-
-// "a (ranks 0,1), b (ranks 2)": the hosts of `ranks` (every rank when empty) in rank order.
-std::string hostsText(const std::vector<std::string>& hosts, const std::vector<int>& ranks) {
-  std::vector<std::pair<std::string, std::string>> byHost;  // host, its ranks, in first-seen order
-  for (size_t i = 0; i < (ranks.empty() ? hosts.size() : ranks.size()); ++i) {
-    const int rank = ranks.empty() ? static_cast<int>(i) : ranks[i];
-    const std::string& host = hosts.at(rank);
-    auto found = std::find_if(byHost.begin(), byHost.end(),
-                              [&](const auto& entry) { return entry.first == host; });
-    if (found == byHost.end()) found = byHost.insert(byHost.end(), {host, ""});
-    found->second += (found->second.empty() ? "" : ",") + std::to_string(rank);
-  }
-  std::string text;
-  for (const auto& [host, list] : byHost)
-    text += (text.empty() ? "" : ", ") + host + " (ranks " + list + ")";
-  return text;
 }
 
 // "rank 2, stage 1 (STAGE_3_5)" or "rank 2 (no stage)".
@@ -226,7 +212,7 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
   if (std::set<std::string>(hosts.begin(), hosts.end()).size() > 1) hosts_ = hosts;
   if (backend_->rank() == 0) {
     log->info("Job: {}", job_.toString());
-    if (!hosts_.empty()) log->info("Hosts: {}", hostsText(hosts_, {}));
+    if (!hosts_.empty()) log->info("Hosts: {}", core::hostsText(hosts_));
   }
 }
 
@@ -446,12 +432,6 @@ void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage
   std::vector<c10::IValue> examples = examplesOn(inputs, stageDevice_);
   int64_t globalBatch = inputs[0].size(0) * backend_->worldSize();
   staging::VerifiedDeployment deployment = obtainDeployment(examples, globalBatch, usage);
-  if (backend_->rank() == 0 && !hosts_.empty()) {
-    std::string placed;
-    for (const core::StageDeployment& stage : deployment.get().stages)
-      placed += (placed.empty() ? "" : "; ") + stage.name + " on " + hostsText(hosts_, stage.ranks);
-    core::logger("DPStaging")->info("Stages on hosts: {}", placed);
-  }
   ExecutorOptions executorOptions;
   executorOptions.device = stageDevice_;
   executorOptions.gradientBucketBytes = options_.gradientBucketBytes;

@@ -30,7 +30,8 @@
 // planned for, and the planner options. Loading one (load_deployment) checks each against this
 // job and names the field that does not fit: world size, graph hash and batch must be equal;
 // device memory may be smaller than this job's (a plan for more memory might not fit). With
-// save_deployment rank 0 writes every deployment it plans (not loaded ones) to deployment_file;
+// save_deployment rank 0 writes every deployment it plans (not loaded ones), with the hosts of
+// a multi-host job (Note [Hosts of a deployment] in core/deployment.h), to deployment_file;
 // partitioning_dry_run_np=N plans for N ranks and a global batch of N local batches, saves the
 // plan and ends the job, so that a later launch on N ranks loads it.
 //
@@ -302,6 +303,9 @@ class Module {
   // *elsewhere when it was planned for another job (a deployment file, the plan cache).
   core::Deployment firstPlan(const std::vector<c10::IValue>& examples, int64_t globalBatch,
                              core::PlanUsage usage, bool* elsewhere);
+  // Rank 0 writes a plan made for this job to saveDeploymentPath (Note [Saved deployments]).
+  // Collective: every rank calls it, and a failure to write is every rank's error.
+  void savePlanned(const core::Deployment& deployment);
   // The planner's plan: ModuleOptions::planner, or the AutoPlanner.
   core::Deployment plan(const PlanningInput& input);
   // Rank 0 of a dry run: plans for dryRunWorldSize ranks and saves the plan.
@@ -315,7 +319,8 @@ class Module {
   ModuleOptions options_;
   std::shared_ptr<comm::Backend> backend_;
   JobSpec job_;                              // Note [Resolving the job]
-  // Each rank's hostname when the job spans several hosts, else empty (Note [Hosts in the log]).
+  // Each rank's hostname when the job spans several hosts, else empty (Note [Hosts in the log]);
+  // every deployment this module runs carries it (Note [Hosts of a deployment]).
   std::vector<std::string> hosts_;
   std::unique_ptr<AutoPlanner> autoPlanner_;  // when options_.planner is unset
   // Shared with the autograd node of forward()'s outputs, which may run backward after the

@@ -28,6 +28,8 @@ void logDeployment(const core::Deployment& d) {
     log->info("{}: {} nodes, replicas={} ranks={{{}}} recompute={} zero={}", s.name,
               s.nodes.size(), s.replicaCount(), ranks.str(), s.recompute, s.zero ? 1 : 0);
   }
+  const std::string placed = core::stageHostsText(d);  // Note [Hosts in the log] in module.cpp
+  if (!placed.empty()) log->info("Stages on hosts: {}", placed);
 }
 
 staging::VerifiedDeployment Module::obtainDeployment(const std::vector<c10::IValue>& examples,
@@ -67,7 +69,10 @@ staging::VerifiedDeployment Module::obtainDeployment(const std::vector<c10::IVal
     }
     deployment = core::decodeDeployment(bytes, "deployment broadcast from rank 0");
   }
+  // Note [Hosts of a deployment]: this job's hosts (every rank has them), whatever the source.
+  deployment.rankHosts = hosts_;
   if (backend_->rank() == 0) logDeployment(deployment);
+  if (!elsewhere && !options_.saveDeploymentPath.empty()) savePlanned(deployment);
   staging::DeploymentFit fit;
   fit.worldSize = backend_->worldSize();
   fit.usage = usage;
@@ -103,11 +108,17 @@ core::Deployment Module::firstPlan(const std::vector<c10::IValue>& examples, int
   input.usage = usage;
   core::Deployment planned = plan(input);
   if (!cached.empty()) writeCachedPlan(planned, cached);
-  if (!options_.saveDeploymentPath.empty()) {
-    core::saveDeployment(planned, options_.saveDeploymentPath);
-    log->info("Saved the deployment to {} (save_deployment)", options_.saveDeploymentPath);
-  }
   return planned;
+}
+
+// Note [Saved deployments]: after obtainDeployment gave it this job's hosts.
+void Module::savePlanned(const core::Deployment& deployment) {
+  comm::runAgreed(*backend_, "saving the deployment", [&] {
+    if (backend_->rank() != 0) return;
+    core::saveDeployment(deployment, options_.saveDeploymentPath);
+    core::logger("DPStaging")
+        ->info("Saved the deployment to {} (save_deployment)", options_.saveDeploymentPath);
+  });
 }
 
 core::Deployment Module::plan(const PlanningInput& input) {

@@ -19,8 +19,9 @@ namespace autostage::driver {
 //      else the decomposer here.
 // A plan from 1 or 2 was made for another job and is checked against this one as well (graph,
 // batch, memory: Note [One verification] in staging/route_check.h). A plan from 3 is written to
-// the plan cache and, with save_deployment, to deployment_file. A dry run
-// (partitioning_dry_run_np) skips 1 and 2, plans for its world size and ends the job.
+// the plan cache as planned and, with save_deployment, to deployment_file with this job's hosts
+// (Note [Hosts of a deployment] in core/deployment.h). A dry run (partitioning_dry_run_np) skips 1
+// and 2, plans for its world size and ends the job.
 
 // The `[DPStaging] Deployment: ...` lines: stages, micro-batches, schedule, usage, replicas, ranks.
 void logDeployment(const core::Deployment& deployment);

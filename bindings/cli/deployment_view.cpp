@@ -74,7 +74,23 @@ std::string formatRanks(const std::vector<int>& ranks) {
   return out;
 }
 
+std::string hostNames(const core::Deployment& d, const std::vector<int>& ranks) {
+  if (d.rankHosts.empty()) return "";
+  std::string names;
+  for (const core::HostRanks& entry : core::ranksByHost(d.rankHosts, ranks))
+    names += (names.empty() ? "" : ", ") + entry.host;
+  return names;
+}
+
 namespace {
+
+// The partition log's host lines (Note [Hosts in the log] in driver/module.cpp); nothing for a
+// one-host deployment.
+void printHosts(std::ostream& out, const core::Deployment& d) {
+  if (d.rankHosts.empty()) return;
+  out << "hosts: " << core::hostsText(d.rankHosts) << "\n"
+      << "stages on hosts: " << core::stageHostsText(d) << "\n";
+}
 
 void printStages(std::ostream& out, const core::Deployment& d) {
   out << "stages:\n"
@@ -153,6 +169,7 @@ void printDeployment(std::ostream& out, const core::Deployment& d) {
                                     std::to_string(core::pipelinePositions(d)) + ")"
                               : "")
       << "\n";
+  printHosts(out, d);
   printStages(out, d);
   printTimes(out, d, sim);
   printMemory(out, d);

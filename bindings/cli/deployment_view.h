@@ -33,8 +33,13 @@ std::string formatSeconds(double seconds);
 std::string formatBytes(double bytes);
 // "0-3", "0,2,5", "4-5,7".
 std::string formatRanks(const std::vector<int>& ranks);
+// The hosts `ranks` (every rank when empty) ran on, "a, b" in order of first appearance; "" when
+// the deployment records no hosts (Note [Hosts of a deployment] in core/deployment.h).
+std::string hostNames(const core::Deployment& deployment, const std::vector<int>& ranks);
 
-// The text `autostage show` prints.
+// The text `autostage show` prints; for a deployment that ran on several hosts, after the
+// summary, the lines `hosts: a (ranks 0,1), b (ranks 2,3)` and `stages on hosts: STAGE_0_3 on a
+// (ranks 0,1); ...` (Note [Hosts of a deployment] in core/deployment.h).
 void printDeployment(std::ostream& out, const core::Deployment& deployment);
 
 }  // namespace autostage::cli

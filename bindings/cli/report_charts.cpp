@@ -34,6 +34,15 @@ int stageOfRank(const core::Deployment& d, int rank) {
   return -1;
 }
 
+// "node 1", or "node 1: b" with the hosts of its ranks (Note [Hosts of a deployment]).
+std::string nodeLabel(const core::Deployment& d, int node, int perNode) {
+  std::vector<int> ranks;
+  for (int rank = node * perNode; rank < std::min((node + 1) * perNode, d.worldSize); ++rank)
+    ranks.push_back(rank);
+  const std::string hosts = hostNames(d, ranks);
+  return "node " + std::to_string(node) + (hosts.empty() ? "" : ": " + hosts);
+}
+
 // Vertical grid lines and tick labels of a time axis under rows [top, bottom).
 void timeAxis(Svg& svg, double top, double bottom, double timeScale) {
   for (double t : niceTicks(timeScale)) {
@@ -167,13 +176,14 @@ std::string rankAssignmentSvg(const core::Deployment& d) {
   for (int n = 0; n < nodes; ++n) {
     const double nx = (n % nodesPerRow) * (nodeWidth + 16), ny = (n / nodesPerRow) * (nodeHeight + 16);
     svg.rect(nx, ny, nodeWidth, nodeHeight, "#f6f6f6", "class=\"node\" stroke=\"#888888\" rx=\"6\"");
-    svg.text(nx + pad, ny + 16, "node " + std::to_string(n), "start", "class=\"node-label\"");
+    svg.text(nx + pad, ny + 16, nodeLabel(d, n, perNode), "start", "class=\"node-label\"");
     for (int i = 0; i < perNode && n * perNode + i < d.worldSize; ++i) {
       const int rank = n * perNode + i, stage = stageOfRank(d, rank);
       const double x = nx + pad + (i % columns) * (box + gap);
       const double y = ny + header + (i / columns) * (boxHeight + gap);
-      const std::string tooltip = stage >= 0 ? "rank " + std::to_string(rank) + ": " + d.stages[stage].name
-                                             : "rank " + std::to_string(rank) + ": no stage (feeds its rows)";
+      const std::string where = d.rankHosts.empty() ? "" : " on " + d.rankHosts[rank];
+      const std::string tooltip = "rank " + std::to_string(rank) + where + ": " +
+                                  (stage >= 0 ? d.stages[stage].name : "no stage (feeds its rows)");
       svg.rect(x, y, box, boxHeight, stage >= 0 ? stageColor(stage) : "#ffffff",
                "class=\"rank\" " + attr("data-rank", std::to_string(rank)) + " " +
                    attr("data-stage", std::to_string(stage)) + " stroke=\"#555555\" rx=\"4\"",

@@ -68,14 +68,18 @@ void summaryTable(std::ostream& out, const core::Deployment& d, const decomposer
 }
 
 void stageTable(std::ostream& out, const core::Deployment& d, const decomposer::SimulationResult& sim) {
+  const bool hosts = !d.rankHosts.empty();
   out << "<table id=\"stages\">\n<tr><th class=\"left\">stage</th><th>nodes</th><th>ranks</th>"
-         "<th>replicas</th><th>recompute</th><th>zero</th><th>forward</th><th>backward</th><th>send fwd</th>"
-         "<th>send bwd</th><th>allreduce</th><th>busy / iter</th><th>memory</th></tr>\n";
+      << (hosts ? "<th class=\"left\">hosts</th>" : "")
+      << "<th>replicas</th><th>recompute</th><th>zero</th><th>forward</th><th>backward</th>"
+         "<th>send fwd</th><th>send bwd</th><th>allreduce</th><th>busy / iter</th><th>memory</th>"
+         "</tr>\n";
   for (size_t i = 0; i < d.stages.size(); ++i) {
     const core::StageDeployment& s = d.stages[i];
     out << "<tr><td class=\"left\">" << swatch(stageColor(s.id), "S" + std::to_string(s.id) + " " + s.name)
-        << "</td><td>" << s.nodes.size() << "</td><td>" << formatRanks(s.ranks) << "</td><td>"
-        << s.replicaCount() << "</td><td>" << (s.recompute ? "yes" : "no") << "</td><td>"
+        << "</td><td>" << s.nodes.size() << "</td><td>" << formatRanks(s.ranks) << "</td>"
+        << (hosts ? "<td class=\"left\">" + escapeXml(hostNames(d, s.ranks)) + "</td>" : "")
+        << "<td>" << s.replicaCount() << "</td><td>" << (s.recompute ? "yes" : "no") << "</td><td>"
         << (s.zero ? "1" : "0") << "</td>";
     for (double t : {s.forwardSeconds, s.backwardSeconds, s.sendForwardSeconds, s.sendBackwardSeconds,
                      s.allreduceSeconds, sim.stageBusySeconds[i]})
@@ -87,6 +91,24 @@ void stageTable(std::ostream& out, const core::Deployment& d, const decomposer::
               ? ""
               : " (" + std::to_string(d.stages[0].microBatchPerReplica) + " samples on stage 0)")
       << "; busy / iter is the stage's total work in one iteration.</p>\n";
+}
+
+// Note [Hosts of a deployment]: each host's ranks and the stages with a replica there; nothing
+// for a one-host deployment.
+void hostTable(std::ostream& out, const core::Deployment& d) {
+  if (d.rankHosts.empty()) return;
+  out << "<h2>Hosts</h2>\n<table id=\"hosts\">\n<tr><th class=\"left\">host</th><th>ranks</th>"
+         "<th class=\"left\">stages</th></tr>\n";
+  for (const core::HostRanks& host : core::ranksByHost(d.rankHosts)) {
+    out << "<tr><td class=\"left\">" << escapeXml(host.host) << "</td><td>"
+        << formatRanks(host.ranks) << "</td><td class=\"left\">";
+    for (const core::StageDeployment& s : d.stages)
+      if (std::any_of(s.ranks.begin(), s.ranks.end(),
+                      [&](int rank) { return d.rankHosts[rank] == host.host; }))
+        out << swatch(stageColor(s.id), "S" + std::to_string(s.id) + " " + s.name);
+    out << "</td></tr>\n";
+  }
+  out << "</table>\n";
 }
 
 void routeTable(std::ostream& out, const core::Deployment& d) {
@@ -159,6 +181,7 @@ std::string renderReportHtml(const ReportInput& input) {
   out << "<h2>Stages</h2>\n";
   stageTable(out, d, sim);
   routeTable(out, d);
+  hostTable(out, d);
   out << "<h2>Stage and rank assignment</h2>\n<p class=\"note\">Each box is a rank (device), grouped "
          "by node and coloured by the stage it runs; replicas of a stage share its colour.</p>\n"
       << rankAssignmentSvg(d) << "<h2>Memory per device</h2>\n<p class=\"note\">Predicted peak per "

@@ -1,8 +1,10 @@
 #pragma once
 // `autostage report`: one self-contained HTML page (inline CSS and SVG, no script, no external
-// resource) describing a deployment: summary and stage tables, the stage/rank assignment, memory
-// per device against the limit, a Gantt chart of one simulated iteration and, when given, the
-// measured timeline of one step from the runtime trace on the same time scale.
+// resource) describing a deployment: summary and stage tables, for a deployment that ran on
+// several hosts a hosts table (<table id="hosts">: host, ranks, stages) and a hosts column in the
+// stage table (Note [Hosts of a deployment] in core/deployment.h), the stage/rank assignment,
+// memory per device against the limit, a Gantt chart of one simulated iteration and, when given,
+// the measured timeline of one step from the runtime trace on the same time scale.
 //
 // SVG elements carry classes and data attributes so tests (and users' tools) can find them:
 //   rank boxes      <rect class="rank" data-rank="r" data-stage="s">   (data-stage -1: idle)

@@ -162,6 +162,7 @@ proto::Deployment toProto(const Deployment& deployment) {
   out.set_predicted_iteration_seconds(deployment.predictedIterationSeconds);
   out.set_devices_per_node(deployment.devicesPerNode);
   out.set_virtual_stages(deployment.virtualStages);
+  out.mutable_rank_hosts()->Add(deployment.rankHosts.begin(), deployment.rankHosts.end());
   return out;
 }
 
@@ -182,6 +183,7 @@ Deployment fromProto(const proto::Deployment& message, const std::string& origin
   d.predictedIterationSeconds = message.predicted_iteration_seconds();
   d.devicesPerNode = message.devices_per_node();
   d.virtualStages = message.virtual_stages() == 0 ? 1 : message.virtual_stages();
+  d.rankHosts.assign(message.rank_hosts().begin(), message.rank_hosts().end());
   checkDeployment(d, origin);
   return d;
 }
@@ -191,6 +193,10 @@ void checkDeployment(const Deployment& deployment, const std::string& origin) {
     fail(origin, "world_size is ", deployment.worldSize, ", expected at least 1");
   if (deployment.microBatchCount < 1)
     fail(origin, "micro_batch_count is ", deployment.microBatchCount, ", expected at least 1");
+  if (!deployment.rankHosts.empty() &&
+      deployment.rankHosts.size() != static_cast<size_t>(deployment.worldSize))
+    fail(origin, "rank_hosts names ", deployment.rankHosts.size(), " hosts for world_size ",
+         deployment.worldSize, ", expected none or one per rank");
   checkStages(deployment, origin);
   checkRoutes(deployment, origin);
 }

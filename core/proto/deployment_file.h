@@ -18,10 +18,11 @@ proto::Deployment toProto(const Deployment& deployment);
 // Converts and runs checkDeployment.
 Deployment fromProto(const proto::Deployment& message, const std::string& origin);
 
-// Internal consistency: world_size >= 1, micro_batch_count >= 1; stage ids 0..n-1 in order; every
-// stage has >= 1 rank, each in 0..world_size-1; no rank holds two stage replicas (in one stage or
-// in two); every route's producer is the feeder or an existing stage and its consumers exist.
-// Throws FormatError naming `origin` and the offending stage, rank or route.
+// Internal consistency: world_size >= 1, micro_batch_count >= 1; rank_hosts empty or one per
+// rank (Note [Hosts of a deployment]); stage ids 0..n-1 in order; every stage has >= 1 rank, each
+// in 0..world_size-1; no rank holds two stage replicas (in one stage or in two); every route's
+// producer is the feeder or an existing stage and its consumers exist. Throws FormatError naming
+// `origin` and the offending stage, rank, route or field.
 void checkDeployment(const Deployment& deployment, const std::string& origin);
 
 std::string encodeDeployment(const Deployment& deployment);

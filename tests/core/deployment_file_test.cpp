@@ -133,6 +133,25 @@ TEST_CASE("an interleaved deployment round-trips: stage k on the ranks of stage 
   REQUIRE_FALSE(other == d);
 }
 
+TEST_CASE("a deployment that ran on several hosts round-trips each rank's hostname",
+          "[core][proto]") {
+  Deployment d = sampleDeployment();
+  const std::string oneHost = encodeDeployment(d);
+  d.rankHosts = {"b", "a", "a", "b", "c", "c", "c", "c"};  // Note [Hosts of a deployment]
+  const std::string path = scratch("hosts.deployment").string();
+  saveDeployment(d, path);
+  const Deployment back = loadDeployment(path);
+  REQUIRE(back == d);
+  REQUIRE(back.rankHosts == d.rankHosts);
+  REQUIRE(encodeDeployment(back) == encodeDeployment(d));
+  // One host records none, and encodes to the bytes it had before the field existed.
+  REQUIRE(toProto(sampleDeployment()).rank_hosts_size() == 0);
+  REQUIRE(decodeDeployment(oneHost).rankHosts.empty());
+  Deployment cleared = back;
+  cleared.rankHosts.clear();
+  REQUIRE(encodeDeployment(cleared) == oneHost);
+}
+
 TEST_CASE("deployment operator== sees stages, routes and options", "[core][proto]") {
   const Deployment d = sampleDeployment();
   auto differs = [&](auto&& change) {
@@ -149,6 +168,7 @@ TEST_CASE("deployment operator== sees stages, routes and options", "[core][proto
   REQUIRE(differs([](Deployment& e) { e.options["max_blocks"] = "32"; }));
   REQUIRE(differs([](Deployment& e) { e.microBatchCount = 4; }));
   REQUIRE(differs([](Deployment& e) { e.decomposer = "gpipe"; }));
+  REQUIRE(differs([](Deployment& e) { e.rankHosts.assign(8, "a"); }));
 }
 
 TEST_CASE("truncated, corrupted and foreign deployment bytes are FormatErrors", "[core][proto]") {
@@ -211,6 +231,8 @@ TEST_CASE("inconsistent deployments are FormatErrors naming the stage, rank or r
                  {"route 2 (value 15) goes to stage 5"});
   requireRefused([](P& m) { m.set_world_size(0); }, {"world_size is 0, expected at least 1"});
   requireRefused([](P& m) { m.set_micro_batch_count(0); }, {"micro_batch_count is 0"});
+  requireRefused([](P& m) { m.add_rank_hosts("a"); },
+                 {"rank_hosts names 1 hosts for world_size 8", "none or one per rank"});
   requireRefused([](P& m) { *m.add_options() = m.options(0); },
                  {"option 'max_blocks' appears twice"});
 }
@@ -246,6 +268,7 @@ TEST_CASE("deployment fields added later are 0 when an older file lacks them", "
   proto::Deployment message = toProto(d);
   message.clear_devices_per_node();
   message.clear_virtual_stages();
+  message.clear_rank_hosts();
   for (auto& stage : *message.mutable_stages()) {
     stage.clear_send_forward_seconds();
     stage.clear_send_backward_seconds();
@@ -257,6 +280,7 @@ TEST_CASE("deployment fields added later are 0 when an older file lacks them", "
   Deployment old = fromProto(message, "old file");
   REQUIRE(old.devicesPerNode == 0);
   REQUIRE(old.virtualStages == 1);  // files from before interleaving: one stage per position
+  REQUIRE(old.rankHosts.empty());    // files from before hosts were recorded: one host or unknown
   REQUIRE(old.stages[0].sendForwardSeconds == 0);
   REQUIRE(old.stages[1].gradientBytes == 0);
   REQUIRE_FALSE(old.stages[0].zero);  // files from before ZeRO-1 load as zero=0

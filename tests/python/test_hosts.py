@@ -212,8 +212,9 @@ def describe(reactions, job, injected):
 
 
 def test_two_hosts_train_like_one_host(hosts, folder):
-    """2 hosts x 2 ranks, 2 stages: the ranks see two hostnames, and the losses equal, to the
-    last bit, those of a one-host run of the same plan (saved, then loaded)."""
+    """2 hosts x 2 ranks, 2 stages: the ranks see two hostnames, the saved plan names them (show,
+    report), and the losses equal, to the last bit, those of a one-host run of the same plan
+    (saved, then loaded)."""
     plan = os.path.join(folder, "plan.pb")
     two = launch(hosts, driver("train", 3), folder, AUTOSTAGE_PARTITION_NUM="2",
                  AUTOSTAGE_SAVE_DEPLOYMENT="true", AUTOSTAGE_DEPLOYMENT_FILE=plan,
@@ -233,6 +234,7 @@ def test_two_hosts_train_like_one_host(hosts, folder):
     assert sorted(int(r) for _, ranks in named for r in ranks.split(",")) == [0, 1, 2, 3], log
     for host, ranks in named:  # each stage's ranks under the host they ran on
         assert all(placed[int(r)] == host for r in ranks.split(",")), (host, ranks, log)
+    check_saved_hosts(plan, stages.group(1), hosts.names)
     alone = os.path.join(folder, "one")
     os.mkdir(alone)
     env = mpi_env(AUTOSTAGE_LOAD_DEPLOYMENT="true", AUTOSTAGE_DEPLOYMENT_FILE=plan,
@@ -245,6 +247,36 @@ def test_two_hosts_train_like_one_host(hosts, folder):
         assert len(losses[name]) == 12, text
     print("losses, two hosts:", losses["two hosts"])
     assert losses["two hosts"] == losses["one host"]
+
+
+def check_saved_hosts(plan, logged, names):
+    """Note [Hosts of a deployment]: `autostage show` and `autostage report` of the saved plan
+    name both hosts with their ranks, and each host's stages as the log's `Stages on hosts:`
+    line (`logged`) placed them."""
+    h0, h1 = names
+    shown = subprocess.run([CLI, "show", plan], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"hosts: {h0} (ranks 0,1), {h1} (ranks 2,3)\n" in shown.stdout, shown.stdout
+    assert f"stages on hosts: {logged}\n" in shown.stdout, (logged, shown.stdout)
+    stages_on = {host: set() for host in names}
+    for part in logged.split("; "):
+        stage, where = part.split(" on ", 1)
+        for host in re.findall(r"(\S+) \(ranks", where):
+            stages_on[host].add(stage)
+    html = plan + ".html"
+    report = subprocess.run([CLI, "report", plan, "-o", html], capture_output=True, text=True,
+                            timeout=60)
+    assert report.returncode == 0, report.stdout + report.stderr
+    with open(html) as f:
+        page = f.read()
+    table = re.search(r'<table id="hosts">(.*?)</table>', page, re.S)
+    assert table, page
+    rows = re.findall(r'<tr><td class="left">([^<]+)</td><td>([\d,-]+)</td>'
+                      r'<td class="left">(.*?)</td></tr>', table.group(1))
+    assert [(host, ranks) for host, ranks, _ in rows] == [(h0, "0-1"), (h1, "2-3")], rows
+    for host, _, cell in rows:
+        assert set(re.findall(r"S\d+ (\S+?)</span>", cell)) == stages_on[host], (host, cell)
+    print(f"autostage show and report name {h0} and {h1}: {logged}")
 
 
 @pytest.mark.parametrize("fault", ["link cut", "host dies"])

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <sstream>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "bindings/cli/report_command.h"
 #include "bindings/cli/svg.h"
 #include "core/error.h"
+#include "core/proto/deployment_file.h"
 #include "core/proto/file_format.h"
 
 using namespace autostage;
@@ -309,4 +312,52 @@ TEST_CASE("autostage show and the report give each stage's ZeRO-1 setting", "[cl
   for (auto it = std::sregex_iterator(html.begin(), html.end(), cell); it != std::sregex_iterator(); ++it)
     cells.push_back((*it)[2]);
   CHECK(cells == std::vector<std::string>{"1", "0", "0"});
+}
+
+TEST_CASE("show and report of a saved deployment name its hosts and the stages on each", "[cli]") {
+  core::Deployment d = sample();  // Note [Hosts of a deployment]: ranks 0-3 on alpha, 4-7 on beta
+  d.rankHosts = {"alpha", "alpha", "alpha", "alpha", "beta", "beta", "beta", "beta"};
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "report_html_test_hosts.pb").string();
+  core::saveDeployment(d, path);
+  std::ostringstream shown;
+  REQUIRE(runShowCommand({path}, shown) == 0);
+  const std::string text = shown.str();
+  INFO(text);
+  CHECK(count(text, "hosts: alpha (ranks 0,1,2,3), beta (ranks 4,5,6,7)\n") == 1);
+  CHECK(count(text, "stages on hosts: STAGE_0_9 on alpha (ranks 0,1,2,3); STAGE_10_19 on beta "
+                    "(ranks 4,5); STAGE_20_29 on beta (ranks 6)\n") == 1);
+  std::ostringstream written;
+  REQUIRE(runReportCommand({path, "-o", path + ".html"}, written) == 0);
+  std::ifstream file(path + ".html");
+  const std::string html((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  REQUIRE(wellFormedProblem(html) == "");
+  CHECK(count(html, "<h2>Hosts</h2>") == 1);
+  CHECK(count(html, "<tr><td class=\"left\">alpha</td><td>0-3</td><td class=\"left\">") == 1);
+  CHECK(count(html, "<tr><td class=\"left\">beta</td><td>4-7</td><td class=\"left\">") == 1);
+  const size_t betaRow = html.find(">beta</td><td>4-7<");
+  REQUIRE(betaRow != std::string::npos);
+  const std::string beta = html.substr(betaRow, html.find("</tr>", betaRow) - betaRow);
+  CHECK(count(beta, "STAGE_10_19<") == 1);
+  CHECK(count(beta, "STAGE_20_29<") == 1);
+  CHECK(count(beta, "STAGE_0_9<") == 0);
+  CHECK(count(html, "<th class=\"left\">hosts</th>") == 1);  // a column of the stage table
+  CHECK(count(html, "<td>0-3</td><td class=\"left\">alpha</td>") == 1);
+  CHECK(count(html, ">node 0: alpha<") == 1);  // the rank picture's nodes
+  CHECK(count(html, ">node 1: beta<") == 1);
+  std::filesystem::remove(path);
+  std::filesystem::remove(path + ".html");
+}
+
+TEST_CASE("show and report of a one-host deployment name no host", "[cli]") {
+  std::ostringstream shown;
+  printDeployment(shown, sample());
+  CHECK(shown.str().find("hosts") == std::string::npos);
+  ReportInput input;
+  input.deployment = sample();
+  const std::string html = renderReportHtml(input);
+  CHECK(count(html, "<h2>Hosts</h2>") == 0);
+  CHECK(count(html, "<table id=\"hosts\">") == 0);
+  CHECK(count(html, ">hosts</th>") == 0);
+  CHECK(count(html, ">node 0<") == 1);
 }
