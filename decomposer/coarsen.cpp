@@ -34,9 +34,10 @@ int64_t tracedBatch(const core::Graph& graph) {
 }
 
 // Whether the runtime can split `v` by samples: a tensor of known shape whose dim 0 is the traced
-// batch (or dynamic). Note [Non-tensor values are not cut].
+// batch (or dynamic), not known to be something else. Note [Non-tensor values are not cut].
 bool splittable(const core::Value& v, int64_t batch) {
   if (!v.type.isTensor() || !v.type.shapeKnown()) return false;  // staging/route_check.cpp
+  if (v.type.notBatchMajor()) return false;  // Note [Rows of a value] (core/ir/type.h)
   if (batch < 0) return true;
   if (!v.type.shape().empty() && v.type.shape()[0] < 0) return true;  // dynamic dim 0
   return !v.type.shape().empty() && v.type.shape()[0] == batch;

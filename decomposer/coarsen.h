@@ -20,7 +20,8 @@
 // activation, an attention mask built from sizes). Such values cannot be re-split between stages
 // with different replica counts (a traced `x.size(0)` is the micro-batch size of *that* replica),
 // so the groups on both sides are merged before the greedy merge, even past max_blocks. (A tensor
-// whose dim 0 only happens to equal the batch is indistinguishable and stays cuttable.) A model
+// whose dim 0 only happens to equal the batch stays cuttable, unless the front end marked it
+// not_batch_major: Note [Rows of a value] in core/ir/type.h.) A model
 // that takes `b = x.size(0)` at the start and uses it at the end therefore has one block and runs
 // data-parallel; reading the size where it is used keeps the layers cuttable.
 

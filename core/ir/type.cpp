@@ -126,6 +126,13 @@ Type Type::withBatchSize(int64_t batch) const {
   return t;
 }
 
+Type Type::withNotBatchMajor() const {
+  AUTOSTAGE_INTERNAL_ASSERT(isTensor() && shapeKnown_ && !shape_.empty());
+  Type t = *this;
+  t.notBatchMajor_ = true;
+  return t;
+}
+
 std::string Type::toString() const {
   std::ostringstream out;
   switch (kind_) {
@@ -142,6 +149,7 @@ std::string Type::toString() const {
           if (shape_.empty()) out << "scalar", first = false;
         }
         if (requiresGrad_) out << (first ? "" : ", ") << "requires_grad";
+        if (notBatchMajor_) out << ", not_batch_major";  // only with a non-empty shape
         out << ')';
       }
       break;
@@ -170,7 +178,8 @@ std::string Type::toString() const {
 
 bool Type::operator==(const Type& o) const {
   return kind_ == o.kind_ && dtype_ == o.dtype_ && shapeKnown_ == o.shapeKnown_ &&
-         shape_ == o.shape_ && requiresGrad_ == o.requiresGrad_ && elements_ == o.elements_ &&
+         shape_ == o.shape_ && requiresGrad_ == o.requiresGrad_ && notBatchMajor_ == o.notBatchMajor_ &&
+         elements_ == o.elements_ &&
          otherName_ == o.otherName_;
 }
 
@@ -271,12 +280,15 @@ class TypeParser {
         t.shapeKnown_ = true, t.shape_.push_back(-1);
       } else if (item == "requires_grad") {
         t.requiresGrad_ = true;
+      } else if (item == "not_batch_major") {
+        if (t.shape_.empty()) fail("not_batch_major needs the dimensions before it");
+        t.notBatchMajor_ = true;
       } else if (item == "scalar") {
         t.shapeKnown_ = true;
       } else if (!item.empty() && std::isdigit(static_cast<unsigned char>(item[0]))) {
         t.shapeKnown_ = true, t.shape_.push_back(dimension(item));
       } else {
-        fail("expected a dimension, '*', 'scalar' or 'requires_grad'");
+        fail("expected a dimension, '*', 'scalar', 'requires_grad' or 'not_batch_major'");
       }
     } while (accept(','));
     if (!accept(')')) fail("expected ')' closing tensor details");

@@ -1,7 +1,18 @@
 #pragma once
 // IR types: tensors (dtype, shape, requires_grad), scalars, lists, tuples, optionals, None, strings.
 // Pure value type; knows nothing of torch. Text form: `Float(8, 16, requires_grad)`, `int[]`,
-// `(Tensor, int)`, `Tensor?`, `NoneType`, `str`.
+// `(Tensor, int)`, `Tensor?`, `NoneType`, `str`, `Float(6, 32, not_batch_major)`.
+//
+// Note [Rows of a value]
+// A tensor whose dim 0 equals the traced batch is taken for batch-major (its rows are samples,
+// so the runtime may split it between micro-batches and replicas) unless the front end knows
+// otherwise. TorchScript's trace records concrete sizes only, so on that front end a per-expert
+// value of a mixture-of-experts layer whose expert count happens to equal the batch is
+// indistinguishable from a batch-major one. torch.export records sizes symbolically: its
+// importer marks every activation whose dim 0 is not exactly the batch symbol
+// `not_batch_major`, and the planner never cuts where such a value crosses (Note [Non-tensor
+// values are not cut] in decomposer/coarsen.h). The mark says nothing about how the value's size
+// scales with the batch (a [batch * seq, vocab] flattening is not batch-major and still grows).
 
 #include <cstdint>
 #include <string>
@@ -39,6 +50,10 @@ class Type {
   // Dimensions, batch dimension first; -1 marks an unknown extent. Empty when shape unknown.
   const std::vector<int64_t>& shape() const { return shape_; }
   bool requiresGrad() const { return requiresGrad_; }
+  // Whether the front end knows that dim 0 is not the batch (Note [Rows of a value]).
+  bool notBatchMajor() const { return notBatchMajor_; }
+  // This tensor type marked not_batch_major; requires a tensor of known, non-empty shape.
+  Type withNotBatchMajor() const;
   const std::vector<Type>& elements() const { return elements_; }
   const std::string& otherName() const { return otherName_; }
 
@@ -61,6 +76,7 @@ class Type {
   bool shapeKnown_ = false;
   std::vector<int64_t> shape_;
   bool requiresGrad_ = false;
+  bool notBatchMajor_ = false;
   std::vector<Type> elements_;
   std::string otherName_;
   friend class TypeParser;

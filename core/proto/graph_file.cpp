@@ -76,6 +76,7 @@ void typeToProto(const Type& type, proto::Type* out) {
     out->set_shape_known(type.shapeKnown());
     for (int64_t d : type.shape()) out->add_dims(d);
     out->set_requires_grad(type.requiresGrad());
+    out->set_not_batch_major(type.notBatchMajor());
   }
   for (const Type& element : type.elements()) typeToProto(element, out->add_elements());
   if (type.kind() == TypeKind::Other) out->set_other_name(type.otherName());
@@ -84,7 +85,9 @@ void typeToProto(const Type& type, proto::Type* out) {
 Type tensorFromProto(const proto::Type& message, DType dtype) {
   if (message.shape_known()) {
     std::vector<int64_t> dims(message.dims().begin(), message.dims().end());
-    return Type::tensor(dtype, std::move(dims), message.requires_grad());
+    const bool rowsKnown = !dims.empty();
+    Type t = Type::tensor(dtype, std::move(dims), message.requires_grad());
+    return message.not_batch_major() && rowsKnown ? t.withNotBatchMajor() : t;
   }
   // Type has no factory for "dtype known, shape unknown"; its text form expresses exactly that.
   return Type::parse(dtypeName(dtype) + (message.requires_grad() ? "(requires_grad)" : ""));

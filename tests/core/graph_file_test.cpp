@@ -63,7 +63,8 @@ Graph richGraph() {
       g.addNode("aten::linear", {x, w, none}, {floatTensor({8, 4})}, {}, "layers.0.fc", {"y"});
   ValueId y = g.node(lin).outputs[0];
   Type tupleType =
-      Type::tuple({floatTensor({8, 4}), Type::list(Type::optional(Type::scalar(TypeKind::Bool))),
+      Type::tuple({floatTensor({8, 4}).withNotBatchMajor(),  // Note [Rows of a value]
+                   Type::list(Type::optional(Type::scalar(TypeKind::Bool))),
                    Type::other("__torch__.Foo"), Type::tuple({})});
   NodeId tup =
       g.addNode("prim::TupleConstruct", {y, i, mask, y}, {tupleType},

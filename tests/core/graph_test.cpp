@@ -129,8 +129,16 @@ TEST_CASE("parse reports truncated and malformed text with a line number", "[cor
 TEST_CASE("types print, parse and measure", "[core]") {
   for (const char* text : {"Float(8, 16, requires_grad)", "Long(scalar)", "Tensor", "int[]",
                            "(Tensor, int?)", "float[][]", "NoneType", "str", "Device",
-                           "Half(*, 4)", "Other<__torch__.M>"})
+                           "Half(*, 4)", "Other<__torch__.M>", "Float(6, 32, not_batch_major)",
+                           "Float(6, requires_grad, not_batch_major)"})
     REQUIRE(Type::parse(text).toString() == text);
+  // Note [Rows of a value]: the mark is part of the type (and so of the graph's text and hash).
+  Type perExpert = Type::parse("Float(6, 32, not_batch_major)");
+  REQUIRE(perExpert.notBatchMajor());
+  REQUIRE(perExpert != Type::tensor(DType::Float32, {6, 32}));
+  REQUIRE(perExpert == Type::tensor(DType::Float32, {6, 32}).withNotBatchMajor());
+  REQUIRE_THROWS_AS(Type::parse("Float(not_batch_major)"), FormatError);
+  REQUIRE_THROWS_AS(Type::parse("Float(scalar, not_batch_major)"), FormatError);
   REQUIRE(Type::tensor(DType::Float16, {3, 5}).bytes() == 30);
   REQUIRE(Type::tensor(DType::Float32, {-1, 5}).bytes() == -1);
   REQUIRE(Type::tensor(DType::Float32, {4, 5}).withBatchSize(2).shape() == std::vector<int64_t>{2, 5});

@@ -200,3 +200,29 @@ TEST_CASE("boundaries crossed by tensors whose dim 0 is not the batch are never 
   // The 0-dim loss is a graph output read by no later group, so the cut before it stays.
   REQUIRE(blocking.blockFirstGroup == std::vector<int>{0, 1, 4, 5, 6});
 }
+
+// Note [Rows of a value]: a per-expert value whose expert count equals the traced batch (8) looks
+// batch-major by its shape; marked not_batch_major by the front end, it pins its boundaries.
+TEST_CASE("tensors marked not_batch_major are never cut even when dim 0 equals the batch",
+          "[decomposer]") {
+  auto build = [](bool marked) {
+    core::Graph g("experts");
+    ValueId x = g.addInput("x", tensor({8, 4}), core::ValueClass::Batch);
+    auto op = [&](const char* kind, ValueId in, core::Type type) {
+      return g.node(g.addNode(kind, {in}, {std::move(type)})).outputs[0];
+    };
+    core::Type perExpert = marked ? tensor({8, 4}).withNotBatchMajor() : tensor({8, 4});
+    ValueId a = op("aten::relu", x, tensor({8, 4}));       // group 0
+    ValueId experts = op("aten::index_add", a, perExpert);  // group 1
+    ValueId b = op("aten::relu", experts, perExpert);       // group 2
+    ValueId back = op("aten::index_select", b, tensor({8, 4}));  // group 3
+    ValueId c = op("aten::relu", back, tensor({8, 4}));     // group 4
+    NodeId loss = g.addNode("aten::sum", {c}, {core::Type::tensor(core::DType::Float32, {})});
+    g.addOutput(g.node(loss).outputs[0]);
+    g.classifyValues();
+    core::GraphProfile profile = uniformProfile(g);
+    return buildBlocking(g, profile, 100, 8).blockFirstGroup;
+  };
+  REQUIRE(build(false) == std::vector<int>{0, 1, 2, 3, 4, 5, 6});  // indistinguishable by shape
+  REQUIRE(build(true) == std::vector<int>{0, 1, 4, 5, 6});
+}

@@ -3,6 +3,7 @@ Whole-graph and split execution through the ATen dispatcher must match the plain
 (outputs, parameter gradients, BatchNorm statistics), at the captured batch size and at others.
 Runs where torch.export has the training IR (the PyTorch 2.x leg)."""
 import copy
+import dataclasses
 import os
 import re
 import sys
@@ -141,6 +142,85 @@ def test_module_trains_like_plain_pytorch_with_keywords_and_output_structure():
         expected["loss"].backward()
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.equal(p.grad, q.grad), name
+
+
+@dataclasses.dataclass
+class Prediction:
+    """An output type that is neither a tuple nor a Mapping, registered with torch's pytree."""
+    score: torch.Tensor
+    parts: tuple
+
+
+if available():
+    torch.utils._pytree.register_dataclass(Prediction)
+
+
+def test_keywords_in_kwargs_constants_and_outputs_come_from_exports_specs():
+    """Note [Calls through export's specs]: tensors nested in **kwargs get a dynamic batch, the
+    output is rebuilt from export's output spec (constants included, a pytree-registered
+    dataclass), and a later batch size runs the same capture."""
+    class Nested(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(5, 5)
+
+        def forward(self, x, extra=None, scale=2, **more):
+            y = self.fc(x) * scale + extra[0] + more["side"]["bias"]
+            return {"y": y, "none": None, "count": 7,
+                    "pair": (y.sum(), "text"), "pred": Prediction(y.mean(1), (y[:, 0],))}
+
+    torch.manual_seed(6)
+    model = Nested().double()
+    reference = copy.deepcopy(model)
+    wrapped = autostage.Module(model, front_end="export", partition_num=1, pipeline_num=1)
+    device = device_of(model)
+    reference.to(device)
+    for batch in (4, 3):
+        data = [torch.randn(batch, 5, dtype=torch.float64, device=device) for _ in range(3)]
+        out = wrapped(data[0], extra=[data[1]], scale=3, side={"bias": data[2]})
+        expected = reference(data[0], extra=[data[1]], scale=3, side={"bias": data[2]})
+        assert list(out) == ["y", "none", "count", "pair", "pred"]
+        assert out["none"] is None and out["count"] == 7 and out["pair"][1] == "text"
+        assert isinstance(out["pred"], Prediction)
+        assert torch.equal(out["y"], expected["y"])
+        assert torch.equal(out["pair"][0], expected["pair"][0])
+        assert torch.equal(out["pred"].score, expected["pred"].score)
+        assert torch.equal(out["pred"].parts[0], expected["pred"].parts[0])
+        (out["y"].sum() + out["pred"].score.sum()).backward()
+        (expected["y"].sum() + expected["pred"].score.sum()).backward()
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.equal(p.grad, q.grad), name
+
+
+def test_an_output_size_is_refused_by_name():
+    class ReturnsSize(nn.Module):
+        def forward(self, x):
+            return x * 2, x.size(0)
+
+    with pytest.raises(autostage.UnsupportedError, match=r"unsupported output .* of ReturnsSize"):
+        autostage.Module(ReturnsSize(), front_end="export")(torch.randn(4, 3))
+
+
+def test_values_without_the_batch_in_dim_0_are_marked_even_when_sizes_coincide():
+    """Note [Rows of a value] (core/ir/type.h): 4 experts and a batch of 4; export's symbolic
+    sizes tell the per-expert values from the batch-major ones, which TorchScript's could not."""
+    class PerExpert(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.Parameter(torch.randn(4, 3))
+
+        def forward(self, x):
+            counts = torch.histc(x.argmax(1).float(), bins=4, min=0, max=3)  # per expert
+            weighted = self.experts * counts[:, None]                        # per expert
+            return (x @ weighted.t()).relu()                                 # per sample
+
+    ir = autostage.export_to_ir(PerExpert(), (torch.randn(4, 3),))
+    types = {line.split(" : ")[0].strip(): line.split(" : ")[1].split(" = ")[0]
+             for line in str(ir).splitlines() if " = " in line and " : " in line}
+    marked = {name for name, t in types.items() if "not_batch_major" in t}
+    assert {"%histc", "%unsqueeze", "%mul"} <= marked, types
+    assert {"%argmax", "%to", "%matmul", "%relu"}.isdisjoint(marked), types
+    assert types["%histc"].startswith("Float(4") and types["%relu"].startswith("Float(4, 4")
 
 
 def test_front_end_option_is_checked():

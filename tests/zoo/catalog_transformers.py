@@ -80,36 +80,37 @@ def image_batch(rows, step):
 
 FAMILY = "HF transformers (torch.export)"
 TEXT = "8 tokens; attention_mask, labels by keyword"
-LM_PLANS = [(1, 1, 2, "forward"), (2, 2, 2, "forward"), (4, 2, 2, "forward")]
+# Every model under 1, 2 and 4 stages, and with replicated stages (2 stages x 2 replicas).
+PLANS = [(1, 1, 2, "forward"), (2, 2, 2, "forward"), (4, 4, 1, "forward"),
+         (4, 2, 2, "forward")]
 EXPORT = {"front_end": "export"}
 # Causal LMs' loss is float32: transformers computes it from logits.float().
 NOTE = "loss in float32 (transformers' logits.float()): compared within rtol 1e-5"
 ZOO = [
-    Entry("GPT-2", FAMILY, gpt2, causal_batch, None, LM_PLANS, loss_key="loss",
+    Entry("GPT-2", FAMILY, gpt2, causal_batch, None, PLANS, loss_key="loss",
           input_text=TEXT + ", use_cache=False", options=EXPORT, note=NOTE),
     Entry("BERT (masked LM)", FAMILY, _masked_lm("BertConfig", "BertForMaskedLM"),
-          masked_batch, None, [(2, 2, 2, "forward"), (4, 4, 1, "forward")], loss_key="loss",
+          masked_batch, None, PLANS, loss_key="loss",
           input_text=TEXT, options=EXPORT),
     Entry("RoBERTa (masked LM)", FAMILY,
           _masked_lm("RobertaConfig", "RobertaForMaskedLM", pad_token_id=1),
-          masked_batch, None, [(2, 1, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss",
+          masked_batch, None, PLANS, loss_key="loss",
           input_text=TEXT, options=EXPORT),
     Entry("Llama", FAMILY, _causal_lm("LlamaConfig", "LlamaForCausalLM"), causal_batch, None,
-          LM_PLANS, loss_key="loss", input_text=TEXT + ", use_cache=False", options=EXPORT,
+          PLANS, loss_key="loss", input_text=TEXT + ", use_cache=False", options=EXPORT,
           note=NOTE),
     Entry("Qwen2", FAMILY, _causal_lm("Qwen2Config", "Qwen2ForCausalLM"), causal_batch, None,
-          [(2, 2, 2, "forward"), (4, 4, 1, "forward")], loss_key="loss",
+          PLANS, loss_key="loss",
           input_text=TEXT + ", use_cache=False", options=EXPORT, note=NOTE),
-    Entry("T5 (encoder-decoder)", FAMILY, t5, causal_batch, None,
-          [(2, 2, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss",
+    Entry("T5 (encoder-decoder)", FAMILY, t5, causal_batch, None, PLANS, loss_key="loss",
           input_text=TEXT + "; decoder inputs from labels", options=EXPORT),
     Entry("Mixtral (mixture of experts)", FAMILY,
           _causal_lm("MixtralConfig", "MixtralForCausalLM", num_local_experts=6,
                      num_experts_per_tok=2),
-          causal_batch, None, [(2, 2, 2, "forward"), (4, 2, 2, "forward")], loss_key="loss",
+          causal_batch, None, PLANS, loss_key="loss",
           input_text=TEXT + ", use_cache=False", options=EXPORT, dtype=torch.float32,
           note="float32 (its grouped_mm experts run no float64): compared within rtol 1e-5"),
-    Entry("ViT", FAMILY, vit, image_batch, None, [(2, 2, 2, "forward"), (4, 2, 1, "forward")],
+    Entry("ViT", FAMILY, vit, image_batch, None, PLANS,
           loss_key="loss", input_text="3x16x16, labels by keyword", options=EXPORT),
     Entry("deeplabv3_mobilenet_v3_large (aux), torch.export", "torchvision segmentation",
           _segmentation("deeplabv3_mobilenet_v3_large", num_classes=4, aux_loss=True),

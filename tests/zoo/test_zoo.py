@@ -40,10 +40,14 @@ def test_catalog_covers_the_issue():
                 assert partition == ranks, f"{entry.name}: BatchNorm needs 1 replica per stage"
     replicated = [e.name for e in ZOO for p in e.plans if p[0] > p[1] and p[3] != "PlanError"]
     assert replicated, "some models train with replicated stages"
-    if HAS_EXPORT_ZOO:  # issue 26's list of transformers models, each under 1+ stages
-        names = " ".join(e.name for e in ZOO if e.options.get("front_end") == "export")
+    if HAS_EXPORT_ZOO:  # issue 26's transformers models, each under 1, 2, 4 stages + replicas
+        exported = {e.name: e.plans for e in ZOO if e.options.get("front_end") == "export"}
         for model in ("GPT-2", "BERT", "RoBERTa", "Llama", "Qwen2", "T5", "ViT", "Mixtral"):
-            assert model in names, model
+            name = next((n for n in exported if n.startswith(model)), None)
+            assert name is not None, model
+            trained = [p for p in exported[name] if p[3] != "PlanError"]
+            assert {p[1] for p in trained} >= {1, 2, 4}, (name, "1, 2 and 4 stages")
+            assert any(p[0] > p[1] for p in trained), (name, "replicated stages")
 
 
 @needs_mpirun

@@ -20,13 +20,30 @@ symbolic (``sym_size`` nodes and ``_operator::*`` nodes) and micro-batches of an
 same graph. Where the model specialises the batch dimension (export found it must be one value),
 the capture says so once in the log; the stages then run only micro-batches of that size, and
 a plan that splits the batch otherwise fails with the operator named.
+
+Note [Calls through export's specs]
+On this front end the model itself is exported with the call's own arguments (positional
+tensors, keywords with tensors nested in lists, tuples and dicts, constants such as
+``return_dict=True`` or ``use_cache=False``), through ``_ModelCall``, whose forward signature
+names exactly those arguments so that each gets its dynamic batch dimension even where the
+model's forward takes ``**kwargs``. What export records is then the call's structure: its input
+spec (the pytree of ``(args, kwargs)``; non-tensor leaves are constants of the program) orders
+the IR's inputs, and its output spec with the output's constants (``ExportedOutput``) rebuilds
+what the model returns (tuples, dicts, namedtuples, transformers' ModelOutput: any type
+registered with torch's pytree). ``CallStructure`` (structure.py) still splits the call before
+the first capture (every rank compares its signature) and is checked against export's spec:
+the same tensors in the same order, or an internal error. The TorchScript front end traces a
+flat-tensor wrapper instead (Note [Call structure]), since ``torch.jit.trace`` takes tensors only.
 """
 
+import inspect
 import operator
 
 import torch
+from torch.utils import _pytree as pytree
 
 from . import _autostage
+from .structure import CONSTANT_TYPES, positional_names, share_module_state
 from .torchscript import _DATA_DEPENDENT_OPS, buffers_kept, data_dependent_error
 
 # ScalarType, Layout and MemoryFormat are ints in a boxed call (c10's enum values).
@@ -74,19 +91,30 @@ def _size(value):
     return int(value)
 
 
-def _tensor_type(t, requires_grad=None):
+def _tensor_type(t, requires_grad=None, batch=None):
+    """The IR type text of tensor ``t``; with ``batch`` (the batch's size symbols) an activation
+    whose dim 0 is none of them is marked not_batch_major (Note [Rows of a value] in
+    core/ir/type.h)."""
     if t.dtype not in _DTYPE_NAMES:
         raise _autostage.UnsupportedError(
             f"unsupported dtype {t.dtype} in the exported program: autostage's IR carries "
             f"{', '.join(str(d) for d in _DTYPE_NAMES)}")
     dims = [str(_size(d)).replace("-1", "*") for d in t.shape] or ["scalar"]
     grad = t.requires_grad if requires_grad is None else requires_grad
-    return f"{_DTYPE_NAMES[t.dtype]}({', '.join(dims + (['requires_grad'] if grad else []))})"
+    details = dims + (["requires_grad"] if grad else [])
+    if batch and t.dim() > 0 and _symbol(t.shape[0]) not in batch:
+        details.append("not_batch_major")
+    return f"{_DTYPE_NAMES[t.dtype]}({', '.join(details)})"
 
 
-def _value_type(val, where):
+def _symbol(size):
+    """A size's symbolic expression (None for a concrete size)."""
+    return size.node.expr if isinstance(size, torch.SymInt) else None
+
+
+def _value_type(val, where, batch=None):
     if isinstance(val, torch.Tensor):
-        return _tensor_type(val)
+        return _tensor_type(val, batch=batch)
     if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
         return "int"
     if isinstance(val, (torch.SymFloat, float)):
@@ -117,20 +145,32 @@ class _Importer:
         self.builder = _autostage._ExportBuilder(model_name)
         self.ids = {}       # fx node -> IR value id (or list of ids for multi-output nodes)
         self.constants = {}  # (type, repr) -> IR value id, one constant node per value
+        self.constant_inputs = {}  # fx placeholder -> the call's non-tensor argument
 
     # Inputs -------------------------------------------------------------------------------
-    def inputs(self, user_inputs):
+    def inputs(self, leaves):
+        """Writes the IR's inputs: the call's tensors among ``leaves`` (the call's arguments
+        flattened as export's input spec flattens them; the other leaves are constants of the
+        call), then the lifted parameters, buffers and constants; returns (those tensors, their
+        names)."""
         spec_of = {s.arg.name: s for s in self.ep.graph_signature.input_specs
                    if hasattr(s.arg, "name")}
         placeholders = [n for n in self.ep.graph.nodes if n.op == "placeholder"]
         kinds = torch.export.graph_signature.InputKind
         user = [n for n in placeholders if spec_of[n.name].kind == kinds.USER_INPUT]
         self.user_nodes = user
-        if len(user) != len(user_inputs):
+        if len(user) != len(leaves):
             raise _autostage.Error(
-                f"the exported program has {len(user)} user inputs for {len(user_inputs)} tensors")
-        for node, tensor in zip(user, user_inputs):
-            self.ids[node] = self.builder.add_input(node.name, _tensor_type(tensor), False)
+                f"internal: the exported program has {len(user)} user inputs for the call's "
+                f"{len(leaves)} arguments")
+        # The batch's size symbols: dim 0 of the call's tensors, where export kept it dynamic.
+        self.batch = {_symbol(n.meta["val"].shape[0]) for n, v in zip(user, leaves)
+                      if isinstance(v, torch.Tensor) and v.dim() > 0} - {None}
+        for node, value in zip(user, leaves):
+            if isinstance(value, torch.Tensor):
+                self.ids[node] = self.builder.add_input(node.name, _tensor_type(value), False)
+            else:
+                self.constant_inputs[node] = value
         named = dict(self.model.named_parameters(remove_duplicate=False))
         named.update(self.model.named_buffers(remove_duplicate=False))
         tensors, names = [], []
@@ -166,6 +206,8 @@ class _Importer:
 
     def argument(self, value, argument_type, where):
         """The IR value id for one argument of an operator call."""
+        if isinstance(value, torch.fx.Node) and value in self.constant_inputs:
+            return self.argument(self.constant_inputs[value], argument_type, where)
         if isinstance(value, torch.fx.Node):
             ref = self.ids.get(value)
             if isinstance(ref, list) or ref is None:
@@ -253,7 +295,7 @@ class _Importer:
         multiple = len(schema.returns) > 1 or (
             len(schema.returns) == 1 and isinstance(val, (list, tuple)))
         values = list(val) if multiple else ([] if not schema.returns else [val])
-        types = [_value_type(v, where) for v in values]
+        types = [_value_type(v, where, self.batch) for v in values]
         names = [f"{node.name}.{i}" for i in range(len(values))] if multiple else [node.name]
         outputs = self.builder.add_node(kind, ids, types, names[:len(types)], None,
                                         _scope(node))
@@ -282,13 +324,9 @@ class _Importer:
                     f"unsupported output {spec.arg} of kind {spec.kind.name} in the exported "
                     f"program of {self.model_name}")
         output = next(n for n in self.ep.graph.nodes if n.op == "output")
-        flat = output.args[0]
-        for value in flat:
-            if not isinstance(value, torch.fx.Node):
-                raise _autostage.UnsupportedError(
-                    f"the model returns the constant {value!r} among its tensors")
-            self.builder.add_output(self.argument(value, None, "the output"))
-        return len(flat)
+        for value in output.args[0]:  # constants among them are ExportedOutput's
+            if isinstance(value, torch.fx.Node):
+                self.builder.add_output(self.argument(value, None, "the output"))
 
 
 class _CustomFunctions:
@@ -354,12 +392,20 @@ def export_to_ir(model, inputs, model_name=None, log=None):
     """Captures ``model`` (called as ``model(*inputs)`` with tensors) with torch.export and
     returns its :class:`autostage.IR` (Note [Front ends]). Parameters stay the module's own
     tensors. Raises UnsupportedError quoting export's reason when export rejects the model."""
+    return export_call(model, tuple(inputs), {}, model_name, log)[0]
+
+
+def export_call(model, args, kwargs, model_name=None, log=None):
+    """Captures the call ``model(*args, **kwargs)`` with torch.export: (the IR, an
+    :class:`ExportedOutput` that rebuilds the model's output from the IR's outputs). The IR's
+    inputs are the call's tensors in the order of export's input spec (Note [Calls through
+    export's specs])."""
     model_name = model_name or type(model).__name__
-    inputs = tuple(inputs)
-    dynamic = tuple({0: torch.export.Dim.AUTO} if t.dim() > 0 else None for t in inputs)
+    entry = _ModelCall(model, args, kwargs)
     try:
         with buffers_kept(model), _CustomFunctions() as functions:
-            ep = torch.export.export(model, inputs, dynamic_shapes=dynamic, strict=False)
+            ep = torch.export.export(entry, args, kwargs, dynamic_shapes=entry.dynamic_shapes,
+                                     strict=False)
         if functions.names:
             raise _autostage.UnsupportedError(
                 f"unsupported operation torch.autograd.Function (the custom autograd.Function "
@@ -376,15 +422,20 @@ def export_to_ir(model, inputs, model_name=None, log=None):
             "forward exportable (no data-dependent control flow or output sizes, no returned "
             "cache objects; pass use_cache=False to transformers models), or set "
             "front_end=torchscript") from e
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    if in_spec != ep.call_spec.in_spec:
+        raise _autostage.Error(f"internal: the call's structure {in_spec} is not the input "
+                               f"spec {ep.call_spec.in_spec} of the program exported from it")
     importer = _Importer(ep, model, model_name)
-    tensors, names = importer.inputs(inputs)
+    tensors, names = importer.inputs(leaves)
     from torch.fx.experimental.symbolic_shapes import is_concrete_int
-    fixed = [n.name for n, t in zip(importer.user_nodes, inputs)
-             if t.dim() > 0 and is_concrete_int(n.meta["val"].shape[0])]
+    batch = [(n, v) for n, v in zip(importer.user_nodes, leaves)
+             if isinstance(v, torch.Tensor) and v.dim() > 0]
+    fixed = [n.name for n, v in batch if is_concrete_int(n.meta["val"].shape[0])]
     if fixed and log is not None:
         log(f"torch.export specialised the batch dimension of {', '.join(fixed)} to the "
-            f"captured size {inputs[0].shape[0]}: the model's code fixes it, so its stages run "
-            "only micro-batches of that size")
+            f"captured size {batch[0][1].shape[0]}: the model's code fixes it, so its stages "
+            "run only micro-batches of that size")
     for node in ep.graph.nodes:
         if node.op == "call_function":
             importer.node(node)
@@ -392,5 +443,78 @@ def export_to_ir(model, inputs, model_name=None, log=None):
             raise _autostage.UnsupportedError(
                 f"unsupported {node.op} node {node.name} in the exported program of "
                 f"{model_name}")
-    count = importer.outputs()
-    return importer.builder.finish(tensors, names, count != 1)
+    importer.outputs()
+    output = ExportedOutput(ep, model_name)
+    return importer.builder.finish(tensors, names, output.tensor_count != 1), output
+
+
+class ExportedOutput:
+    """The model's output structure as torch.export recorded it (Note [Calls through export's
+    specs]): ``rebuild`` puts the IR's flat output tensors into it, with the output's constants
+    (None, numbers, strings) where export found them."""
+
+    def __init__(self, ep, model_name):
+        self._spec = ep.call_spec.out_spec
+        self._leaves = []  # per output leaf: None for a tensor, else ("constant", value)
+        for spec in ep.graph_signature.output_specs:
+            arg = spec.arg
+            if isinstance(arg, torch.export.graph_signature.TensorArgument):
+                self._leaves.append(None)
+            elif isinstance(arg, torch.export.graph_signature.ConstantArgument):
+                self._leaves.append(("constant", arg.value))
+            else:
+                raise _autostage.UnsupportedError(
+                    f"unsupported output {arg} ({type(arg).__name__}) of {model_name}: "
+                    "autostage returns tensors and constants; return sizes as tensors or "
+                    "compute them from the outputs")
+        self.tensor_count = self._leaves.count(None)
+        if self.tensor_count == 0:
+            returned = (type(self._leaves[0][1]) if self._spec.is_leaf() and self._leaves
+                        else self._spec.type)
+            raise _autostage.UnsupportedError(
+                f"forward of {model_name} returned no tensor (it returned "
+                f"{returned.__name__}): autostage runs the model's "
+                "tensor outputs through the pipeline; return a tensor, or tensors in a tuple, "
+                "list or dict")
+
+    def rebuild(self, flat):
+        flat = iter(flat)
+        leaves = [next(flat) if leaf is None else leaf[1] for leaf in self._leaves]
+        return pytree.tree_unflatten(leaves, self._spec)
+
+
+class _ModelCall(torch.nn.Module):
+    """What is exported in place of the model: the model itself, called with one call's
+    arguments by name. forward's signature lists exactly this call's arguments (the model's
+    positional parameter names, then the keywords given), so the dynamic shapes are given per
+    argument even where forward takes ``**kwargs``. The model's dicts are shared, so the
+    parameter and buffer names are the model's own (Note [Call structure])."""
+
+    def __init__(self, model, args, kwargs):
+        super().__init__()
+        share_module_state(self, model)
+        object.__setattr__(self, "_model", model)  # not registered: no "model." prefix
+        names = positional_names(model, len(args), set(kwargs))
+        parameter = inspect.Parameter
+        self.forward = lambda *a, **k: _checked_output(self._model(*a, **k), type(model))
+        self.forward.__signature__ = inspect.Signature(
+            [parameter(n, parameter.POSITIONAL_ONLY) for n in names] +
+            [parameter(k, parameter.KEYWORD_ONLY) for k in kwargs])
+        batch = lambda v: ({0: torch.export.Dim.AUTO}  # noqa: E731
+                           if isinstance(v, torch.Tensor) and v.dim() > 0 else None)
+        self.dynamic_shapes = {n: pytree.tree_map(batch, v) for n, v in zip(names, args)}
+        self.dynamic_shapes.update({k: pytree.tree_map(batch, v) for k, v in kwargs.items()})
+
+
+def _checked_output(output, model_class):
+    """``output``, when every leaf of its pytree is a tensor or a constant; else the
+    UnsupportedError naming the first other leaf (export would fail on it less clearly)."""
+    for path, leaf in pytree.tree_flatten_with_path(output)[0]:
+        if not isinstance(leaf, (torch.Tensor,) + CONSTANT_TYPES):
+            raise _autostage.UnsupportedError(
+                f"unsupported output output{pytree.keystr(path)} of type "
+                f"{type(leaf).__name__} from forward of {model_class.__name__}: autostage "
+                "returns tensors in tuples, namedtuples, lists, dicts and types registered with "
+                "torch's pytree, and constants (None, numbers, strings); return the tensors "
+                "that object holds instead")
+    return output

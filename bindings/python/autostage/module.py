@@ -5,11 +5,12 @@ import sys
 import weakref
 
 import torch
+from torch.utils import _pytree as pytree
 
 from . import _autostage
 from .checkpoint import load_state_dict_checked
 from .export import available as _export_available
-from .export import export_to_ir, scripted_code
+from .export import export_call, scripted_code
 from .optimizer import make_shards, patch_optimizer, patch_zero_step, zero_problem
 from .structure import CallProblem, CallStructure, _CallWrapper
 from .torchscript import _check_shapes_static, _trace
@@ -322,7 +323,6 @@ class Module(torch.nn.Module):
         allow_replan): traces the model called as the call in progress was, and records that
         call's signature and output structure for this mode (Note [Call signature])."""
         call, mode = self._pending_call, self.model.training
-        wrapper = _CallWrapper.around(self.model, call)
         name = type(self.model).__name__
         # Note [Front ends] (export.py); a ScriptModule has no Python forward to export, and
         # under front_end=auto a model that calls TorchScript code is traced by TorchScript.
@@ -335,14 +335,22 @@ class Module(torch.nn.Module):
                                  "scripted control flow (torch.export would trace through it)")
             use_export = False
         if use_export:
-            captured = export_to_ir(wrapper, tuple(inputs), name,
-                                    lambda line: _autostage._log_info("Module", line))
+            # Note [Calls through export's specs] (export.py)
+            args, kwargs = call.rebuild(list(inputs))
+            order = [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
+            if len(order) != len(inputs) or any(a is not b for a, b in zip(order, inputs)):
+                raise _autostage.Error(f"internal: the call {call.signature} flattens its "
+                                       "tensors in another order than torch.export's input spec")
+            captured, output = export_call(self.model, args, kwargs, name,
+                                           lambda line: _autostage._log_info("Module", line))
         else:
+            wrapper = _CallWrapper.around(self.model, call)
             captured = _trace(wrapper, tuple(inputs), name)
             _check_shapes_static(captured, name)
+            output = wrapper.output_structure
         _last_capture.update(model=name, front_end="torch.export" if use_export else "TorchScript",
                              why="" if not scripted else "it calls TorchScript code")
-        self._output_structures[mode] = wrapper.output_structure
+        self._output_structures[mode] = output
         self._traced_calls[mode] = call.signature
         return captured
 

@@ -31,7 +31,7 @@ import torch
 from . import _autostage
 
 # Non-tensor argument types compared by value (their repr is their identity).
-_CONSTANT_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device)
+CONSTANT_TYPES = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
 class CallProblem(Exception):
@@ -45,7 +45,7 @@ class CallProblem(Exception):
 def _is_constant(value):
     if isinstance(value, (tuple, list)):
         return all(_is_constant(v) for v in value)
-    return isinstance(value, _CONSTANT_TYPES)
+    return isinstance(value, CONSTANT_TYPES)
 
 
 def _contains_tensor(value):
@@ -119,18 +119,37 @@ class CallStructure:
 
     def input_names(self, model):
         """A name per flat tensor, after forward's parameters and the keywords."""
-        try:
-            params = list(inspect.signature(model.forward).parameters.values())
-        except ValueError:
-            params = []
-        names = []
-        for i in range(self.positional):
-            fixed = i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY,
-                                                           params[i].POSITIONAL_OR_KEYWORD)
-            names.append(params[i].name if fixed else f"input_{i}")
+        names = positional_names(model, self.positional, set(self.keywords))
         for name, template in self.keywords.items():
             _names_of(template, name, names)
         return names
+
+
+def positional_names(model, count, keywords):
+    """Names for ``count`` positional arguments of ``model``: forward's parameter names where
+    it has them, else ``input_i``; valid identifiers distinct from each other and from the
+    ``keywords`` the call passes."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except ValueError:
+        params = []
+    names = []
+    for i in range(count):
+        fixed = i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY,
+                                                       params[i].POSITIONAL_OR_KEYWORD)
+        names.append(params[i].name if fixed else f"input_{i}")
+    return _identifiers(names, taken=keywords)
+
+
+def share_module_state(module, model):
+    """Gives ``module`` the model's own submodule, parameter and buffer dicts, so a module
+    traced or exported in place of the model has the model's parameter and buffer names (no
+    "model." prefix: the stages' state_dict keys stay the model's)."""
+    module._modules = model._modules
+    module._parameters = model._parameters
+    module._buffers = model._buffers
+    module._non_persistent_buffers_set = model._non_persistent_buffers_set
+    module.training = model.training
 
 
 def _describe(template):
@@ -202,7 +221,7 @@ def _record(value, path, tensors, model_name):
     if isinstance(value, torch.Tensor):
         tensors.append(value)
         return ("tensor", None)
-    if isinstance(value, _CONSTANT_TYPES):
+    if isinstance(value, CONSTANT_TYPES):
         return ("constant", value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
         return ("namedtuple", (type(value), [_record(v, f"{path}.{f}", tensors, model_name)
@@ -252,12 +271,7 @@ class _CallWrapper(torch.nn.Module):
 
     def __init__(self, model, call):
         super().__init__()
-        # The model's own dicts: same parameter, buffer and submodule names as the model.
-        self._modules = model._modules
-        self._parameters = model._parameters
-        self._buffers = model._buffers
-        self._non_persistent_buffers_set = model._non_persistent_buffers_set
-        self.training = model.training
+        share_module_state(self, model)
         object.__setattr__(self, "_model", model)  # not registered: no "model." prefix
         object.__setattr__(self, "_call", call)
         names = call.input_names(model)
@@ -299,9 +313,9 @@ class _CallWrapper(torch.nn.Module):
         return forward
 
 
-def _identifiers(names):
-    """``names`` made valid, distinct Python identifiers."""
-    result, seen = [], set()
+def _identifiers(names, taken=()):
+    """``names`` made valid, distinct Python identifiers, none of them in ``taken``."""
+    result, seen = [], set(taken)
     for name in names:
         name = re.sub(r"\W", "_", str(name))
         name = name if name and not name[0].isdigit() else f"input_{name}"
