@@ -135,7 +135,7 @@ AutoPlanner::AutoPlanner(const std::shared_ptr<comm::Backend>& backend,
       placement_(placement) {}
 
 core::Deployment AutoPlanner::plan(const PlanningInput& in) {
-  const core::Config& config = core::globalConfig();
+  const core::Config& config = in.config;  // Note [Per-module plan options] in plan_sources.cpp
   // Options first: a plan that cannot be made for this usage fails before profiling.
   decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
   options.usage = in.usage;

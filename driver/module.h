@@ -85,6 +85,7 @@
 #include "comm/agreement.h"
 #include "comm/backend.h"
 #include "core/deployment.h"
+#include "core/config.h"
 #include "core/error.h"
 #include "core/ir/graph.h"
 #include "core/plan_usage.h"
@@ -111,6 +112,9 @@ struct PlanningInput {
   core::ClusterSpec cluster;
   // The API the plan is for (Note [Plan usage] in core/plan_usage.h).
   core::PlanUsage usage = core::PlanUsage::TrainStep;
+  // The options the plan uses: the process-wide ones with the module's own over them (Note
+  // [Per-module plan options]).
+  core::Config config = core::globalConfig();
 };
 
 // A planner of the caller's own (tests, a user's planner). Called on rank 0 only; an exception it
@@ -135,6 +139,9 @@ struct ModuleOptions {
   // Unset: the planning service (planner_address) and the local profile + plan (auto_planner.h).
   PlanningCallback planner;
   std::string deploymentPath;              // load this saved deployment instead of planning
+  // This module's plan options over the process-wide ones, e.g. zero=0 for a module whose
+  // optimizer cannot be sharded (Note [Per-module plan options]).
+  std::map<std::string, std::string> planOptions;
   TraceCallback tracer;                    // see TraceCallback
   int64_t gradientBucketBytes = 25 << 20;
   bool allowReplan = false;                // retrace + replan when traced shapes change
@@ -306,6 +313,8 @@ class Module {
   // Rank 0 writes a plan made for this job to saveDeploymentPath (Note [Saved deployments]).
   // Collective: every rank calls it, and a failure to write is every rank's error.
   void savePlanned(const core::Deployment& deployment);
+  // The process-wide options with options_.planOptions over them (Note [Per-module plan options]).
+  core::Config planConfig() const;
   // The planner's plan: ModuleOptions::planner, or the AutoPlanner.
   core::Deployment plan(const PlanningInput& input);
   // Rank 0 of a dry run: plans for dryRunWorldSize ranks and saves the plan.

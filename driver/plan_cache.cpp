@@ -22,8 +22,7 @@ namespace autostage::driver {
 // and replaced by a fresh plan.
 
 std::string planCachePath(const std::string& graphHash, const JobSpec& job, int64_t globalBatch,
-                          core::PlanUsage usage) {
-  const core::Config& config = core::globalConfig();
+                          core::PlanUsage usage, const core::Config& config) {
   const std::string dir = config.getString("plan_cache_dir");
   if (dir.empty()) return "";
   std::ostringstream key;

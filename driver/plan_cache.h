@@ -7,14 +7,16 @@
 #include <string>
 
 #include "core/deployment.h"
+#include "core/config.h"
 #include "core/plan_usage.h"
 #include "driver/job.h"
 
 namespace autostage::driver {
 
-// The cache file for this job's plan for `usage` ("" when plan_cache_dir is not set).
+// The cache file for this job's plan for `usage` under the plan options `config` ("" when
+// plan_cache_dir is not set there).
 std::string planCachePath(const std::string& graphHash, const JobSpec& job, int64_t globalBatch,
-                          core::PlanUsage usage);
+                          core::PlanUsage usage, const core::Config& config);
 
 // The cached plan at `path`; none (with a warning when the file exists but cannot be read) when
 // there is none to use.

@@ -93,7 +93,9 @@ core::Deployment Module::firstPlan(const std::vector<c10::IValue>& examples, int
                                    core::PlanUsage usage, bool* elsewhere) {
   auto log = core::logger("DPStaging");
   // 2. The plan cache (1, the deployment file, is read on every rank: obtainDeployment).
-  const std::string cached = planCachePath(model_->graph.hash(), job_, globalBatch, usage);
+  const core::Config config = planConfig();
+  const std::string cached =
+      planCachePath(model_->graph.hash(), job_, globalBatch, usage, config);
   if (!cached.empty()) {
     if (std::optional<core::Deployment> plan = readCachedPlan(cached)) {
       *elsewhere = true;
@@ -106,6 +108,7 @@ core::Deployment Module::firstPlan(const std::vector<c10::IValue>& examples, int
   PlanningInput input{*model_, examples, backend_->worldSize(), globalBatch,
                       job_.cluster(backend_->worldSize())};
   input.usage = usage;
+  input.config = config;
   core::Deployment planned = plan(input);
   if (!cached.empty()) writeCachedPlan(planned, cached);
   return planned;
@@ -119,6 +122,20 @@ void Module::savePlanned(const core::Deployment& deployment) {
     core::logger("DPStaging")
         ->info("Saved the deployment to {} (save_deployment)", options_.saveDeploymentPath);
   });
+}
+
+// Note [Per-module plan options]
+// Options are process-wide (core/config.h), but a few decisions belong to one module: zero=auto
+// plans without ZeRO-1 for a module whose optimizer cannot be sharded (autostage/module.py's
+// _choose_zero, or a C++ Module over a torch::optim optimizer), while another module of the same
+// process may shard. ModuleOptions::planOptions holds such values; every plan of the module, its
+// plan cache key and its planning-service call read the process-wide options with these over
+// them, and the process-wide options stay as the user set them.
+core::Config Module::planConfig() const {
+  core::Config config = core::globalConfig();
+  for (const auto& [key, value] : options_.planOptions)
+    config.set(key, value, "this autostage.Module's own plan option");
+  return config;
 }
 
 core::Deployment Module::plan(const PlanningInput& input) {
@@ -141,6 +158,7 @@ void Module::planDryRun(const std::vector<c10::IValue>& examples, int64_t global
           ranks, backend_->worldSize(), batch);
   PlanningInput input{*model_, examples, ranks, batch, job_.cluster(ranks, ranks)};
   input.usage = usage;
+  input.config = planConfig();
   core::Deployment planned = plan(input);
   staging::DeploymentFit fit;
   fit.worldSize = ranks;

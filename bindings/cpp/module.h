@@ -52,8 +52,8 @@ class Module : public driver::Module {
  public:
   // `shardsOptimizer`: the caller's optimizer is built over ZeroParameters(module).tensors() and
   // stepped through ZeroParameters::step (Note [ZeRO-1 in the C++ API]), so plans may use ZeRO-1
-  // (option zero); otherwise it steps whole parameters() and plans never use ZeRO-1 (zero=auto
-  // becomes 0, zero=1 throws UnsupportedError).
+  // (option zero); otherwise it steps whole parameters() and its plans never use ZeRO-1 (zero=auto
+  // is 0 for this module, zero=1 throws UnsupportedError).
   explicit Module(torch::jit::Module module, ModuleOptions options = ModuleOptions::fromConfig(),
                   bool shardsOptimizer = false)
       : driver::Module(std::move(module), withDefaults(std::move(options), shardsOptimizer)) {}
@@ -78,15 +78,15 @@ class Module : public driver::Module {
   // ZeRO-1 (Note [ZeRO-1] in staging/gradient_sync.h) needs an optimizer that steps only this
   // rank's pieces and an all-gather after each step (ZeroParameters); a torch::optim optimizer
   // over parameters() does not. Without shardsOptimizer plans never shard.
-  static void noZero() {
-    core::Config& config = core::globalConfig();
+  static void noZero(ModuleOptions& options) {
+    const core::Config& config = core::globalConfig();
     AUTOSTAGE_CHECK_AS(UnsupportedError, config.getString("zero") != "1",
                        "zero=1 (ZeRO-1) needs an optimizer that steps this rank's pieces: "
                        "construct autostage::Module(model, options, /*shardsOptimizer=*/true) and "
                        "step the optimizer through autostage::ZeroParameters, or set zero=0; "
                        "this module was made for a torch::optim optimizer over parameters()");
-    if (config.getString("zero") == "auto")
-      config.set("zero", "0", "autostage::Module (an optimizer over whole parameters)");
+    // This module's own (Note [Per-module plan options]): other modules keep zero=auto.
+    if (config.getString("zero") == "auto") options.planOptions["zero"] = "0";
   }
   static ModuleOptions fromConfig(const ConfigOptions& config) {
     for (const auto& [key, value] : config)
@@ -94,7 +94,7 @@ class Module : public driver::Module {
     return ModuleOptions::fromConfig();
   }
   static ModuleOptions withDefaults(ModuleOptions options, bool shardsOptimizer) {
-    if (!shardsOptimizer) noZero();
+    if (!shardsOptimizer) noZero(options);
     options.shardsOptimizer = shardsOptimizer;
     if (!options.memoryMeter && core::globalConfig().getBool("measure_memory"))
       options.memoryMeterFor = memoryMeterFor;

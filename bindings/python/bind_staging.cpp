@@ -1,4 +1,7 @@
 // autostage.Module's C++ side (autostage::Module), process-group functions and options.
+#include <map>
+#include <string>
+
 #include <pybind11/stl.h>
 #include <torch/csrc/jit/python/module_python.h>  // as_module; see bindings/python/ivalue_cast.h
 #include <torch/csrc/utils/pybind.h>
@@ -50,9 +53,11 @@ driver::TraceCallback pythonTracer(py::object tracer) {
   };
 }
 
-std::unique_ptr<Module> makeModule(const py::object& tracer, const std::string& deploymentPath) {
+std::unique_ptr<Module> makeModule(const py::object& tracer, const std::string& deploymentPath,
+                                   const std::map<std::string, std::string>& planOptions) {
   ModuleOptions options = ModuleOptions::fromConfig();
   if (!deploymentPath.empty()) options.deploymentPath = deploymentPath;  // else load_deployment
+  options.planOptions = planOptions;  // Note [Per-module plan options] (driver/plan_sources.cpp)
   options.tracer = pythonTracer(tracer);
   // Note [ZeRO-1 optimizer] (autostage/optimizer.py): the Python optimizer steps the pieces.
   return std::make_unique<Module>(torch::jit::Module("autostage_untraced"), options,
@@ -131,7 +136,8 @@ void bindStaging(py::module_& m) {
       .def("__repr__", &staging::LossScaler::toString);
 
   py::class_<Module>(m, "_Module")
-      .def(py::init(&makeModule), py::arg("tracer"), py::arg("deployment_path") = "")
+      .def(py::init(&makeModule), py::arg("tracer"), py::arg("deployment_path") = "",
+           py::arg("plan_options") = std::map<std::string, std::string>{})
       .def(
           "forward",
           [](Module& mod, const std::vector<at::Tensor>& inputs, bool agreed) {

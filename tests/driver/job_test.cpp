@@ -172,20 +172,20 @@ TEST_CASE("the plan cache key names the job's layout and memory", "[driver]") {
   job.worldSize = 4;
   job.ranksPerNode = 2;
   job.nodeMemory = int64_t{8} << 30;
-  const std::string path = planCachePath("abc", job, 32, core::PlanUsage::TrainStep);
+  const std::string path = planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig());
   CHECK(path.find("/tmp/autostage-cache-key-test/plan-abc-np4-b32-train_step-") == 0);
-  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep) == path);
+  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig()) == path);
   JobSpec other = job;
   other.ranksPerNode = 4;  // same world, another layout
-  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep) != path);
+  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep, core::globalConfig()) != path);
   other = job;
   other.memoryLimit = int64_t{1} << 30;  // the plan assumes other devices
-  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep) != path);
+  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep, core::globalConfig()) != path);
   other = job;
   other.deviceKind = "cuda:NVIDIA A100-SXM4-40GB";  // another device model
-  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep) != path);
+  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep, core::globalConfig()) != path);
   core::globalConfig().set("plan_cache_dir", "", "test");
-  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep).empty());
+  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig()).empty());
 }
 
 TEST_CASE("every plan input of the option table is in the plan cache key, nothing else",
@@ -196,7 +196,7 @@ TEST_CASE("every plan input of the option table is in the plan cache key, nothin
   job.worldSize = 2;
   job.ranksPerNode = 2;
   job.nodeMemory = int64_t{8} << 30;
-  const std::string path = planCachePath("abc", job, 32, core::PlanUsage::TrainStep);
+  const std::string path = planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig());
   const std::vector<std::string> inputs = core::planInputOptions();
   // Issue 28: the hand-kept list of the key lacked these although plans depend on them.
   for (const char* key : {"measure_comm", "profile_passes", "profile_repeats", "comm_backend"})
@@ -214,11 +214,15 @@ TEST_CASE("every plan input of the option table is in the plan cache key, nothin
     if (option.key == "plan_cache_dir") continue;  // where the key is used, not part of it
     config.set(option.key, other, "test");
     INFO(option.key << ": " << before << " -> " << other);
-    CHECK((planCachePath("abc", job, 32, core::PlanUsage::TrainStep) != path) ==
+    CHECK((planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig()) != path) ==
           option.planInput);
     config.set(option.key, before, "test");
   }
-  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep) == path);
+  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig()) == path);
+  // Note [Per-module plan options]: the key is of the options the plan reads, a module's own too.
+  core::Config own = config;
+  own.set("zero", config.getString("zero") == "0" ? "1" : "0", "a module's own plan option");
+  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep, own) != path);
   config.set("plan_cache_dir", "", "test");
 }
 

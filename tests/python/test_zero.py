@@ -69,7 +69,16 @@ def test_zero_auto_without_a_shardable_optimizer_plans_without_zero():
         wrapped(torch.randn(4, 3)).sum().backward()  # plans under zero=0 ...
         assert wrapped._impl.deployment_info()["options"]["zero"] == "0"
         assert 'zero = "auto"' in autostage.show_config()  # ... and leaves the option alone
-        assert not autostage.Module(model, torch.optim.Adam(model.parameters()))._zero_off
+        # Note [Per-module plan options]: another module of the process keeps zero=auto, also
+        # when the first one plans again after it.
+        other = torch.nn.Linear(3, 2)
+        shardable = autostage.Module(other, torch.optim.Adam(other.parameters()))
+        assert not shardable._zero_off
+        shardable(torch.randn(4, 3)).sum().backward()
+        assert shardable._impl.deployment_info()["options"]["zero"] == "auto"
+        wrapped.eval()
+        wrapped(torch.randn(4, 3))  # a second plan (eval mode) of the first module
+        assert wrapped._impl.deployment_info()["options"]["zero"] == "0"
     finally:
         _autostage._set_option("zero", "auto")
 

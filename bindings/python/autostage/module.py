@@ -225,8 +225,10 @@ class Module(torch.nn.Module):
             # The C++ side keeps the tracer: a weak reference avoids a cycle through it. A saved
             # deployment is for the mode of the first call.
             owner = weakref.ref(self)
+            # Note [Per-module plan options] (driver/plan_sources.cpp): this module's zero.
             impl = _autostage._Module(lambda xs: owner()._trace(xs),
-                                      "" if self._impls else self._load_deployment)
+                                      "" if self._impls else self._load_deployment,
+                                      {"zero": "0"} if self._zero_off else {})
             # Note [Placing the model] (driver/model_device.h): on the stages' device before the
             # first trace; a tensor on another device is refused on every rank.
             impl.place_tensors(list(self.model.named_parameters()) +
@@ -239,8 +241,7 @@ class Module(torch.nn.Module):
         self._impl.set_loss_scale(self._grad_scaler.get_scale()
                                   if self._grad_scaler is not None else 1.0)
         try:
-            with _zero_off(self._zero_off):
-                outputs = getattr(self._impl, method)(list(inputs), agreed=True)
+            outputs = getattr(self._impl, method)(list(inputs), agreed=True)
         except _autostage.DryRunFinished:
             # partitioning_dry_run_np: the plan is saved; end the process as RaNNC does (MPI is
             # finalized at interpreter exit). Catch SystemExit to carry on instead.
@@ -497,23 +498,6 @@ def _choose_zero(model, optimizer):
         raise _autostage.UnsupportedError(problem)
     _autostage._log_info("Module", "zero=auto plans without ZeRO-1: " + problem.split(";")[0])
     return True
-
-
-class _zero_off:
-    """While active (and `off`), the process-wide option zero reads 0: the calls of a module that
-    must plan without ZeRO-1 (_choose_zero) leave other modules' zero=auto alone."""
-
-    def __init__(self, off):
-        self.off, self.previous = off, None
-
-    def __enter__(self):
-        if self.off:
-            self.previous = _option_value("zero")
-            _autostage._set_option("zero", "0")
-
-    def __exit__(self, *exc):
-        if self.off:
-            _autostage._set_option("zero", self.previous)
 
 
 _hook_installed = False

@@ -66,18 +66,23 @@ TEST_CASE("the C++ API plans without ZeRO-1 and refuses zero=1", "[api]") {
     core::globalConfig().set("zero", zero, "test");
     std::string message;
     staging::testing::rethrowFirst(comm::runThreadRanks(1, [&](comm::ThreadBackend& backend) {
-      message = staging::testing::errorOf(
-          [&] { Module module(staging::testing::makeMlp(), threadOptions(backend)); });
+      message = staging::testing::errorOf([&] {
+        Module module(staging::testing::makeMlp(), threadOptions(backend));
+        module.forward({torch::randn({4, 8})});
+        planned = module.deployment().options.at("zero");
+      });
     }));
     return message;
   };
   refused = construct("1");
   CHECK(construct("auto").empty());
-  planned = core::globalConfig().getString("zero");
+  // Note [Per-module plan options]: this module plans with zero=0, the process keeps auto.
+  const std::string processWide = core::globalConfig().getString("zero");
   core::globalConfig().set("zero", "0", "test");  // as kConfigured left it
   CHECK_THAT(refused, Catch::Contains("zero=1") && Catch::Contains("shardsOptimizer") &&
                           Catch::Contains("ZeroParameters"));
   CHECK(planned == "0");
+  CHECK(processWide == "auto");
 }
 
 TEST_CASE("a module without parameters runs, as in Python", "[api]") {
