@@ -165,7 +165,7 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in) {
     // a CUDA job, so calibration and the load probe use that GPU, and its profile is keyed by
     // the GPU's model (MeasurementBackend::deviceKind).
     auto measurement =
-        profiler::createMeasurementBackend(placement_.device, std::max(0, placement_.deviceIndex));
+        profiler::createMeasurementBackend(placement_.cudaIndex());
     ModelStateGuard keep(in.model.paramTensors);
     profile_ = profiler::profileGraph(in.model, in.exampleInputs, *measurement, profilerOptions);
     profiledKey_ = key;

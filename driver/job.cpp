@@ -20,7 +20,7 @@ int ranksPerGpu(int perNode, int gpus) {
 
 int64_t JobSpec::memoryPerDevice(int perNode) const {
   if (memoryLimit > 0) return memoryLimit;
-  if (placement.device == "cuda") return gpuMemory / ranksPerGpu(perNode, gpusPerNode);
+  if (placement.onCuda()) return gpuMemory / ranksPerGpu(perNode, gpusPerNode);
   return nodeMemory / std::max(1, perNode);
 }
 
@@ -43,7 +43,7 @@ std::string JobSpec::toString() const {
       << placement.why << "), " << core::formatBytes(static_cast<double>(deviceMemory()))
       << " per device ("
       << (memoryLimit > 0 ? std::string("mem_limit_gb")
-          : placement.device == "cuda"
+          : placement.onCuda()
               ? "the GPU's " + core::formatBytes(static_cast<double>(gpuMemory)) + " over " +
                     std::to_string(ranksPerGpu(ranksPerNode, gpusPerNode)) + " rank(s)"
               : "this node's " + core::formatBytes(static_cast<double>(nodeMemory)) + " over " +
@@ -62,17 +62,9 @@ JobSpec resolveJob(const comm::Backend& backend, const core::Config& config,
     job.placement = choosePlacement(device, config.getString("comm_backend"), facts,
                                     backend.localRank(), job.ranksPerNode);
   } else {  // the caller chose the transport
-    const bool cuda = backend.name() == "nccl";
-    AUTOSTAGE_CHECK_AS(ConfigError, device == "auto" || device == (cuda ? "cuda" : "cpu"),
-                       "device=", device, ", but the transport given (", backend.name(),
-                       ") carries ", cuda ? "CUDA" : "CPU", " tensors: use device=auto");
-    job.placement.device = cuda ? "cuda" : "cpu";
-    job.placement.deviceIndex =
-        cuda && facts.gpuCount > 0 ? backend.localRank() % facts.gpuCount : -1;
-    job.placement.commBackend = backend.name();
-    job.placement.why = "the transport the caller gave";
+    job.placement = transportPlacement(device, backend.name(), facts, backend.localRank());
   }
-  job.deviceKind = job.placement.device;
+  job.deviceKind = deviceKindName(job.placement.device);
   job.nodeMemory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   const double limitGb = config.getFloat("mem_limit_gb");
   AUTOSTAGE_CHECK_AS(ConfigError, limitGb >= 0,
@@ -80,7 +72,7 @@ JobSpec resolveJob(const comm::Backend& backend, const core::Config& config,
                      "memory), got ",
                      limitGb);
   job.memoryLimit = static_cast<int64_t>(core::gibToBytes(limitGb));
-  if (job.placement.device == "cuda") {
+  if (job.placement.onCuda()) {
     job.gpusPerNode = std::max(1, facts.gpuCount);
     const int index = std::max(0, job.placement.deviceIndex);
     if (index < static_cast<int>(facts.gpus.size())) {

@@ -264,7 +264,7 @@ double Module::unscaleGradients(double scale) { return trainingExecutor().unscal
 void Module::rethrowWithContext() const { rethrowAt(whereOf(*executor_, backend_->rank())); }
 
 c10::Device stageDeviceOf(const Placement& placement) {
-  if (placement.device != "cuda") return c10::Device(c10::DeviceType::CPU);
+  if (!placement.onCuda()) return c10::Device(c10::DeviceType::CPU);
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(placement.deviceIndex));
 }
 

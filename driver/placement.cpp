@@ -7,9 +7,26 @@
 
 namespace autostage::driver {
 
+const char* deviceKindName(DeviceKind kind) { return kind == DeviceKind::Cuda ? "cuda" : "cpu"; }
+
 std::string Placement::toString() const {
-  return (deviceIndex >= 0 ? device + ":" + std::to_string(deviceIndex) : device) + " over " +
+  const std::string name = deviceKindName(device);
+  return (deviceIndex >= 0 ? name + ":" + std::to_string(deviceIndex) : name) + " over " +
          commBackend;
+}
+
+Placement transportPlacement(const std::string& device, const std::string& transport,
+                             const DeviceFacts& facts, int localRank) {
+  const bool cuda = transport == "nccl";
+  AUTOSTAGE_CHECK_AS(ConfigError, device == "auto" || device == (cuda ? "cuda" : "cpu"),
+                     "device=", device, ", but the transport given (", transport,
+                     ") carries ", cuda ? "CUDA" : "CPU", " tensors: use device=auto");
+  Placement p;
+  p.device = cuda ? DeviceKind::Cuda : DeviceKind::Cpu;
+  p.deviceIndex = cuda && facts.gpuCount > 0 ? localRank % facts.gpuCount : -1;
+  p.commBackend = transport;
+  p.why = "the transport the caller gave";
+  return p;
 }
 
 Placement choosePlacement(const std::string& device, const std::string& commBackend,
@@ -42,7 +59,7 @@ Placement choosePlacement(const std::string& device, const std::string& commBack
                               : "device=auto: this build has no CUDA";
     return p;
   }
-  p.device = "cuda";
+  p.device = DeviceKind::Cuda;
   p.deviceIndex = localRank % facts.gpuCount;
   const bool sharing = ranksPerNode > facts.gpuCount;
   const std::string layout = std::to_string(ranksPerNode) + " ranks on this node, " +

@@ -34,17 +34,34 @@ struct DeviceFacts {
   static DeviceFacts ofThisProcess();
 };
 
+// Note [Device kinds]
+// The kind of device a job's stages run on is parsed from the option `device` (cpu | cuda | auto)
+// and the transport once, here (choosePlacement, transportPlacement); the rest of the code reads
+// the kind, never the option's text, and c10::Device (stageDeviceOf in module.h) where torch
+// needs one.
+enum class DeviceKind { Cpu, Cuda };
+// "cpu" | "cuda": the option's text of `kind`.
+const char* deviceKindName(DeviceKind kind);
+
 struct Placement {
-  std::string device = "cpu";       // cpu | cuda
+  DeviceKind device = DeviceKind::Cpu;
   int deviceIndex = -1;             // cuda:deviceIndex; -1 on the CPU
   std::string commBackend = "mpi";  // mpi | nccl
   std::string why;                  // for the log: how auto decided
   std::string toString() const;     // "cpu over mpi", "cuda:1 over nccl"
+  bool onCuda() const { return device == DeviceKind::Cuda; }
+  // The GPU for profiler::createMeasurementBackend: deviceIndex (0 when unset) on CUDA, -1 on
+  // the CPU.
+  int cudaIndex() const { return onCuda() ? (deviceIndex < 0 ? 0 : deviceIndex) : -1; }
 };
 
 // Throws ConfigError for an unknown value, device=cuda without CUDA or without a GPU,
 // comm_backend=nccl for a CPU job or for ranks sharing GPUs.
 Placement choosePlacement(const std::string& device, const std::string& commBackend,
                           const DeviceFacts& facts, int localRank, int ranksPerNode);
+// The placement for a transport the caller gave (transport "nccl" carries CUDA tensors, any
+// other CPU ones); ConfigError when the option `device` asks for the other kind.
+Placement transportPlacement(const std::string& device, const std::string& transport,
+                             const DeviceFacts& facts, int localRank);
 
 }  // namespace autostage::driver

@@ -1,4 +1,4 @@
-// createMeasurementBackend: the job's device name to its measurement backend.
+// createMeasurementBackend: the job's device to its measurement backend.
 #include "profiler/measurement_backend.h"
 
 #include "autostage/build_config.h"
@@ -9,11 +9,9 @@
 
 namespace autostage::profiler {
 
-std::unique_ptr<MeasurementBackend> createMeasurementBackend(const std::string& device,
-                                                             int index) {
-  if (device == "cpu") return createCpuMeasurementBackend();
-  AUTOSTAGE_CHECK_AS(ConfigError, device == "cuda", "no measurement backend for device '", device,
-                     "': use cpu or cuda");
+std::unique_ptr<MeasurementBackend> createMeasurementBackend(int cudaIndex) {
+  if (cudaIndex < 0) return createCpuMeasurementBackend();
+  const int index = cudaIndex;
 #if AUTOSTAGE_WITH_NCCL
   return createCudaMeasurementBackend(index);
 #else

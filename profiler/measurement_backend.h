@@ -37,10 +37,9 @@ enum class CpuClock { Wall, ProcessCpu };
 
 std::unique_ptr<MeasurementBackend> createCpuMeasurementBackend(CpuClock clock = CpuClock::Wall);
 
-// The backend of a job's device: "cpu" (wall clock) or "cuda" (`index`: the rank's GPU). Throws
-// UnsupportedError for cuda in a build without -DAUTOSTAGE_WITH_CUDA=ON (or for a GPU that is
-// not visible), ConfigError for another name.
-std::unique_ptr<MeasurementBackend> createMeasurementBackend(const std::string& device,
-                                                             int index = 0);
+// The backend of a job's device: the CPU (wall clock) for cudaIndex < 0, else CUDA device
+// cudaIndex (the rank's GPU; driver::Placement::cudaIndex). Throws UnsupportedError for CUDA in
+// a build without -DAUTOSTAGE_WITH_CUDA=ON (or for a GPU that is not visible).
+std::unique_ptr<MeasurementBackend> createMeasurementBackend(int cudaIndex);
 
 }  // namespace autostage::profiler

@@ -31,9 +31,8 @@ std::shared_ptr<staging::MemoryMeter> cpuMemoryMeter() {
 }
 
 std::shared_ptr<staging::MemoryMeter> memoryMeterFor(const driver::Placement& placement) {
-  if (placement.device == "cpu") return cpuMemoryMeter();
-  return memoryMeterOf(
-      profiler::createMeasurementBackend(placement.device, std::max(0, placement.deviceIndex)));
+  if (!placement.onCuda()) return cpuMemoryMeter();
+  return memoryMeterOf(profiler::createMeasurementBackend(placement.cudaIndex()));
 }
 
 }  // namespace autostage

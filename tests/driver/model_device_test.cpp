@@ -25,9 +25,11 @@ TEST_CASE("the stage device of a placement", "[driver]") {
   Placement cpu;
   CHECK(stageDeviceOf(cpu) == kCpu);
   Placement cuda;
-  cuda.device = "cuda";
+  cuda.device = DeviceKind::Cuda;
   cuda.deviceIndex = 1;
   CHECK(stageDeviceOf(cuda) == kCuda1);
+  CHECK(cuda.cudaIndex() == 1);
+  CHECK(cpu.cudaIndex() == -1);
   cuda.commBackend = "mpi";  // ranks sharing a GPU: the stages still run on it
   cuda.deviceIndex = 0;
   CHECK(stageDeviceOf(cuda) == kCuda0);

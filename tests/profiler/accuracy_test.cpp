@@ -171,6 +171,6 @@ TEST_CASE("accuracy: transformer encoder blocks on the GPU", "[profiler][accurac
   const c10::Device gpu(c10::DeviceType::CUDA, 0);
   m.module.to(gpu);
   for (c10::IValue& input : m.inputs) input = input.toTensor().to(gpu);
-  checkAccuracy("transformer (cuda)", m, createMeasurementBackend("cuda", 0));
+  checkAccuracy("transformer (cuda)", m, createMeasurementBackend(0));
 }
 #endif

@@ -70,21 +70,19 @@ std::vector<core::NodeId> groupsOfKind(const core::Graph& g, const std::string& 
 
 TEST_CASE("the job's device chooses the measurement backend; cuda needs a CUDA build",
           "[profiler]") {
-  auto cpu = createMeasurementBackend("cpu");
+  auto cpu = createMeasurementBackend(-1);
   CHECK(cpu->deviceKind() == "cpu");
   CHECK(cpu->device() == "cpu");
-  CHECK_THROWS_AS(createMeasurementBackend("tpu"), ConfigError);
-  CHECK_THROWS_WITH(createMeasurementBackend("tpu"), Catch::Contains("use cpu or cuda"));
 #if AUTOSTAGE_WITH_NCCL
   if (torch::cuda::device_count() > 0) {
-    auto cuda = createMeasurementBackend("cuda", 0);
+    auto cuda = createMeasurementBackend(0);
     CHECK(cuda->device() == "cuda:0");
     CHECK(cuda->deviceKind().rfind("cuda:", 0) == 0);
     CHECK(cuda->deviceKind().size() > 5);  // names the GPU model (the profile cache key)
   }
 #else
-  CHECK_THROWS_AS(createMeasurementBackend("cuda", 1), UnsupportedError);
-  CHECK_THROWS_WITH(createMeasurementBackend("cuda", 1),
+  CHECK_THROWS_AS(createMeasurementBackend(1), UnsupportedError);
+  CHECK_THROWS_WITH(createMeasurementBackend(1),
                     Catch::Contains("profiling on cuda:1") &&
                         Catch::Contains("-DAUTOSTAGE_WITH_CUDA=ON"));
 #endif

@@ -433,9 +433,13 @@ def export_call(model, args, kwargs, model_name=None, log=None):
              if isinstance(v, torch.Tensor) and v.dim() > 0]
     fixed = [n.name for n, v in batch if is_concrete_int(n.meta["val"].shape[0])]
     if fixed and log is not None:
+        size = batch[0][1].shape[0]
+        why = ("torch.export specialises sizes 0 and 1; capture with a batch of 2 or more to "
+               "keep it dynamic" if size < 2 else "the model's code fixes it")
         log(f"torch.export specialised the batch dimension of {', '.join(fixed)} to the "
-            f"captured size {batch[0][1].shape[0]}: the model's code fixes it, so its stages "
-            "run only micro-batches of that size")
+            f"captured size {size} ({why}): the captured graph holds that size wherever it "
+            "uses the batch, so stages run micro-batches of another size only where no "
+            "operation depends on it")
     for node in ep.graph.nodes:
         if node.op == "call_function":
             importer.node(node)
