@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <sstream>
 #include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -83,11 +85,8 @@ PlanStore::PlanStore(std::string directory, int64_t maxBytes)
     core::logger("Service")->info("removed {} temporary file(s) of unfinished writes from the "
                                   "store (a service stopped while writing)", removedTemporaries_);
   std::sort(found.begin(), found.end());
-  for (const auto& [time, id, size] : found) {
-    entries_[id] = Entry{size, ++useClock_};
-    totalBytes_ += size;
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  for (const auto& [time, id, size] : found) record(id, size, ++nextVersion_);
   if (maxBytes_ > 0 && totalBytes_ > maxBytes_) evictLocked("");
 }
 
@@ -100,10 +99,29 @@ std::string PlanStore::pathOf(const std::string& id) const {
   return pathOf(id.substr(0, slash), id.substr(slash + 1));
 }
 
-void PlanStore::touch(const std::string& id, Entry& entry) {
+bool PlanStore::touch(Entry& entry) {
   entry.lastUse = ++useClock_;
-  // The file's mtime carries the order across a restart; a failure only loses that order.
-  if (!directory_.empty()) ::utimensat(AT_FDCWD, pathOf(id).c_str(), nullptr, 0);
+  if (directory_.empty()) return false;
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = entry.fileTimeSetMs.load();
+  return now - last >= 1000 && entry.fileTimeSetMs.compare_exchange_strong(last, now);
+}
+
+void PlanStore::setFileTime(const std::string& kind, const std::string& key) const {
+  // The file's mtime carries the order across a restart; a failure (the entry evicted since)
+  // only loses that order.
+  if (!directory_.empty()) ::utimensat(AT_FDCWD, pathOf(kind, key).c_str(), nullptr, 0);
+}
+
+void PlanStore::record(const std::string& id, int64_t bytes, uint64_t version) {
+  erase(id);
+  Entry& entry = entries_[id];
+  entry.bytes = bytes;
+  entry.version = version;
+  entry.lastUse = ++useClock_;
+  totalBytes_ += bytes;
 }
 
 void PlanStore::erase(const std::string& id) {
@@ -116,67 +134,98 @@ void PlanStore::erase(const std::string& id) {
 
 void PlanStore::discard(const std::string& kind, const std::string& key) {
   AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> writing(writeMutex_);
+  std::unique_lock<std::shared_mutex> lock(mutex_);
   erase(kind + "/" + key);
   if (!directory_.empty()) std::remove(pathOf(kind, key).c_str());
 }
 
-std::optional<std::string> PlanStore::get(const std::string& kind, const std::string& key) {
+std::optional<std::string> PlanStore::get(const std::string& kind, const std::string& key,
+                                          uint64_t* version) {
   AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
-  std::lock_guard<std::mutex> lock(mutex_);
   const std::string id = kind + "/" + key;
-  auto found = entries_.find(id);
-  if (found == entries_.end()) return std::nullopt;
-  if (directory_.empty()) {
-    touch(id, found->second);
-    return memory_.at(id);
+  std::optional<std::string> bytes;
+  uint64_t readVersion = 0;
+  bool setTime = false;
+  {
+    // Note [Store locking]: the file is read under the shared lock, so it is not removed
+    // (evicted, discarded: both take the lock exclusively) while it is read.
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto found = entries_.find(id);
+    if (found == entries_.end()) return std::nullopt;
+    readVersion = found->second.version;
+    if (version) *version = readVersion;
+    if (directory_.empty()) {
+      touch(found->second);
+      return memory_.at(id);
+    }
+    std::ifstream in(pathOf(kind, key), std::ios::binary);
+    if (in) {
+      setTime = touch(found->second);
+      std::ostringstream read;
+      read << in.rdbuf();
+      bytes = std::move(read).str();
+    }
   }
-  std::ifstream in(pathOf(kind, key), std::ios::binary);
-  if (!in) {
+  if (!bytes) {
     core::logger("Service")->warn("store entry {} cannot be read: treated as missing", id);
-    erase(id);
+    std::lock_guard<std::mutex> writing(writeMutex_);
+    std::unique_lock<std::shared_mutex> lock(mutex_);
+    auto found = entries_.find(id);  // not one put again meanwhile
+    if (found != entries_.end() && found->second.version == readVersion) erase(id);
     return std::nullopt;
   }
-  touch(id, found->second);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
+  if (setTime) setFileTime(kind, key);
+  return bytes;
+}
+
+std::optional<uint64_t> PlanStore::version(const std::string& kind, const std::string& key) {
+  AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
+  std::optional<uint64_t> version;
+  bool setTime = false;
+  {
+    std::shared_lock<std::shared_mutex> lock(mutex_);
+    auto found = entries_.find(kind + "/" + key);
+    if (found == entries_.end()) return std::nullopt;
+    setTime = touch(found->second);
+    version = found->second.version;
+  }
+  if (setTime) setFileTime(kind, key);
+  return version;
 }
 
 bool PlanStore::contains(const std::string& kind, const std::string& key) {
-  AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
-  std::lock_guard<std::mutex> lock(mutex_);
-  const std::string id = kind + "/" + key;
-  auto found = entries_.find(id);
-  if (found == entries_.end()) return false;
-  touch(id, found->second);
-  return true;
+  return version(kind, key).has_value();
 }
 
-void PlanStore::put(const std::string& kind, const std::string& key, const std::string& bytes) {
+std::optional<uint64_t> PlanStore::put(const std::string& kind, const std::string& key,
+                                       const std::string& bytes) {
   AUTOSTAGE_CHECK_AS(FormatError, isHexKey(key), "'", key, "' is not a store key (hex digits)");
-  std::lock_guard<std::mutex> lock(mutex_);
   const std::string id = kind + "/" + key;
-  erase(id);
-  entries_[id] = Entry{static_cast<int64_t>(bytes.size()), ++useClock_};
-  totalBytes_ += static_cast<int64_t>(bytes.size());
-  if (directory_.empty()) {
-    memory_[id] = bytes;
-  } else {
-    try {
+  std::lock_guard<std::mutex> writing(writeMutex_);
+  if (!directory_.empty()) {
+    try {  // Note [Store locking]: readers go on meanwhile
       core::writeFileAtomically(pathOf(kind, key), bytes, "store entry");
     } catch (const Error& e) {  // a store that cannot write still answers what it has
       core::logger("Service")->warn("store entry {} not written: {}", id, e.what());
+      std::unique_lock<std::shared_mutex> lock(mutex_);
       erase(id);
-      return;
+      return std::nullopt;
     }
   }
+  std::unique_lock<std::shared_mutex> lock(mutex_);
+  const uint64_t version = ++nextVersion_;
+  record(id, static_cast<int64_t>(bytes.size()), version);
+  if (directory_.empty()) memory_[id] = bytes;
   if (maxBytes_ > 0 && totalBytes_ > maxBytes_) evictLocked(id);
+  return version;
 }
 
 void PlanStore::evictLocked(const std::string& keep) {
   const int64_t before = totalBytes_, target = maxBytes_ / 10 * 9;
   std::vector<std::pair<uint64_t, std::string>> byUse;
   for (const auto& [id, entry] : entries_)
-    if (id != keep) byUse.emplace_back(entry.lastUse, id);
+    if (id != keep) byUse.emplace_back(entry.lastUse.load(), id);
   std::sort(byUse.begin(), byUse.end());
   int64_t removed = 0;
   for (const auto& [lastUse, id] : byUse) {
@@ -202,17 +251,17 @@ void PlanStore::evictLocked(const std::string& keep) {
 }
 
 int64_t PlanStore::entries() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   return static_cast<int64_t>(entries_.size());
 }
 
 int64_t PlanStore::bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   return totalBytes_;
 }
 
 int64_t PlanStore::evictions() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_lock<std::shared_mutex> lock(mutex_);
   return evictions_;
 }
 

@@ -112,17 +112,18 @@ class PlannerServer::Service final : public proto::Planner::Service {
   }
 
  private:
+  // One log line per call; its text is made only when the level prints it.
   template <typename F>
   grpc::Status run(grpc::ServerContext* context, const char* what, F&& body) {
     core_.enter();
     grpc::Status status;
     try {
       std::string done = body();
-      core::logger("Service")->info("{} from {}: {}", what, context->peer(), done);
+      if (log_->should_log(spdlog::level::info))
+        log_->info("{} from {}: {}", what, context->peer(), done);
     } catch (...) {
       status = errorStatus(context);
-      core::logger("Service")->warn("{} from {} refused: {}", what, context->peer(),
-                                    status.error_message());
+      log_->warn("{} from {} refused: {}", what, context->peer(), status.error_message());
     }
     core_.leave();
     core_.countRequest(!status.ok());
@@ -131,6 +132,7 @@ class PlannerServer::Service final : public proto::Planner::Service {
 
   PlanningCore& core_;
   const std::string listen_;
+  const std::shared_ptr<spdlog::logger> log_ = core::logger("Service");
 };
 
 PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options)) {
@@ -162,6 +164,7 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
   planning.storeMaxBytes = options_.storeMaxBytes;
   planning.maxConcurrentPlans = workers;
   planning.maxPlanSeconds = options_.maxPlanSeconds;
+  planning.memoryBytes = options_.memoryBytes;
   core_ = std::make_unique<PlanningCore>(planning);
   service_ = std::make_unique<Service>(*core_, options_.listen);
   grpc::ServerBuilder builder;
@@ -186,14 +189,15 @@ PlannerServer::PlannerServer(ServerOptions options) : options_(std::move(options
                      "does not exist or is not writable)");
   core::logger("Service")->info(
       "Planning service listening on {} ({} plan(s) at once, {} call threads, store {} ({} "
-      "entries, {:.1f} MiB, {}), requests up to {} bytes, calls up to {} s)",
+      "entries, {:.1f} MiB, {}), answers kept in memory up to {:.1f} MiB, requests up to {} "
+      "bytes, calls up to {} s)",
       options_.listen, workers, callThreads,
       options_.storeDirectory.empty() ? "in memory only" : options_.storeDirectory,
       core_->store().entries(), core_->store().bytes() / 1048576.0,
       options_.storeMaxBytes > 0
           ? fmt::format("evicting above {:.1f} MiB", options_.storeMaxBytes / 1048576.0)
           : std::string("no size limit"),
-      options_.maxRequestBytes, options_.maxPlanSeconds);
+      options_.memoryBytes / 1048576.0, options_.maxRequestBytes, options_.maxPlanSeconds);
 }
 
 PlannerServer::~PlannerServer() {

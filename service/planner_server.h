@@ -26,7 +26,8 @@ struct ServerOptions {
   // Note [Call deadlines]: a Plan or WhatIf call fails with DEADLINE_EXCEEDED after this (or its
   // caller's deadline, when sooner); a plan goes on and is stored.
   double maxPlanSeconds = 300;
-  int64_t storeMaxBytes = 0;  // Note [Store eviction]; 0: no limit
+  int64_t storeMaxBytes = 0;                            // Note [Store eviction]; 0: no limit
+  int64_t memoryBytes = PlanningOptions().memoryBytes;  // Note [Answers from memory]
 };
 
 class PlannerServer {

@@ -33,8 +33,19 @@ struct PlanningCore::Resolved {
   core::ClusterSpec cluster;
   decomposer::PlanOptions options;
   std::string graphHash, profileHash, planKey;
+  // The call whose files were known (KnownFiles) and not copied: an answer from the store needs
+  // none of them. Valid until the call returns, so copied (keepFiles) before a plan thread or a
+  // decode needs them.
+  const proto::PlanCall* call = nullptr;
 
+  void keepFiles() {
+    if (!call) return;
+    if (!graph && graphBytes.empty()) graphBytes = call->graph();
+    if (!profile && profileBytes.empty()) profileBytes = call->profile();
+    call = nullptr;
+  }
   void decode(PlanStore& store) {
+    keepFiles();
     if (!graph) {
       if (graphBytes.empty()) graphBytes = stored(store, "graphs", graphHash, "graph");
       graph = core::decodeGraph(graphBytes, "graph " + graphHash);
@@ -54,6 +65,12 @@ struct PlanningCore::Resolved {
   }
 };
 
+struct PlanningCore::Settings {
+  core::ClusterSpec cluster;
+  decomposer::PlanOptions options;
+  std::string clusterHash, optionsText;  // for the plan key
+};
+
 struct PlanningCore::InFlight {
   std::promise<proto::PlanAnswer> promise;
   std::shared_future<proto::PlanAnswer> result = promise.get_future().share();
@@ -63,6 +80,8 @@ struct PlanningCore::InFlight {
 namespace {
 // How often a waiting call looks at its caller and the limit (Note [Call deadlines]).
 constexpr auto kCallerPoll = std::chrono::milliseconds(20);
+// Distinct cluster and option sets kept decoded (settingsOf); beyond, the memo starts again.
+constexpr size_t kSettingsKept = 1024;
 }  // namespace
 
 void PlanningOptions::validate() const {
@@ -73,6 +92,8 @@ void PlanningOptions::validate() const {
                      "plans made at once must be >= 0 (0: one per core), got ", maxConcurrentPlans);
   AUTOSTAGE_CHECK_AS(ConfigError, maxPlanSeconds > 0, "--max-plan-s must be > 0 seconds, got ",
                      maxPlanSeconds);
+  AUTOSTAGE_CHECK_AS(ConfigError, memoryBytes >= 0,
+                     "the bytes kept in memory must be >= 0 (0: none), got ", memoryBytes);
 }
 
 PlanningCore::PlanningCore(PlanningOptions options)
@@ -81,6 +102,9 @@ PlanningCore::PlanningCore(PlanningOptions options)
                               ? options_.maxConcurrentPlans
                               : std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
       store_(options_.storeDirectory, options_.storeMaxBytes),
+      knownFiles_(options_.memoryBytes),
+      answers_(options_.memoryBytes),
+      profileKeys_(options_.memoryBytes),
       background_([this] { backgroundLoop(); }) {}
 
 PlanningCore::~PlanningCore() {
@@ -104,15 +128,48 @@ PlanningCore::~PlanningCore() {
   for (auto& [id, thread] : threads) thread.join();
 }
 
-std::optional<std::string> PlanningCore::remembered(const std::string& bytesKey) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto found = hashOfBytes_.find(bytesKey);
-  return found == hashOfBytes_.end() ? std::nullopt : std::optional<std::string>(found->second);
+std::optional<std::string> PlanningCore::graphOfProfile(const std::string& profileHash) const {
+  std::shared_lock<std::shared_mutex> lock(memoMutex_);
+  auto found = graphOfProfile_.find(profileHash);
+  return found == graphOfProfile_.end() ? std::nullopt : std::optional<std::string>(found->second);
 }
 
-void PlanningCore::remember(const std::string& bytesKey, const std::string& hash) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  hashOfBytes_[bytesKey] = hash;
+void PlanningCore::rememberGraphOfProfile(const std::string& profileHash,
+                                          const std::string& graphHash) {
+  std::unique_lock<std::shared_mutex> lock(memoMutex_);
+  graphOfProfile_[profileHash] = graphHash;
+}
+
+// Decoding a call's options makes a config of every option, which costs more than the rest of an
+// answer from the store; so each distinct set of cluster bytes, usage and options is decoded once.
+std::shared_ptr<const PlanningCore::Settings> PlanningCore::settingsOf(
+    const proto::PlanCall& call) {
+  std::vector<std::pair<std::string, std::string>> options(call.options().begin(),
+                                                           call.options().end());
+  std::sort(options.begin(), options.end());  // a protobuf map's order is not its content
+  std::string id = call.cluster() + '\0' + call.usage();
+  for (const auto& [key, value] : options) id += '\0' + key + '=' + value;
+  {
+    std::shared_lock<std::shared_mutex> lock(memoMutex_);
+    auto found = settings_.find(id);
+    if (found != settings_.end()) return found->second;
+  }
+  auto settings = std::make_shared<Settings>();
+  settings->cluster = core::decodeClusterSpec(call.cluster(), "the call's cluster");
+  settings->options = optionsOf(call);
+  settings->clusterHash = core::fnv1aHex(core::encodeClusterSpec(settings->cluster));
+  settings->optionsText = settings->options.toString();
+  std::unique_lock<std::shared_mutex> lock(memoMutex_);
+  if (settings_.size() >= kSettingsKept) settings_.clear();
+  settings_.emplace(std::move(id), settings);
+  return settings;
+}
+
+std::optional<std::string> PlanningCore::profileOfKey(const std::string& keyHash) {
+  auto hash = profileKeys_.read(store_, "profile-keys", keyHash, [](const std::string& bytes) {
+    return std::make_shared<const std::string>(bytes);
+  });
+  return hash ? std::optional<std::string>(*hash) : std::nullopt;
 }
 
 PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
@@ -122,17 +179,16 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
                      "least 1 (the global batch), got ",
                      call.batch_size());
   if (!call.graph().empty()) {
-    const std::string bytesKey = "graph bytes " + core::fnv1aHex(call.graph());
-    if (auto known = remembered(bytesKey)) {  // these exact bytes were decoded before
+    if (auto known = knownFiles_.find("graph", call.graph())) {  // decoded before
       r.graphHash = *known;
-      r.graphBytes = call.graph();
+      r.call = &call;
       // Stored again when it was evicted (Note [Store eviction]), for calls by hash.
-      if (!store_.contains("graphs", r.graphHash)) store_.put("graphs", r.graphHash, r.graphBytes);
+      if (!store_.contains("graphs", r.graphHash)) store_.put("graphs", r.graphHash, call.graph());
     } else {
       r.graph = core::decodeGraph(call.graph(), "the call's graph");
       r.graphHash = r.graph->hash();
-      if (!store_.get("graphs", r.graphHash)) store_.put("graphs", r.graphHash, call.graph());
-      remember(bytesKey, r.graphHash);
+      if (!store_.contains("graphs", r.graphHash)) store_.put("graphs", r.graphHash, call.graph());
+      knownFiles_.add("graph", call.graph(), r.graphHash);
     }
   } else {
     AUTOSTAGE_CHECK_AS(FormatError, !call.graph_hash().empty(),
@@ -145,10 +201,9 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
     r.graphHash = call.graph_hash();
   }
   if (!call.profile().empty()) {
-    const std::string bytesKey = "profile bytes " + core::fnv1aHex(call.profile());
-    if (auto known = remembered(bytesKey)) {
+    if (auto known = knownFiles_.find("profile", call.profile())) {
       r.profileHash = *known;
-      r.profileBytes = call.profile();
+      r.call = &call;
       if (!store_.contains("profiles", r.profileHash)) {  // evicted: stored again, canonical
         r.profile = core::decodeProfile(call.profile(), "the call's profile");
         store_.put("profiles", r.profileHash, core::encodeProfile(*r.profile));
@@ -157,32 +212,41 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
       r.profile = core::decodeProfile(call.profile(), "the call's profile");
       std::string canonical = core::encodeProfile(*r.profile);  // the writer's version aside
       r.profileHash = core::fnv1aHex(canonical);
-      if (!store_.get("profiles", r.profileHash)) store_.put("profiles", r.profileHash, canonical);
-      remember(bytesKey, r.profileHash);
-      remember("graph of profile " + r.profileHash, r.profile->graphHash);
+      if (!store_.contains("profiles", r.profileHash))
+        store_.put("profiles", r.profileHash, canonical);
+      knownFiles_.add("profile", call.profile(), r.profileHash);
+      rememberGraphOfProfile(r.profileHash, r.profile->graphHash);
     }
-    if (!call.profile_key().empty())
-      store_.put("profile-keys", core::fnv1aHex(call.profile_key()), r.profileHash);
+    if (!call.profile_key().empty()) {  // written when it changes, not on every call
+      const std::string keyHash = core::fnv1aHex(call.profile_key());
+      if (profileOfKey(keyHash) != r.profileHash) {
+        if (auto version = store_.put("profile-keys", keyHash, r.profileHash))
+          profileKeys_.put(keyHash, *version, std::make_shared<const std::string>(r.profileHash),
+                           static_cast<int64_t>(keyHash.size() + r.profileHash.size()));
+      }
+    }
   } else {
     std::string hash = call.profile_hash();
     if (hash.empty() && !call.profile_key().empty()) {
-      auto known = store_.get("profile-keys", core::fnv1aHex(call.profile_key()));
+      auto known = profileOfKey(core::fnv1aHex(call.profile_key()));
       if (!known) throw NotStored("the service has no profile for this profile_key yet: send one");
       hash = *known;
       // Note [Store eviction]: a key whose profile was evicted is a key without a profile.
       if (!store_.contains("profiles", hash))
         throw NotStored("the service's profile for this profile_key (" + hash +
                         ") was evicted from its store: send one");
+    } else {
+      AUTOSTAGE_CHECK_AS(FormatError, !hash.empty(),
+                         "planning call without a profile: send the "
+                         "profile file's bytes, its profile_hash or a profile_key");
+      AUTOSTAGE_CHECK_AS(FormatError, store_.contains("profiles", hash), "profile ", hash,
+                         " is not in the service's store: send the profile file's bytes");
     }
-    AUTOSTAGE_CHECK_AS(FormatError, !hash.empty(),
-                       "planning call without a profile: send the "
-                       "profile file's bytes, its profile_hash or a profile_key");
-    AUTOSTAGE_CHECK_AS(FormatError, store_.contains("profiles", hash), "profile ", hash,
-                       " is not in the service's store: send the profile file's bytes");
     r.profileHash = hash;
   }
-  auto profileGraph = remembered("graph of profile " + r.profileHash);
+  auto profileGraph = graphOfProfile(r.profileHash);
   if (!profileGraph) {  // a stored profile not decoded since the service started
+    r.keepFiles();
     const bool fromStore = r.profileBytes.empty();
     if (fromStore) r.profileBytes = Resolved::stored(store_, "profiles", r.profileHash, "profile");
     try {
@@ -196,20 +260,18 @@ PlanningCore::Resolved PlanningCore::resolve(const proto::PlanCall& call) {
                       " was damaged and removed: send one");
     }
     profileGraph = r.profile->graphHash;
-    remember("graph of profile " + r.profileHash, *profileGraph);
+    rememberGraphOfProfile(r.profileHash, *profileGraph);
   }
   AUTOSTAGE_CHECK_AS(FormatError, profileGraph->empty() || *profileGraph == r.graphHash,
                      "the profile is of graph ", *profileGraph, ", not of the call's graph ",
                      r.graphHash, ": profile the graph you send");
-  r.cluster = core::decodeClusterSpec(call.cluster(), "the call's cluster");
-  r.options = optionsOf(call);
-  std::ostringstream key;
-  key << r.graphHash << '\n'
-      << r.profileHash << '\n'
-      << core::fnv1aHex(core::encodeClusterSpec(r.cluster)) << '\n'
-      << call.batch_size() << '\n'
-      << r.options.toString();
-  r.planKey = core::fnv1aHex(key.str());
+  const std::shared_ptr<const Settings> settings = settingsOf(call);
+  r.cluster = settings->cluster;
+  r.options = settings->options;
+  // Stored plans are found by this key across versions of the service: keep its text.
+  r.planKey =
+      core::fnv1aHex(r.graphHash + '\n' + r.profileHash + '\n' + settings->clusterHash + '\n' +
+                     std::to_string(call.batch_size()) + '\n' + settings->optionsText);
   return r;
 }
 
@@ -222,17 +284,20 @@ proto::PlanAnswer PlanningCore::plan(const proto::PlanCall& call, const CallerCh
 }
 
 std::optional<proto::PlanAnswer> PlanningCore::fromStore(const std::string& planKey) {
-  auto stored = store_.get("plans", planKey);
-  if (!stored) return std::nullopt;
+  const std::string origin = "stored plan " + planKey;
   try {
-    proto::PlanAnswer answer = core::parsePayload<proto::PlanAnswer>(
-        core::decodeFramed(*stored, kAnswerKind, kAnswerVersion, "stored plan " + planKey),
-        "stored plan " + planKey);
-    answer.set_from_store(true);
-    return answer;
+    auto answer = answers_.read(store_, "plans", planKey, [&](const std::string& bytes) {
+      auto decoded = std::make_shared<proto::PlanAnswer>(core::parsePayload<proto::PlanAnswer>(
+          core::decodeFramed(bytes, kAnswerKind, kAnswerVersion, origin), origin));
+      decoded->set_from_store(true);
+      return std::shared_ptr<const proto::PlanAnswer>(std::move(decoded));
+    });
+    if (!answer) return std::nullopt;
+    return *answer;
   } catch (const FormatError& e) {
     core::logger("Service")->warn("{}: removed from the store, planning again", e.what());
     store_.discard("plans", planKey);
+    answers_.erase(planKey);
     return std::nullopt;
   }
 }
@@ -264,7 +329,7 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
   // The store is thread-safe: answers from it do not wait for the core's lock.
   if (auto answer = fromStore(planKey)) {
     ++storeHits_;
-    return *answer;
+    return std::move(*answer);
   }
   {
     // Again under the lock, so that a plan finished (stored, and no longer in planning_) since
@@ -275,7 +340,7 @@ proto::PlanAnswer PlanningCore::planResolved(Resolved r, int64_t batchSize,
     for (;;) {
       if (auto answer = fromStore(planKey)) {
         ++storeHits_;
-        return *answer;
+        return std::move(*answer);
       }
       auto found = planning_.find(planKey);
       if (found != planning_.end()) {
@@ -324,6 +389,7 @@ std::shared_ptr<PlanningCore::InFlight> PlanningCore::startPlanLocked(Resolved r
     planThreads_.erase(id);
   }
   finishedPlanThreads_.clear();
+  r.keepFiles();  // the plan thread outlives the call
   auto state = std::make_shared<InFlight>();
   state->waiters = 1;  // the caller, before the thread starts
   const std::string planKey = r.planKey;
@@ -364,8 +430,13 @@ void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r,
   }
   if (counted) slotFreed_.notify_all();
   if (answer) {
-    store_.put("plans", r.planKey,
-               core::encodeFramed(kAnswerKind, kAnswerVersion, answer->SerializeAsString()));
+    const std::string framed =
+        core::encodeFramed(kAnswerKind, kAnswerVersion, answer->SerializeAsString());
+    if (auto version = store_.put("plans", r.planKey, framed)) {  // Note [Answers from memory]
+      auto stored = std::make_shared<proto::PlanAnswer>(*answer);
+      stored->set_from_store(true);
+      answers_.put(r.planKey, *version, std::move(stored), static_cast<int64_t>(framed.size()));
+    }
     ++plansMade_;
     if (state->waiters == 0)
       core::logger("Service")->info("plan {} made after its caller(s) left: stored", r.planKey);

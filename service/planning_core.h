@@ -4,7 +4,8 @@
 //
 // Note [Planning service]
 // A Plan call names its graph and profile by bytes or by hash. The core stores both (Note
-// [Planner store]), computes the plan key, and answers from the store when the key is there.
+// [Planner store]), computes the plan key, and answers from the store when the key is there:
+// from memory, the answer decoded and verified once (Note [Answers from memory]).
 // Otherwise it plans; a second call with the same key arriving while the first plans waits for
 // that plan instead of planning again (in-flight calls are shared by key). Each answer carries
 // the partition log lines captured while it was planned (Note [Captured log lines]), so a job
@@ -41,13 +42,16 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/proto/planner_service.pb.h"
+#include "service/known_files.h"
 #include "service/plan_call.h"
 #include "service/plan_store.h"
+#include "service/stored_copies.h"
 
 namespace autostage::service {
 
@@ -68,6 +72,9 @@ struct PlanningOptions {
   int64_t storeMaxBytes = 0;    // Note [Store eviction]; 0: no limit
   int maxConcurrentPlans = 0;   // plans made at once for calls; 0: the machine's cores
   double maxPlanSeconds = 300;  // a Plan or WhatIf call fails with DeadlineExceeded after this
+  // Note [Answers from memory]: at most this many bytes each of decoded answers, profile keys
+  // and call files kept in memory; 0: none (every stored answer is read and verified again).
+  int64_t memoryBytes = int64_t{256} << 20;
   void validate() const;
 };
 
@@ -99,6 +106,7 @@ class PlanningCore {
 
  private:
   struct Resolved;  // a call's decoded files and its plan key
+  struct Settings;  // a call's cluster and planner options, decoded
   struct InFlight;  // a plan being made: its answer to come and who waits for it
   Resolved resolve(const proto::PlanCall& call);
   // counted: a call's plan (limited by maxConcurrentPlans), not a background one.
@@ -110,26 +118,36 @@ class PlanningCore {
   void makePlan(const std::shared_ptr<InFlight>& state, Resolved& r, int64_t batchSize,
                 bool counted);
   void planPoint(const Resolved& base, proto::WhatIfPoint* point);  // one point of a WhatIf
+  // Note [Answers from memory]: the stored answer, from memory when its entry is unchanged.
   std::optional<proto::PlanAnswer> fromStore(const std::string& planKey);
+  // The profile hash stored under a profile key's hash, as fromStore.
+  std::optional<std::string> profileOfKey(const std::string& keyHash);
   // Throws when the caller left or the limit passed; what: the call, for the message.
   void checkCaller(const CallerCheck& caller, std::chrono::steady_clock::time_point limit,
                    const std::string& what, const std::string& after) const;
-  // Hashes of file bytes decoded before ("graph bytes <fnv>" -> graph hash, "profile bytes
-  // <fnv>" -> profile hash, "graph of profile <hash>" -> its graph hash).
-  std::optional<std::string> remembered(const std::string& bytesKey);
-  void remember(const std::string& bytesKey, const std::string& hash);
+  // The call's cluster and options, decoded once per distinct set (calls of a job repeat them).
+  std::shared_ptr<const Settings> settingsOf(const proto::PlanCall& call);
+  // The graph hash of a profile decoded before (profile hash -> its graph hash).
+  std::optional<std::string> graphOfProfile(const std::string& profileHash) const;
+  void rememberGraphOfProfile(const std::string& profileHash, const std::string& graphHash);
   void backgroundLoop();
 
   const PlanningOptions options_;
   const int maxConcurrentPlans_;
   PlanStore store_;
+  // Note [Answers from memory]
+  KnownFiles knownFiles_;
+  StoredCopies<proto::PlanAnswer> answers_;  // by plan key
+  StoredCopies<std::string> profileKeys_;    // by the profile key's hash
+  mutable std::shared_mutex memoMutex_;
+  std::map<std::string, std::string> graphOfProfile_;                // graphOfProfile()
+  std::map<std::string, std::shared_ptr<const Settings>> settings_;  // settingsOf()
   std::function<void()> planHook_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<int64_t> requests_{0}, failed_{0}, planCalls_{0}, storeHits_{0}, plansMade_{0},
       inFlight_{0};
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<InFlight>> planning_;  // by plan key
-  std::map<std::string, std::string> hashOfBytes_;             // remembered()
   // Note [Call deadlines]: the plan threads (joined when finished or at destruction).
   std::map<uint64_t, std::thread> planThreads_;
   std::vector<uint64_t> finishedPlanThreads_;

@@ -1,6 +1,7 @@
 // The planning service's store (Note [Planner store], Note [Store eviction]): least recently used
 // entries evicted above the limit, the order and size kept across a reopen, damaged entries
-// discarded, and temporary files of writes a crash interrupted removed at open.
+// discarded, temporary files of writes a crash interrupted removed at open, and the versions
+// that tell a copy kept in memory whether its entry changed (Note [Answers from memory]).
 #include "service/plan_store.h"
 
 #include <sys/wait.h>
@@ -122,6 +123,36 @@ TEST_CASE("a discarded entry is gone from the store and from its directory", "[s
   store.discard("plans", "e1");  // twice: nothing to do
   store.put("plans", "e1", "good bytes");
   CHECK(store.get("plans", "e1") == std::optional<std::string>("good bytes"));
+}
+
+TEST_CASE("an entry's version changes whenever the entry does, and only then", "[service]") {
+  for (bool onDisk : {true, false}) {
+    INFO((onDisk ? "on disk" : "in memory"));
+    PlanStore store(onDisk ? freshDirectory("versions") : "", 1000);
+    CHECK_FALSE(store.version("plans", "f1"));
+    const auto first = store.put("plans", "f1", "answer one");
+    REQUIRE(first);
+    CHECK(store.version("plans", "f1") == first);  // uses do not change it
+    uint64_t read = 0;
+    CHECK(store.get("plans", "f1", &read) == std::optional<std::string>("answer one"));
+    CHECK(read == *first);
+    const auto second = store.put("plans", "f1", "answer two");  // put again: replaced
+    REQUIRE(second);
+    CHECK(*second != *first);
+    CHECK(store.version("plans", "f1") == second);
+    CHECK(store.get("plans", "f1", &read) == std::optional<std::string>("answer two"));
+    CHECK(read == *second);
+    CHECK(store.put("plans", "f2", "other") != second);  // never given twice
+    store.discard("plans", "f1");
+    CHECK_FALSE(store.version("plans", "f1"));
+    const auto third = store.put("plans", "f1", "answer one");  // the same bytes again
+    REQUIRE(third);
+    CHECK(*third != *first);
+    CHECK(*third != *second);
+    store.put("plans", "f3", std::string(995, 'x'));  // above the limit: f2 and f1 evicted
+    CHECK_FALSE(store.version("plans", "f1"));
+    CHECK_FALSE(store.version("plans", "f2"));
+  }
 }
 
 }  // namespace

@@ -11,7 +11,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,51 +22,17 @@
 #include "core/proto/cluster_file.h"
 #include "core/proto/deployment_file.h"
 #include "decomposer/planner.h"
-#include "decomposer/synthetic.h"
 #include "scratch_files.h"
 #include "service/plan_call.h"
 #include "service/planner_client.h"
 #include "service/planner_server.h"
 #include "service/planning_core.h"
+#include "service_fixtures.h"
 
 namespace autostage::service {
 namespace {
 
-struct Model {
-  core::Graph graph;
-  core::GraphProfile profile;
-};
-
-Model syntheticModel(const std::string& spec = "mlp:layers=12") {
-  decomposer::SyntheticModel m = decomposer::syntheticFromSpec(spec, decomposer::DeviceModel());
-  return {std::move(m.graph), std::move(m.profile)};
-}
-
-core::ClusterSpec cluster(int devices, double gib = 16) {
-  core::ClusterSpec c;
-  c.devices = devices;
-  c.devicesPerNode = devices;
-  c.memoryPerDevice = static_cast<int64_t>(gib * (1 << 30));
-  return c;
-}
-
-decomposer::PlanOptions options() {
-  decomposer::PlanOptions o;
-  o.partitionNum = 2;
-  return o;
-}
-
-// A fresh scratch directory and a socket path inside it.
-struct Place {
-  std::string dir, listen;
-  explicit Place(const std::string& name) {
-    std::filesystem::path d = testing::scratchPath("service_tests", name);
-    std::filesystem::remove_all(d);
-    std::filesystem::create_directories(d);
-    dir = d.string();
-    listen = "unix:" + dir + "/planner.sock";
-  }
-};
+using namespace fixtures;  // the tests' model, cluster and place
 
 ServerOptions serverOptions(const Place& place, bool store = true) {
   ServerOptions o;
@@ -267,13 +232,7 @@ TEST_CASE("the store survives a restart, and a corrupt entry is planned again", 
     CHECK(answer.deployment() == deployment);
     CHECK(client.status(10).plans_made() == 0);
   }
-  {  // flip one byte of the stored answer: its hash no longer matches
-    const std::string path = place.dir + "/store/plans/" + key + ".answer";
-    std::string bytes = testing::readFileBytes(path);
-    REQUIRE(bytes.size() > 40);
-    bytes[bytes.size() - 5] ^= 0x5a;
-    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-  }
+  fixtures::damageStoredAnswer(place.dir + "/store", key);
   PlannerServer server(serverOptions(place));
   PlannerClient client(place.listen);
   proto::PlanAnswer answer = client.plan(call, 60);
@@ -588,15 +547,12 @@ TEST_CASE("above --store-max-mib the least recently used plans go, and are plann
           "[service]") {
   Place place("eviction");
   Model m = syntheticModel();
-  auto callFor = [&](int64_t batch) {
-    return makePlanCall(m.graph, m.profile, cluster(4), batch, options());
-  };
   // The sizes of this model's entries: graph and profile, and one plan answer.
   int64_t base = 0, plan = 0;
   std::string deploymentB;
   {
     PlannerServer server(serverOptions(place));
-    proto::PlanAnswer a = PlannerClient(place.listen).plan(callFor(32), 60);
+    proto::PlanAnswer a = PlannerClient(place.listen).plan(planCall(m, 32), 60);
     base = server.core().store().bytes();
     plan = static_cast<int64_t>(
         std::filesystem::file_size(place.dir + "/store/plans/" + a.plan_key() + ".answer"));
@@ -611,24 +567,25 @@ TEST_CASE("above --store-max-mib the least recently used plans go, and are plann
     PlannerServer server(o);
     PlannerClient client(place.listen);
     CHECK(client.status(30).store_bytes() == base);  // measured again at start
-    proto::PlanAnswer b = client.plan(callFor(64), 60);
+    proto::PlanAnswer b = client.plan(planCall(m, 64), 60);
     deploymentB = b.deployment();
-    CHECK_FALSE(client.plan(callFor(96), 60).from_store());
+    CHECK_FALSE(client.plan(planCall(m, 96), 60).from_store());
     CHECK(client.status(30).store_evictions() == 0);
-    CHECK(client.plan(callFor(32), 60).from_store());  // a use: 32 is now more recent than 64, 96
-    CHECK_FALSE(client.plan(callFor(128), 60).from_store());  // above the limit
+    // A use: 32 is now more recent than 64 and 96.
+    CHECK(client.plan(planCall(m, 32), 60).from_store());
+    CHECK_FALSE(client.plan(planCall(m, 128), 60).from_store());  // above the limit
     proto::StatusAnswer status = client.status(30);
     CHECK(status.store_evictions() == 2);  // the plans for 64 and 96, the least recently used
     CHECK(status.store_bytes() <= o.storeMaxBytes);
     CHECK(status.store_max_bytes() == o.storeMaxBytes);
-    CHECK(client.plan(callFor(32), 60).from_store());
-    CHECK(client.plan(callFor(128), 60).from_store());       // the one just written stayed
-    proto::PlanAnswer again = client.plan(callFor(64), 60);  // evicted: planned again
+    CHECK(client.plan(planCall(m, 32), 60).from_store());
+    CHECK(client.plan(planCall(m, 128), 60).from_store());       // the one just written stayed
+    proto::PlanAnswer again = client.plan(planCall(m, 64), 60);  // evicted: planned again
     CHECK_FALSE(again.from_store());
     CHECK(again.deployment() == deploymentB);
-    CHECK(client.plan(callFor(64), 60).from_store());
+    CHECK(client.plan(planCall(m, 64), 60).from_store());
     // The graph and profile were used by every call: still there, for calls by hash.
-    proto::PlanCall byHash = callFor(32);
+    proto::PlanCall byHash = planCall(m, 32);
     byHash.clear_graph();
     byHash.set_graph_hash(again.graph_hash());
     byHash.clear_profile();
@@ -643,7 +600,7 @@ TEST_CASE("above --store-max-mib the least recently used plans go, and are plann
   CHECK(status.store_bytes() == reopened.store_bytes());
   CHECK(status.store_entries() == reopened.store_entries());
   CHECK(status.store_evictions() == 0);
-  CHECK(client.plan(callFor(64), 60).from_store());
+  CHECK(client.plan(planCall(m, 64), 60).from_store());
 }
 
 TEST_CASE("a profile or graph evicted from the store is asked for again, not dangling",
