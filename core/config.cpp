@@ -48,15 +48,15 @@ const std::vector<OptionSpec>& optionTable() {
        "such bucket (at most the stage's parameter bytes) in a replicated stage's memory", kPlanInput},
       // Profiling
       {"plan_cache_dir", T::String, "",
-       "directory of cached deployments keyed by graph, world size, batch and planner options; a "
-       "later launch of the same job skips profiling and planning (empty: no cache)"},
+       "store of the local planner: plans and profiles kept by keys of their content, so a later "
+       "launch of the same job skips profiling and planning (empty: kept in memory only)"},
       {"planner_address", T::String, "",
        "planning service (`autostage serve`) rank 0 asks for the plan: unix:PATH, tcp:PORT or "
        "tcp:HOST:PORT; it skips profiling when the service keeps this model's profile, and plans "
        "locally when the service does not answer (empty: plan locally)"},
       {"planner_timeout_s", T::Float, "30",
        "how long rank 0 waits for the planning service before planning locally"},
-      {"profile_cache_dir", T::String, "", "directory of cached profiles keyed by graph hash, device and dtype (empty: no cache)"},
+      {"profile_cache_dir", T::String, "", "directory of cached profiles keyed by the profile key: graph, batch sizes measured, profiler options, device and dtype (empty: no cache)"},
       {"profile_batch_sizes", T::String, "", "comma-separated micro-batch sizes to profile at (empty: a quarter and a half of the example batch)", kPlanInput},
       {"profile_repeats", T::Int, "3", "timed runs per node, batch size and pass; each pass keeps their median (warm-up excluded)", kPlanInput},
       {"profile_passes", T::Int, "3", "passes through the model, each timing every node; a figure is the smallest pass median, so a moment of contention on a shared machine does not skew it", kPlanInput},

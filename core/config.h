@@ -30,8 +30,9 @@ struct OptionSpec {
 // An option is a plan input when a plan made under one value may be wrong under another: the
 // planner's own options, the profiler's (they change the measured figures the planner reads),
 // the communication costs and how they are measured, the precision. A kept plan is reused only
-// for the same values of all of them (driver/plan_cache.cpp derives its key from this list, so
-// an option added to the table with planInput set is in the key without another edit).
+// for the same values of all of them: a job's plan call carries the planner options, and its
+// profile key every other plan input (driver/auto_planner.h planProfileKey derives it from this
+// list, so an option added to the table with planInput set is in the key without another edit).
 // Options resolved into the job instead (device, memory: Note [Resolving the job] in
 // driver/job.h) enter the key as the resolved values.
 std::vector<std::string> planInputOptions();

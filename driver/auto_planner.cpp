@@ -1,6 +1,7 @@
 #include "driver/auto_planner.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -12,12 +13,10 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/proto/deployment_file.h"
-#include "decomposer/planner.h"
+#include "core/proto/profile_file.h"
+#include "decomposer/plan_option_fields.h"
 #include "profiler/comm_profile.h"
-#include "profiler/profiler.h"
 #include "service/plan_call.h"
-#include "service/planner_client.h"
-#include "staging/call_inputs.h"
 
 namespace autostage::driver {
 namespace {
@@ -58,74 +57,19 @@ core::CommProfile measuredCommProfile(const std::shared_ptr<comm::Backend>& back
   return comm;
 }
 
-// Replays a partition log line the service captured ("[DPStaging] [info] ...") through the
-// named logger, so a job asking the service logs what a local plan would have, at the job's
-// log levels.
-void replayLogLine(const std::string& line) {
-  size_t nameEnd = line.find("] [");
-  size_t levelEnd = nameEnd == std::string::npos ? nameEnd : line.find("] ", nameEnd + 3);
-  if (line.empty() || line[0] != '[' || levelEnd == std::string::npos) {
-    core::logger("Service")->info("{}", line);
-    return;
-  }
-  auto level = spdlog::level::from_str(line.substr(nameEnd + 3, levelEnd - nameEnd - 3));
-  core::logger(line.substr(1, nameEnd - 1))->log(level, "{}", line.substr(levelEnd + 2));
-}
-
-// Note [Planning service]: rank 0 asks the service at planner_address for the plan: first with
-// the profile key only (a service that has this model's profile plans with it, and the job skips
-// profiling), then, after profiling here, with the profile. Empty when the service did not
-// answer (not running, timeout, or an error on its side, logged) or, for the first ask, has no
-// profile: the job then profiles and/or plans locally. A PlanError (nothing fits) is the answer
-// and is thrown.
-std::optional<core::Deployment> askPlanningService(const PlanningInput& in,
-                                                   const core::GraphProfile* profile,
-                                                   const std::string& profileKey,
-                                                   const decomposer::PlanOptions& options,
-                                                   const core::Config& config, bool* failed) {
-  const std::string address = config.getString("planner_address");
-  if (address.empty()) return std::nullopt;
-  auto log = core::logger("Module");
-  log->info("Asking the planning service at {} {}...", address,
-            profile ? "" : "(for this model's stored profile) ");
-  try {
-    service::PlannerClient client(address);
-    proto::PlanCall call =
-        service::makePlanCall(in.model.graph, profile, in.cluster, in.globalBatch, options);
-    call.set_profile_key(profileKey);
-    proto::PlanAnswer answer = client.plan(call, config.getFloat("planner_timeout_s"));
-    for (const std::string& line : answer.log()) replayLogLine(line);
-    log->info("Plan {} from the planning service at {} ({})", answer.plan_key(), address,
-              answer.from_store() ? "from its store" : "planned for this job");
-    return core::decodeDeployment(answer.deployment(), "the planning service's answer");
-  } catch (const PlanError&) {
-    throw;
-  } catch (const service::NotStored&) {
-    log->info("The planning service has no profile of this model yet: profiling here");
-    return std::nullopt;
-  } catch (const Error& e) {
-    log->warn("{}; planning locally", e.what());
-    *failed = true;
-    return std::nullopt;
-  }
-}
-
 }  // namespace
 
-void checkProfiledFeasibility(const core::Graph& graph, const core::GraphProfile& profile,
-                              const core::Deployment& deployment) {
-  for (const core::StageDeployment& stage : deployment.stages) {
-    int64_t shares = int64_t{deployment.microBatchCount} * std::max(1, stage.replicaCount());
-    int64_t micro = (deployment.batchSize + shares - 1) / shares;
-    for (core::NodeId n : stage.nodes) {
-      const core::NodeProfile& p = profile.nodes.at(n);
-      if (p.failure.empty() || (p.maxBatch >= 0 && micro <= p.maxBatch)) continue;
-      AUTOSTAGE_CHECK_AS(PlanError, false, "stage ", stage.name, " would run ",
-                         profiler::nodeLabel(graph, n), " at micro-batch size ", micro,
-                         ", but profiling it failed: ", p.failure, "; largest batch it ran at: ",
-                         p.maxBatch, ". Use a smaller batch, more micro-batches or more ranks");
-    }
-  }
+std::string planProfileKey(const profiler::ProfileKey& key, const core::Config& config,
+                           const core::ClusterSpec& cluster) {
+  const std::vector<std::string>& plannerKeys = decomposer::planOptionKeys();
+  std::string text = key.text;
+  for (const std::string& option : core::planInputOptions())
+    if (std::find(plannerKeys.begin(), plannerKeys.end(), option) == plannerKeys.end())
+      text += "\n" + option + "=" + config.text(option);
+  if (config.getBool("measure_comm"))  // measured between these ranks and nodes
+    text += "\ncomm measured over " + std::to_string(cluster.devices) + " ranks, " +
+            std::to_string(cluster.devicesPerNode) + " per node";
+  return text;
 }
 
 AutoPlanner::AutoPlanner(const std::shared_ptr<comm::Backend>& backend,
@@ -134,7 +78,20 @@ AutoPlanner::AutoPlanner(const std::shared_ptr<comm::Backend>& backend,
                                                           : profiler::configuredCommProfile()),
       placement_(placement) {}
 
-core::Deployment AutoPlanner::plan(const PlanningInput& in) {
+AutoPlanner::~AutoPlanner() = default;
+
+service::Planner& AutoPlanner::plannerFor(const core::Config& config) {
+  std::string settings;
+  for (const char* key : {"plan_cache_dir", "planner_address", "planner_timeout_s"})
+    settings += config.text(key) + '\n';
+  if (!planner_ || settings != plannerSettings_) {
+    planner_ = service::makePlanner(config);
+    plannerSettings_ = settings;
+  }
+  return *planner_;
+}
+
+core::Deployment AutoPlanner::plan(const PlanningInput& in, bool* fromStore) {
   const core::Config& config = in.config;  // Note [Per-module plan options] in plan_sources.cpp
   // Options first: a plan that cannot be made for this usage fails before profiling.
   decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
@@ -148,46 +105,44 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in) {
                      " per rank with virtual_stages=", options.virtualStages, "); set "
                      "partition_num to at most ", in.worldSize * perRank, " (0 lets the planner "
                      "choose) or launch more ranks");
-  // The graph hash covers the shapes but the batch (dim 0), which the profile depends on too.
-  const std::string key =
-      in.model.graph.hash() + staging::signatureOf(staging::tensorsOf(in.exampleInputs), false);
+  service::Planner& planner = plannerFor(config);
   const profiler::ProfilerOptions profilerOptions = profiler::ProfilerOptions::fromConfig();
-  // What the profile measures, for the planning service (Note [Planning service]).
-  const std::string profileKey =
-      key + "\n" + profilerOptions.toString() + "\n" + in.cluster.deviceKind;
-  bool serviceFailed = false;  // asked once without an answer: do not wait for it again
-  if (profiledKey_ != key) {
-    if (auto planned =
-            askPlanningService(in, nullptr, profileKey, options, config, &serviceFailed))
-      return *planned;  // planned with the profile the service keeps of this model
-    core::logger("Module")->info("Running profiler ...");
-    // Time and memory on the job's own device: CUDA events and the caching allocator's peak for
-    // a CUDA job, so calibration and the load probe use that GPU, and its profile is keyed by
-    // the GPU's model (MeasurementBackend::deviceKind).
-    auto measurement =
-        profiler::createMeasurementBackend(placement_.cudaIndex());
-    ModelStateGuard keep(in.model.paramTensors);
-    profile_ = profiler::profileGraph(in.model, in.exampleInputs, *measurement, profilerOptions);
-    profiledKey_ = key;
+  const profiler::ProfileKey key =
+      profiler::profileKey(in.model, in.exampleInputs, profilerOptions, in.cluster.deviceKind);
+  proto::PlanCall call =
+      service::makePlanCall(in.model.graph, nullptr, in.cluster, in.globalBatch, options);
+  call.set_profile_key(planProfileKey(key, config, in.cluster));
+  std::optional<proto::PlanAnswer> answer;
+  if (profiledKey_ != key.text) {
+    try {
+      answer = planner.plan(call);  // with the profile the planner keeps of this model
+    } catch (const service::NotStored&) {
+      std::string where = planner.where();
+      where[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(where[0])));
+      core::logger("Module")->info("{} has no profile of this model yet: profiling here", where);
+    }
+    if (!answer) {
+      core::logger("Module")->info("Running profiler ...");
+      // Time and memory on the job's own device: CUDA events and the caching allocator's peak
+      // for a CUDA job, so calibration and the load probe use that GPU.
+      auto measurement = profiler::createMeasurementBackend(placement_.cudaIndex());
+      ModelStateGuard keep(in.model.paramTensors);
+      profile_ =
+          profiler::profileGraph(in.model, in.exampleInputs, *measurement, profilerOptions);
+      profiledKey_ = key.text;
+    }
   } else {
     core::logger("Module")->info("Reusing this model's profile (planning for {})",
                                  core::usageName(in.usage));
   }
-  core::GraphProfile profile = profile_;
-  profile.comm = comm_;
-  std::optional<core::Deployment> fromService =
-      serviceFailed ? std::nullopt
-                    : askPlanningService(in, &profile, profileKey, options, config,
-                                         &serviceFailed);
-  core::Deployment deployment =
-      fromService ? std::move(*fromService)
-                  : decomposer::planGraph(in.model.graph, profile, in.cluster, in.globalBatch,
-                                          options)
-                        .deployment;
-  // The decomposer does not read NodeProfile::failure yet: refuse such plans here, whichever
-  // planned them.
-  checkProfiledFeasibility(in.model.graph, profile, deployment);
-  return deployment;
+  if (!answer) {
+    core::GraphProfile profile = profile_;
+    profile.comm = comm_;
+    call.set_profile(core::encodeProfile(profile));
+    answer = planner.plan(call);
+  }
+  *fromStore = answer->from_store();
+  return core::decodeDeployment(answer->deployment(), "the plan of " + planner.where());
 }
 
 }  // namespace autostage::driver

@@ -20,7 +20,7 @@ namespace autostage::driver {
 // never sees host RAM for a GPU job). The device kind names the model ("cuda:NVIDIA H100 80GB
 // HBM3"), so plans and profiles kept for one GPU model are not used on another.
 // Everything that depends on them reads them from here: the cluster the local planner and the
-// planning service plan for, the plan cache key, the memory check of a loaded deployment and the
+// planning service plan for (and so the plan key), the memory check of a loaded deployment and the
 // measured-memory record. A dry run (partitioning_dry_run_np=N) plans for N ranks on this node:
 // cluster(N, N).
 struct JobSpec {

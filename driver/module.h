@@ -16,8 +16,9 @@
 //   3. trace/import the model on the first call of a mode, or when the inputs' shapes change
 //      under allow_replan (tracing and importing the model);
 //   4. rank 0 takes the plan from the first source that has one (Note [Where a plan comes from]
-//      in plan_sources.h): the deployment file, the plan cache, the planner (ModuleOptions::
-//      planner, or the planning service and the local profile + plan); then broadcasts it;
+//      in plan_sources.h): the deployment file, else the planner (ModuleOptions::planner, or
+//      the job's service::Planner: the planning service, the plan store, the local profile +
+//      plan); then broadcasts it;
 //   5. every rank verifies it once (Note [One verification] in staging/route_check.h);
 //   6. deploy: staging::Executor builds this rank's stage and copies rank 0's parameters.
 // Every call is collective: all ranks call forward/backward/trainStep in the same order. Outputs
@@ -307,7 +308,7 @@ class Module {
   staging::VerifiedDeployment obtainDeployment(const std::vector<c10::IValue>& examples,
                                                int64_t globalBatch, core::PlanUsage usage);
   // Rank 0: the plan from the first source that has one (Note [Where a plan comes from]); sets
-  // *elsewhere when it was planned for another job (a deployment file, the plan cache).
+  // *elsewhere when it was planned for another job (a deployment file, a planner's store).
   core::Deployment firstPlan(const std::vector<c10::IValue>& examples, int64_t globalBatch,
                              core::PlanUsage usage, bool* elsewhere);
   // Rank 0 writes a plan made for this job to saveDeploymentPath (Note [Saved deployments]).
@@ -315,8 +316,9 @@ class Module {
   void savePlanned(const core::Deployment& deployment);
   // The process-wide options with options_.planOptions over them (Note [Per-module plan options]).
   core::Config planConfig() const;
-  // The planner's plan: ModuleOptions::planner, or the AutoPlanner.
-  core::Deployment plan(const PlanningInput& input);
+  // The planner's plan: ModuleOptions::planner, or the AutoPlanner; *fromStore (when given):
+  // the plan was kept from an earlier plan, not made for this call.
+  core::Deployment plan(const PlanningInput& input, bool* fromStore = nullptr);
   // Rank 0 of a dry run: plans for dryRunWorldSize ranks and saves the plan.
   void planDryRun(const std::vector<c10::IValue>& examples, int64_t globalBatch,
                   core::PlanUsage usage);

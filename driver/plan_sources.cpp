@@ -11,7 +11,6 @@
 #include "core/proto/deployment_file.h"
 #include "driver/auto_planner.h"
 #include "driver/module.h"
-#include "driver/plan_cache.h"
 #include "staging/route_check.h"
 
 namespace autostage::driver {
@@ -91,27 +90,14 @@ staging::VerifiedDeployment Module::obtainDeployment(const std::vector<c10::IVal
 
 core::Deployment Module::firstPlan(const std::vector<c10::IValue>& examples, int64_t globalBatch,
                                    core::PlanUsage usage, bool* elsewhere) {
-  auto log = core::logger("DPStaging");
-  // 2. The plan cache (1, the deployment file, is read on every rank: obtainDeployment).
-  const core::Config config = planConfig();
-  const std::string cached =
-      planCachePath(model_->graph.hash(), job_, globalBatch, usage, config);
-  if (!cached.empty()) {
-    if (std::optional<core::Deployment> plan = readCachedPlan(cached)) {
-      *elsewhere = true;
-      return std::move(*plan);
-    }
-  }
-  // 3. The planner.
-  log->info("Planning on rank 0 for {} (world size {}, batch size {}) ...", core::usageName(usage),
-            backend_->worldSize(), globalBatch);
+  // 2. The planner (1, the deployment file, is read on every rank: obtainDeployment).
+  core::logger("DPStaging")->info("Planning on rank 0 for {} (world size {}, batch size {}) ...",
+                                  core::usageName(usage), backend_->worldSize(), globalBatch);
   PlanningInput input{*model_, examples, backend_->worldSize(), globalBatch,
                       job_.cluster(backend_->worldSize())};
   input.usage = usage;
-  input.config = config;
-  core::Deployment planned = plan(input);
-  if (!cached.empty()) writeCachedPlan(planned, cached);
-  return planned;
+  input.config = planConfig();
+  return plan(input, elsewhere);
 }
 
 // Note [Saved deployments]: after obtainDeployment gave it this job's hosts.
@@ -129,7 +115,7 @@ void Module::savePlanned(const core::Deployment& deployment) {
 // plans without ZeRO-1 for a module whose optimizer cannot be sharded (autostage/module.py's
 // _choose_zero, or a C++ Module over a torch::optim optimizer), while another module of the same
 // process may shard. ModuleOptions::planOptions holds such values; every plan of the module, its
-// plan cache key and its planning-service call read the process-wide options with these over
+// plan call (so its plan key) read the process-wide options with these over
 // them, and the process-wide options stay as the user set them.
 core::Config Module::planConfig() const {
   core::Config config = core::globalConfig();
@@ -138,10 +124,13 @@ core::Config Module::planConfig() const {
   return config;
 }
 
-core::Deployment Module::plan(const PlanningInput& input) {
+core::Deployment Module::plan(const PlanningInput& input, bool* fromStore) {
+  bool kept = false;
+  if (fromStore == nullptr) fromStore = &kept;
+  *fromStore = false;
   if (options_.planner) return options_.planner(input);
   AUTOSTAGE_INTERNAL_ASSERT(autoPlanner_ != nullptr, "a module without a planner planned");
-  return autoPlanner_->plan(input);
+  return autoPlanner_->plan(input, fromStore);
 }
 
 // Note [Saved deployments]. The global batch of a dry run is what the later job on

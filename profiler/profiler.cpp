@@ -60,15 +60,6 @@ core::NodeProfile fitGroup(core::NodeId key, const GroupSamples& s, int64_t para
 
 }  // namespace
 
-std::string nodeLabel(const core::Graph& graph, core::NodeId node) {
-  const core::Node& n = graph.node(node);
-  std::ostringstream out;
-  out << "node " << node << " " << n.kind;
-  if (!n.scope.empty()) out << " (" << n.scope << ")";
-  if (!n.outputs.empty()) out << " -> " << graph.value(n.outputs[0]).name;
-  return out.str();
-}
-
 std::vector<int64_t> resolveBatchSizes(const ProfilerOptions& options, int64_t exampleBatch) {
   std::vector<int64_t> sizes = options.batchSizes;
   if (sizes.empty()) {
@@ -99,14 +90,28 @@ std::string profileDtype(const torchscript::ImportedModel& model, core::Precisio
   return dtype;
 }
 
-std::string profileCachePath(const ProfilerOptions& options, const std::string& graphHash,
-                             const std::string& deviceKind, const std::string& dtype) {
+ProfileKey profileKey(const torchscript::ImportedModel& model,
+                      const std::vector<c10::IValue>& exampleInputs,
+                      const ProfilerOptions& options, const std::string& deviceKind) {
+  ProfileKey key{model.graph.hash(), deviceKind, profileDtype(model, options.precision), ""};
+  std::ostringstream text;
+  text << key.graphHash << "\nbatch_sizes=";
+  const std::vector<int64_t> sizes =
+      resolveBatchSizes(options, exampleBatchSizeOf(exampleInputs));
+  for (size_t i = 0; i < sizes.size(); ++i) text << (i ? "," : "") << sizes[i];
+  text << '\n' << options.measurementText() << '\n' << deviceKind << '\n' << key.dtype;
+  key.text = text.str();
+  return key;
+}
+
+std::string profileCachePath(const ProfilerOptions& options, const ProfileKey& key) {
   if (!options.cacheFile.empty()) return options.cacheFile;
   if (options.cacheDir.empty()) return "";
-  std::string device = deviceKind;
+  std::string device = key.deviceKind;
   for (char& c : device)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
-  return options.cacheDir + "/" + graphHash + "-" + device + "-" + dtype + ".profile";
+  return options.cacheDir + "/" + key.graphHash + "-" + device + "-" + key.dtype + "-" +
+         core::fnv1aHex(key.text).substr(0, 8) + ".profile";
 }
 
 namespace {
@@ -194,10 +199,11 @@ core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
   options.validate();
   auto log = core::logger("Profiler");
   log->info("profiler options: {}", options.toString());
-  std::string hash = model.graph.hash(), dtype = profileDtype(model, options.precision);
-  std::string path = profileCachePath(options, hash, backend.deviceKind(), dtype);
+  const ProfileKey key = profileKey(model, exampleInputs, options, backend.deviceKind());
+  const std::string& hash = key.graphHash;
+  std::string path = profileCachePath(options, key);
   if (!path.empty() && std::filesystem::exists(path)) {
-    core::GraphProfile cached = core::loadProfileFor(path, hash, backend.deviceKind(), dtype);
+    core::GraphProfile cached = core::loadProfileFor(path, hash, key.deviceKind, key.dtype);
     log->info("loaded profile of graph {} from cache {}; skipping profiling", hash, path);
     return cached;
   }

@@ -1,7 +1,7 @@
 #pragma once
 // The profiler's entry point: measures every node group of an imported model once per batch
 // size (forward, backward, memory), fits linear costs, calibrates the composed block model on a
-// few real blocks, and caches the result keyed by graph hash, device kind and dtype.
+// few real blocks, and caches the result under its profile key (Note [Profile key]).
 //
 // Inputs of each node come from one real forward pass of the whole model per batch size
 // (example inputs narrowed or repeated along dim 0). A node that fails is logged by name with
@@ -42,11 +42,26 @@ std::string modelDtype(const torchscript::ImportedModel& model);
 // The profile's dtype key: modelDtype, with "-autocast-bf16" (fp16) appended for mixed precision.
 std::string profileDtype(const torchscript::ImportedModel& model, core::Precision precision);
 
-// Cache file for this key ("" when options name no cache).
-std::string profileCachePath(const ProfilerOptions& options, const std::string& graphHash,
-                             const std::string& deviceKind, const std::string& dtype);
+// Note [Profile key]
+// What a profile depends on, named once for every place that keeps or asks for one (the
+// profile cache here, a job's own profile between its plans, the planning service's stored
+// profiles): the graph's hash (the model and its shapes but the batch), the batch sizes it is
+// measured at (resolveBatchSizes: the batch counts through them, and only through them, since
+// calibration measures at the largest), the options that change a measurement
+// (ProfilerOptions::measurementText), the device kind (the GPU's model on CUDA) and the dtype
+// (profileDtype).
+struct ProfileKey {
+  std::string graphHash, deviceKind, dtype;
+  std::string text;  // all of the above, one per line
+};
+ProfileKey profileKey(const torchscript::ImportedModel& model,
+                      const std::vector<c10::IValue>& exampleInputs,
+                      const ProfilerOptions& options, const std::string& deviceKind);
 
-// Readable node name for logs: `node 12 aten::linear (fc1) -> out_name`.
-std::string nodeLabel(const core::Graph& graph, core::NodeId node);
+// The cache file of this key ("" when options name no cache): cacheFile, or a file in cacheDir
+// named by the graph hash, device kind, dtype and a hash of the whole key.
+std::string profileCachePath(const ProfilerOptions& options, const ProfileKey& key);
+
+using core::nodeLabel;  // core/ir/graph.h
 
 }  // namespace autostage::profiler

@@ -56,11 +56,17 @@ std::string ProfilerOptions::toString() const {
   std::ostringstream out;
   out << "batch_sizes=[";
   for (size_t i = 0; i < batchSizes.size(); ++i) out << (i ? "," : "") << batchSizes[i];
-  out << (batchSizes.empty() ? "auto" : "") << "] warmup=" << warmupRuns << " repeats=" << repeats
-      << " passes=" << passes << " pass_seconds=" << passSeconds      << " calibration_blocks=" << calibrationBlocks << " calibration_repeats="
-      << calibrationRepeats << " seed=" << seed << " normalize_load=" << normalizeLoad
-      << " reuse_identical=" << reuseIdenticalGroups << " cache="
-      << (cacheFile.empty() ? (cacheDir.empty() ? "none" : cacheDir) : cacheFile)
+  out << (batchSizes.empty() ? "auto" : "") << "] " << measurementText() << " cache="
+      << (cacheFile.empty() ? (cacheDir.empty() ? "none" : cacheDir) : cacheFile);
+  return out.str();
+}
+
+std::string ProfilerOptions::measurementText() const {
+  std::ostringstream out;
+  out << "warmup=" << warmupRuns << " repeats=" << repeats << " passes=" << passes
+      << " pass_seconds=" << passSeconds << " calibration_blocks=" << calibrationBlocks
+      << " calibration_repeats=" << calibrationRepeats << " seed=" << seed
+      << " normalize_load=" << normalizeLoad << " reuse_identical=" << reuseIdenticalGroups
       << " opt_param_factor=" << optParamFactor << " precision=" << core::precisionName(precision);
   return out.str();
 }

@@ -37,8 +37,8 @@ struct ProfilerOptions {
   // Smallest forward+backward time a calibration block should have (seconds).
   double calibrationMinSeconds = 2e-3;
   uint64_t seed = 1;
-  // Directory of cached profiles (empty: none); a file there is named by graph hash, device
-  // kind and dtype. cacheFile, when set, names the cache file directly (wins over cacheDir).
+  // Directory of cached profiles (empty: none); a file there is named by its profile key
+  // (Note [Profile key] in profiler.h). cacheFile, when set, names the cache file directly (wins over cacheDir).
   std::string cacheDir;
   std::string cacheFile;
   double optParamFactor = 2;  // optimizer state bytes per parameter byte (for predictions)
@@ -54,6 +54,9 @@ struct ProfilerOptions {
   // Throws ConfigError naming the bad field, what came and what would be valid.
   void validate() const;
   std::string toString() const;
+  // The options that change what is measured (not where it is cached, nor the batch sizes,
+  // which the profile key names resolved): part of the profile key (Note [Profile key]).
+  std::string measurementText() const;
   // From the global config: profile_cache_dir, profile_batch_sizes, profile_repeats,
   // profile_passes, profile_calibration_blocks, opt_param_factor, precision.
   static ProfilerOptions fromConfig();

@@ -48,13 +48,32 @@ decomposer::PlanOptions optionsOf(const proto::PlanCall& call) {
   return options;
 }
 
+void checkProfiledFeasibility(const core::Graph& graph, const core::GraphProfile& profile,
+                              const core::Deployment& deployment) {
+  for (const core::StageDeployment& stage : deployment.stages) {
+    int64_t shares = int64_t{deployment.microBatchCount} * std::max(1, stage.replicaCount());
+    int64_t micro = (deployment.batchSize + shares - 1) / shares;
+    for (core::NodeId n : stage.nodes) {
+      const core::NodeProfile& p = profile.nodes.at(n);
+      if (p.failure.empty() || (p.maxBatch >= 0 && micro <= p.maxBatch)) continue;
+      AUTOSTAGE_CHECK_AS(PlanError, false, "stage ", stage.name, " would run ",
+                         core::nodeLabel(graph, n), " at micro-batch size ", micro,
+                         ", but profiling it failed: ", p.failure, "; largest batch it ran at: ",
+                         p.maxBatch, ". Use a smaller batch, more micro-batches or more ranks");
+    }
+  }
+}
+
 proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile& profile,
                              const core::ClusterSpec& cluster, int64_t batchSize,
-                             const decomposer::PlanOptions& options) {
+                             const decomposer::PlanOptions& options, bool echo) {
   proto::PlanAnswer answer;
-  core::LogCapture capture(/*echo=*/false);
+  core::LogCapture capture(echo);
   decomposer::PlanResult result =
       decomposer::planGraph(graph, profile, cluster, batchSize, options);
+  // The decomposer does not read NodeProfile::failure yet: such plans are refused here, for
+  // every planner.
+  checkProfiledFeasibility(graph, profile, result.deployment);
   answer.set_deployment(core::encodeDeployment(result.deployment));
   for (const std::string& line : capture.lines()) answer.add_log(line);
   answer.set_iteration_seconds(result.evaluation.iterationSeconds);
@@ -63,6 +82,14 @@ proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile&
   answer.set_micro_batches(result.deployment.microBatchCount);
   answer.set_schedule(core::scheduleText(result.deployment));
   answer.set_plan_seconds(result.planSeconds);
+  for (const auto& [name, seconds] : result.plan.phaseSeconds) {
+    proto::PlanPhase* phase = answer.add_phases();
+    phase->set_name(name);
+    phase->set_seconds(seconds);
+  }
+  answer.set_graph_nodes(graph.nodeCount());
+  answer.set_blocks(result.blocking.blockCount());
+  answer.set_search_objective_seconds(result.evaluation.searchSeconds);
   return answer;
 }
 

@@ -35,11 +35,19 @@ inline proto::PlanCall makePlanCall(const core::Graph& graph, const core::GraphP
 // ConfigError naming an unknown key or a bad value.
 decomposer::PlanOptions optionsOf(const proto::PlanCall& call);
 
-// Plans (decomposer::planGraph) and fills the answer: the deployment file bytes, the partition
-// log lines (captured, not printed), the prediction. Throws PlanError when nothing fits.
+// Throws PlanError when a stage of `deployment` runs a node at a per-replica micro-batch larger
+// than the largest batch it ran at while profiling (NodeProfile::failure, e.g. out of memory),
+// naming the stage, the node's failure report (with its input shapes) and what to change.
+void checkProfiledFeasibility(const core::Graph& graph, const core::GraphProfile& profile,
+                              const core::Deployment& deployment);
+
+// Plans (decomposer::planGraph), refuses a plan checkProfiledFeasibility refuses, and fills the
+// answer: the deployment file bytes, the partition
+// log lines (captured; printed as well with echo), the prediction, how the plan was made
+// (phases, graph and block counts). Throws PlanError when nothing fits.
 proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile& profile,
                              const core::ClusterSpec& cluster, int64_t batchSize,
-                             const decomposer::PlanOptions& options);
+                             const decomposer::PlanOptions& options, bool echo = false);
 
 // "2,2,1": replicas of each stage of a deployment (or of its file's bytes).
 std::string replicasOf(const std::string& deploymentBytes);

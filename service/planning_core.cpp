@@ -412,7 +412,7 @@ void PlanningCore::makePlan(const std::shared_ptr<InFlight>& state, Resolved& r,
   try {
     if (planHook_) planHook_();
     r.decode(store_);
-    answer = answerPlan(*r.graph, *r.profile, r.cluster, batchSize, r.options);
+    answer = answerPlan(*r.graph, *r.profile, r.cluster, batchSize, r.options, options_.echoLog);
     answer->set_graph_hash(r.graphHash);
     answer->set_profile_hash(r.profileHash);
     answer->set_plan_key(r.planKey);

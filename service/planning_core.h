@@ -75,6 +75,9 @@ struct PlanningOptions {
   // Note [Answers from memory]: at most this many bytes each of decoded answers, profile keys
   // and call files kept in memory; 0: none (every stored answer is read and verified again).
   int64_t memoryBytes = int64_t{256} << 20;
+  // Print each plan's partition log as it is made, as well as keeping it in the answer: the
+  // local planner (Note [One planner] in planner.h). A service keeps it only.
+  bool echoLog = false;
   void validate() const;
 };
 

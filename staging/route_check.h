@@ -38,7 +38,7 @@ struct DeploymentFit {
   int worldSize = 1;
   // The API the deployment will run (Note [Plan usage]): its schedule and what it budgets.
   core::PlanUsage usage = core::PlanUsage::TrainStep;
-  // A deployment planned elsewhere (a deployment file, the plan cache) must also have been
+  // A deployment planned elsewhere (a deployment file, a planner's store) must also have been
   // planned for this graph, this global batch and at most this device memory (Note [Saved
   // deployments] in driver/module.h); a planner working for this job plans for them.
   bool plannedElsewhere = false;

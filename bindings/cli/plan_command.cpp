@@ -19,6 +19,7 @@
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
 #include "service/plan_call.h"
+#include "service/planner.h"
 #include "service/planner_client.h"
 #include "service/planning_core.h"
 
@@ -104,35 +105,39 @@ core::CommProfile commProfile(const Arguments& a) {
   return comm;
 }
 
-// Note [Plan JSON]: `autostage plan --json` writes the same keys whether it planned here or the
-// service answered (its deployment carries the plan): where this process planned, also the graph's
-// size and what each phase of the planner took; where the service answered, whether it came
-// from the store and its plan key. Simulated figures come from the deployment's stage times.
-struct PlanJson {
-  const core::Deployment& deployment;
-  std::string usage;
-  double planSeconds = 0, predictedSeconds = 0, peakBytes = 0;
-  std::vector<std::string> extra;  // "\"key\": value" members
-};
-
-void writePlanJson(std::ostream& out, const PlanJson& p) {
-  const core::Deployment& d = p.deployment;
+// Note [Plan JSON]
+// `autostage plan --json` writes one shape whoever planned (this process's planner or the
+// service's: Note [One planner] in service/planner.h), from the plan answer: the deployment's
+// summary (simulated figures from its stage times), the prediction, the graph's size and what
+// each phase of the planner took when the plan was made, whether the answer came from a store,
+// and its plan key.
+void writePlanJson(std::ostream& out, const proto::PlanAnswer& a, const PlanOptions& options) {
+  const core::Deployment d = core::decodeDeployment(a.deployment(), "the plan answer");
   const decomposer::SimulationResult sim = simulateDeployment(d);
   out << std::setprecision(10) << "{\n"
-      << "  \"plan_seconds\": " << p.planSeconds << ",\n"
+      << "  \"plan_seconds\": " << a.plan_seconds() << ",\n"
       << "  \"stages\": " << d.stages.size() << ",\n"
       << "  \"decomposer\": \"" << d.decomposer << "\",\n"
       << "  \"micro_batches\": " << d.microBatchCount << ",\n"
       << "  \"schedule\": \"" << d.schedule << "\",\n"
       << "  \"virtual_stages\": " << d.virtualStages << ",\n"
-      << "  \"usage\": \"" << p.usage << "\",\n"
+      << "  \"usage\": \"" << decomposer::usageName(options.usage) << "\",\n"
       << "  \"replicas\": \"" << service::replicasOf(d) << "\",\n"
-      << "  \"predicted_iteration_ms\": " << p.predictedSeconds * 1e3 << ",\n"
+      << "  \"predicted_iteration_ms\": " << a.iteration_seconds() * 1e3 << ",\n"
       << "  \"simulated_iteration_ms\": " << sim.iterationSeconds * 1e3 << ",\n"
       << "  \"bubble_fraction\": " << sim.bubbleFraction << ",\n"
-      << "  \"peak_memory_bytes\": " << static_cast<int64_t>(p.peakBytes) << ",\n";
-  for (const std::string& member : p.extra) out << "  " << member << ",\n";
-  out << "  \"stage_list\": [";
+      << "  \"peak_memory_bytes\": " << a.peak_bytes() << ",\n"
+      << "  \"nodes\": " << a.graph_nodes() << ",\n"
+      << "  \"blocks\": " << a.blocks() << ",\n"
+      << "  \"search_objective_ms\": " << a.search_objective_seconds() * 1e3 << ",\n"
+      << "  \"phase_seconds\": [";
+  for (int i = 0; i < a.phases_size(); ++i)
+    out << (i ? ", " : "") << "{\"phase\": \"" << a.phases(i).name()
+        << "\", \"seconds\": " << a.phases(i).seconds() << "}";
+  out << "],\n"
+      << "  \"from_store\": " << (a.from_store() ? "true" : "false") << ",\n"
+      << "  \"plan_key\": \"" << a.plan_key() << "\",\n"
+      << "  \"stage_list\": [";
   for (size_t s = 0; s < d.stages.size(); ++s) {
     const core::StageDeployment& st = d.stages[s];
     out << (s ? ", " : "") << "{\"name\": \"" << st.name << "\", \"replicas\": " << st.replicaCount()
@@ -141,38 +146,6 @@ void writePlanJson(std::ostream& out, const PlanJson& p) {
         << ", \"memory_bytes\": " << st.totalMemoryBytes << "}";
   }
   out << "]\n}\n";
-}
-
-void writeJson(std::ostream& out, const core::Graph& graph, const decomposer::PlanResult& r) {
-  std::ostringstream phases;
-  phases << std::setprecision(10) << "\"phase_seconds\": [";
-  for (size_t i = 0; i < r.plan.phaseSeconds.size(); ++i)
-    phases << (i ? ", " : "") << "{\"phase\": \"" << r.plan.phaseSeconds[i].first
-           << "\", \"seconds\": " << r.plan.phaseSeconds[i].second << "}";
-  phases << "]";
-  std::ostringstream search;
-  search << std::setprecision(10) << "\"search_objective_ms\": " << r.evaluation.searchSeconds * 1e3;
-  writePlanJson(out, {r.deployment,
-                      decomposer::usageName(r.blocking.request.options.usage),
-                      r.planSeconds,
-                      r.evaluation.iterationSeconds,
-                      r.evaluation.peakMemoryBytes,
-                      {"\"nodes\": " + std::to_string(graph.nodeCount()),
-                       "\"blocks\": " + std::to_string(r.blocking.blockCount()), search.str(),
-                       phases.str()}});
-}
-
-// The --json summary of a service's answer (Note [Plan JSON]).
-void writeAnswerJson(std::ostream& out, const proto::PlanAnswer& a, const PlanOptions& options) {
-  const core::Deployment deployment =
-      core::decodeDeployment(a.deployment(), "the service's answer");
-  writePlanJson(out, {deployment,
-                      decomposer::usageName(options.usage),
-                      a.plan_seconds(),
-                      a.iteration_seconds(),
-                      static_cast<double>(a.peak_bytes()),
-                      {std::string("\"from_store\": ") + (a.from_store() ? "true" : "false"),
-                       "\"plan_key\": \"" + a.plan_key() + "\""}});
 }
 
 // The model a plan or what-if command names: a saved graph (+ profile) or a synthetic spec.
@@ -238,24 +211,16 @@ int runPlanCommand(const std::vector<std::string>& args, std::ostream& out) {
   const int64_t batch = a.getInt("batch", 1);
 
   SavedModel model = commandModel(a, cluster.peakFlops, options);
-  if (a.has("server")) {  // Note [Planning service]: the service plans (or has the plan)
-    service::PlannerClient client(a.get("server"));
-    proto::PlanAnswer answer = client.plan(
-        service::makePlanCall(model.graph, model.profile, cluster, batch, options),
-        a.getFloat("timeout-s", 600));
-    for (const std::string& line : answer.log()) std::cerr << line << "\n";
-    std::cerr << "[Service] [info] " << (answer.from_store() ? "answered from the store of "
-                                                             : "planned by ")
-              << a.get("server") << " (plan " << answer.plan_key() << ")\n";
-    if (a.has("json")) writeAnswerJson(out, answer, options);
-    if (a.has("out"))
-      saveDeploymentFile(core::decodeDeployment(answer.deployment(), "the service's answer"),
-                         a.get("out"));
-    return 0;
-  }
-  decomposer::PlanResult result = decomposer::planGraph(model.graph, model.profile, cluster, batch, options);
-  if (a.has("json")) writeJson(out, model.graph, result);
-  if (a.has("out")) saveDeploymentFile(result.deployment, a.get("out"));
+  // Note [One planner]: the service when --server names one, else this process's planner.
+  std::unique_ptr<service::Planner> planner =
+      a.has("server") ? service::makeRemotePlanner(a.get("server"), a.getFloat("timeout-s", 600))
+                      : service::makeLocalPlanner("");
+  const proto::PlanAnswer answer =
+      planner->plan(service::makePlanCall(model.graph, model.profile, cluster, batch, options));
+  if (a.has("json")) writePlanJson(out, answer, options);
+  if (a.has("out"))
+    saveDeploymentFile(core::decodeDeployment(answer.deployment(), "the plan answer"),
+                       a.get("out"));
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <queue>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -278,5 +279,14 @@ void Graph::classifyValues() {
 }
 
 std::string Graph::hash() const { return fnv1aHex(toString()); }
+
+std::string nodeLabel(const Graph& graph, NodeId node) {
+  const Node& n = graph.node(node);
+  std::ostringstream out;
+  out << "node " << node << " " << n.kind;
+  if (!n.scope.empty()) out << " (" << n.scope << ")";
+  if (!n.outputs.empty()) out << " -> " << graph.value(n.outputs[0]).name;
+  return out.str();
+}
 
 }  // namespace autostage::core

@@ -100,4 +100,7 @@ class Graph {
 // 64-bit FNV-1a over bytes, as 16 lowercase hex digits.
 std::string fnv1aHex(const std::string& bytes);
 
+// Readable node name for logs and errors: `node 12 aten::linear (fc1) -> out_name`.
+std::string nodeLabel(const Graph& graph, NodeId node);
+
 }  // namespace autostage::core

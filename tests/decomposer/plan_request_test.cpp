@@ -78,7 +78,7 @@ TEST_CASE("every planner option is one field of the table, in every text form", 
   const std::vector<std::string> planInputs = core::planInputOptions();
   for (const std::string& key : planOptionKeys()) {
     INFO(key);
-    // A config key, and one the plan cache's key covers (Note [Plan inputs]).
+    // A config key, and a plan input (Note [Plan inputs]).
     REQUIRE(std::find(planInputs.begin(), planInputs.end(), key) != planInputs.end());
     config.set(key, planOptionText(o, key), "test");
     PlanOptions fromText;

@@ -2,14 +2,14 @@
 // a PlanError naming the node and its input shapes (driver/auto_planner.h).
 #include "catch_torch.h"
 
-#include "driver/auto_planner.h"
+#include "service/plan_call.h"
 #include "core/error.h"
 #include "profiler/profiler.h"
 #include "test_models.h"
 
 using namespace autostage;
 using namespace autostage::profiler;
-using autostage::driver::checkProfiledFeasibility;
+using autostage::service::checkProfiledFeasibility;
 
 namespace {
 

@@ -1,7 +1,8 @@
-// Note [Resolving the job], the plan cache key built from it, and Note [One agreement per call].
+// Note [Resolving the job], the plan call built from it (Note [One planner]), and Note [One agreement per call].
 #include "driver/job.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,8 @@
 #include "core/error.h"
 #include "driver/module.h"
 #include "driver/placement.h"
-#include "driver/plan_cache.h"
+#include "driver/auto_planner.h"
+#include "service/plan_call.h"
 #include "test_support.h"
 
 namespace autostage::driver {
@@ -166,41 +168,57 @@ TEST_CASE("a CUDA job: the GPU's model names the device, its memory (shared by t
   CHECK(job.deviceMemory() == job.nodeMemory / 2);
 }
 
-TEST_CASE("the plan cache key names the job's layout and memory", "[driver]") {
-  core::globalConfig().set("plan_cache_dir", "/tmp/autostage-cache-key-test", "test");
+// What a job's plan call carries of the job and its options (Note [One planner]: the planning
+// core's plan key is computed from the call's content, so a difference here is another key).
+std::string planCallText(const JobSpec& job, const core::Config& config) {
+  const profiler::ProfileKey key{"abc", job.deviceKind, "Float", "abc\nprofiler's key"};
+  proto::PlanCall call = service::makePlanCall(
+      core::Graph(), nullptr, job.cluster(job.worldSize), 32,
+      decomposer::PlanOptions::fromConfig(config));
+  call.set_profile_key(planProfileKey(key, config, job.cluster(job.worldSize)));
+  std::vector<std::string> options;
+  for (const auto& [name, value] : call.options()) options.push_back(name + "=" + value);
+  std::sort(options.begin(), options.end());  // a protobuf map's order is not its content
+  std::string text = call.cluster() + '\n' + call.usage() + '\n' + call.profile_key();
+  for (const std::string& option : options) text += '\n' + option;
+  return text;
+}
+
+TEST_CASE("a job's plan call names the job's layout and memory", "[driver]") {
   JobSpec job;
   job.worldSize = 4;
   job.ranksPerNode = 2;
   job.nodeMemory = int64_t{8} << 30;
-  const std::string path = planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig());
-  CHECK(path.find("/tmp/autostage-cache-key-test/plan-abc-np4-b32-train_step-") == 0);
-  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig()) == path);
+  const std::string text = planCallText(job, core::globalConfig());
+  CHECK(planCallText(job, core::globalConfig()) == text);
   JobSpec other = job;
   other.ranksPerNode = 4;  // same world, another layout
-  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep, core::globalConfig()) != path);
+  CHECK(planCallText(other, core::globalConfig()) != text);
   other = job;
   other.memoryLimit = int64_t{1} << 30;  // the plan assumes other devices
-  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep, core::globalConfig()) != path);
+  CHECK(planCallText(other, core::globalConfig()) != text);
   other = job;
   other.deviceKind = "cuda:NVIDIA A100-SXM4-40GB";  // another device model
-  CHECK(planCachePath("abc", other, 32, core::PlanUsage::TrainStep, core::globalConfig()) != path);
-  core::globalConfig().set("plan_cache_dir", "", "test");
-  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig()).empty());
+  CHECK(planCallText(other, core::globalConfig()) != text);
 }
 
-TEST_CASE("every plan input of the option table is in the plan cache key, nothing else",
+TEST_CASE("every plan input of the option table is in a job's plan call, nothing else",
           "[driver]") {
   core::Config& config = core::globalConfig();
-  config.set("plan_cache_dir", "/tmp/autostage-cache-key-test", "test");
   JobSpec job;
   job.worldSize = 2;
   job.ranksPerNode = 2;
   job.nodeMemory = int64_t{8} << 30;
-  const std::string path = planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig());
+  const std::string text = planCallText(job, config);
   const std::vector<std::string> inputs = core::planInputOptions();
-  // Issue 28: the hand-kept list of the key lacked these although plans depend on them.
+  // Issue 28: the hand-kept list of the old plan cache's key lacked these although plans depend
+  // on them.
   for (const char* key : {"measure_comm", "profile_passes", "profile_repeats", "comm_backend"})
     CHECK(std::find(inputs.begin(), inputs.end(), key) != inputs.end());
+  // Planner options are read into PlanOptions, which checks them: another valid value each.
+  const std::map<std::string, std::string> valid = {
+      {"decomposer", "uniform"}, {"schedule", "gpipe"}, {"recompute", "always"}, {"zero", "1"},
+      {"virtual_stages", "2"},   {"precision", "bf16"}, {"mem_margin", "0.2"}};
   for (const core::OptionSpec& option : core::optionTable()) {
     const std::string before = config.text(option.key);
     // Another valid value of the option's type.
@@ -211,19 +229,17 @@ TEST_CASE("every plan input of the option table is in the plan cache key, nothin
       case core::OptionType::Float: other = std::to_string(std::stod(before) * 2 + 1); break;
       case core::OptionType::String: other = before + "x"; break;
     }
-    if (option.key == "plan_cache_dir") continue;  // where the key is used, not part of it
+    if (valid.count(option.key)) other = valid.at(option.key);
     config.set(option.key, other, "test");
     INFO(option.key << ": " << before << " -> " << other);
-    CHECK((planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig()) != path) ==
-          option.planInput);
+    CHECK((planCallText(job, config) != text) == option.planInput);
     config.set(option.key, before, "test");
   }
-  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep, core::globalConfig()) == path);
-  // Note [Per-module plan options]: the key is of the options the plan reads, a module's own too.
+  CHECK(planCallText(job, config) == text);
+  // Note [Per-module plan options]: the call carries the options the plan reads, a module's own.
   core::Config own = config;
   own.set("zero", config.getString("zero") == "0" ? "1" : "0", "a module's own plan option");
-  CHECK(planCachePath("abc", job, 32, core::PlanUsage::TrainStep, own) != path);
-  config.set("plan_cache_dir", "", "test");
+  CHECK(planCallText(job, own) != text);
 }
 
 TEST_CASE("one exchange agrees on a wrapper's problem, how ranks call and their inputs",

@@ -241,7 +241,7 @@ TEST_CASE("a cached profile is loaded without executing any node", "[profiler]")
   core::GraphProfile first = profileGraph(model, m.inputs, *backend, options);
   int64_t afterFirst = executionCount();
   CHECK(afterFirst > before + static_cast<int64_t>(nodeGroups(model.graph).size()));
-  std::string path = profileCachePath(options, model.graph.hash(), "cpu", "Float");
+  std::string path = profileCachePath(options, profileKey(model, m.inputs, options, "cpu"));
   REQUIRE(core::pathExists(path));
 
   core::GraphProfile second = profileGraph(model, m.inputs, *backend, options);
