@@ -13,7 +13,10 @@
 // bench/plan_scaling_compare builds this same source against an earlier planner and prints both
 // side by side.
 //
+// With --phases it prints, under each case, the planner's phase times (plan --json's phase_seconds).
+//
 //   plan_scaling [--json] [--timeout S] [--max-nodes N] [--target-only] [--large] [--quality N]
+//                [--phases]
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -53,6 +56,7 @@ struct Outcome {
   double searchMs = 0;      // the closed form the planner searched
   double simulatedMs = 0;   // the pipeline simulator's iteration time of the plan
   char error[160] = "";
+  char phases[4096] = "";  // with --phases: "name: seconds" per line (PlanResult's phases)
 };
 
 Outcome runCase(const Case& c) {
@@ -81,6 +85,10 @@ Outcome runCase(const Case& c) {
     o.iterationMs = r.evaluation.iterationSeconds * 1e3;
     o.searchMs = r.evaluation.searchSeconds * 1e3;
     o.simulatedMs = r.simulation.iterationSeconds * 1e3;
+    std::string phases;
+    for (const auto& [name, seconds] : r.plan.phaseSeconds)
+      phases += "    " + std::to_string(seconds).substr(0, 8) + " s  " + name + "\n";
+    std::snprintf(o.phases, sizeof o.phases, "%s", phases.c_str());
   } catch (const Error& e) {
     std::snprintf(o.error, sizeof o.error, "%s", e.what());
   }
@@ -142,18 +150,19 @@ const char* usageLabel(PlanUsage usage) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false, targetOnly = false, large = false;
+  bool json = false, targetOnly = false, large = false, phases = false;
   int timeout = 600, maxNodes = 100000, quality = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) json = true;
     else if (!std::strcmp(argv[i], "--target-only")) targetOnly = true;
     else if (!std::strcmp(argv[i], "--large")) large = true;
+    else if (!std::strcmp(argv[i], "--phases")) phases = true;
     else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--max-nodes") && i + 1 < argc) maxNodes = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quality") && i + 1 < argc) quality = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: plan_scaling [--json] [--timeout S] [--max-nodes N] "
-                           "[--target-only] [--large] [--quality N]\n");
+                           "[--target-only] [--large] [--quality N] [--phases]\n");
       return 2;
     }
   }
@@ -217,6 +226,7 @@ int main(int argc, char** argv) {
                   c.label.c_str(), usageLabel(c.usage), c.shape.layers, o.nodes, c.devices,
                   static_cast<long long>(c.batch), o.blocks, shape.c_str(), o.iterationMs,
                   o.searchMs, o.simulatedMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
+      if (phases) std::printf("%s", o.phases);
     }
     std::fflush(stdout);
   }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 
 #include "core/error.h"
 #include "decomposer/cost_model.h"
@@ -47,22 +48,33 @@ void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestS
   }
 }
 
+// The fastest plan over the stage counts by the closed form, with decomposer and searchSeconds
+// set; nullopt when none fits.
 template <typename MakeCuts>
-Plan bestOverStageCounts(const PlanRequest& request, const std::string& name, MakeCuts makeCuts) {
-  request.validate();
+std::optional<Plan> fastestOverStageCounts(const CostModel& model, const std::string& name,
+                                           MakeCuts makeCuts) {
+  const PlanRequest& request = model.request();
   const int blocks = static_cast<int>(request.blocks.size());
   int lo = 1, hi = std::min(blocks, request.devices);
   if (request.options.partitionNum > 0) lo = hi = request.options.partitionNum;
   Plan best;
   double bestSeconds = std::numeric_limits<double>::infinity();
-  CostModel model(request);
   for (int stages = lo; stages <= hi; ++stages) tryCuts(model, makeCuts(stages), best, bestSeconds);
-  AUTOSTAGE_CHECK_AS(PlanError, bestSeconds < std::numeric_limits<double>::infinity(),
-                     "decomposer ", name, ": ", infeasibleMessage(request));
+  if (bestSeconds == std::numeric_limits<double>::infinity()) return std::nullopt;
   best.decomposer = name;
   best.searchSeconds = bestSeconds;
-  best.predictedSeconds = evaluatePlanWith(model, best).iterationSeconds;
   return best;
+}
+
+template <typename MakeCuts>
+Plan bestOverStageCounts(const PlanRequest& request, const std::string& name, MakeCuts makeCuts) {
+  request.validate();
+  CostModel model(request);
+  std::optional<Plan> best = fastestOverStageCounts(model, name, makeCuts);
+  AUTOSTAGE_CHECK_AS(PlanError, best.has_value(), "decomposer ", name, ": ",
+                     infeasibleMessage(request));
+  best->predictedSeconds = evaluatePlanWith(model, *best).iterationSeconds;
+  return *best;
 }
 
 }  // namespace
@@ -99,12 +111,23 @@ Cuts paramBalancedCuts(const PlanRequest& request, int stages) {
   return cuts;
 }
 
-Plan planDataParallel(const PlanRequest& request) {
+namespace {
+
+PlanRequest singleStage(const PlanRequest& request) {
   PlanRequest single = request;
   single.options.partitionNum = 1;
-  const int blocks = static_cast<int>(request.blocks.size());
-  return bestOverStageCounts(single, "data_parallel",
-                             [&](int) { return Cuts{{0, blocks - 1}}; });
+  return single;
+}
+
+Cuts wholeGraph(const PlanRequest& request) {
+  return Cuts{{0, static_cast<int>(request.blocks.size()) - 1}};
+}
+
+}  // namespace
+
+Plan planDataParallel(const PlanRequest& request) {
+  const PlanRequest single = singleStage(request);
+  return bestOverStageCounts(single, "data_parallel", [&](int) { return wholeGraph(request); });
 }
 
 Plan planUniform(const PlanRequest& request) {
@@ -115,6 +138,26 @@ Plan planUniform(const PlanRequest& request) {
 Plan planParamBalanced(const PlanRequest& request) {
   return bestOverStageCounts(request, "param_balanced",
                              [&](int s) { return paramBalancedCuts(request, s); });
+}
+
+std::vector<Plan> seedBaselines(const PlanRequest& request) {
+  request.validate();
+  const int blocks = static_cast<int>(request.blocks.size());
+  const CostModel model(request);
+  std::vector<std::optional<Plan>> found{
+      fastestOverStageCounts(model, "uniform", [&](int s) { return uniformCuts(blocks, s); }),
+      fastestOverStageCounts(model, "param_balanced",
+                             [&](int s) { return paramBalancedCuts(request, s); })};
+  if (request.options.partitionNum <= 1) {
+    const PlanRequest single = singleStage(request);
+    const CostModel singleModel(single);
+    found.push_back(fastestOverStageCounts(singleModel, "data_parallel",
+                                           [&](int) { return wholeGraph(request); }));
+  }
+  std::vector<Plan> plans;
+  for (std::optional<Plan>& plan : found)
+    if (plan) plans.push_back(std::move(*plan));
+  return plans;
 }
 
 Plan planStages(const PlanRequest& request) {

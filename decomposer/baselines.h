@@ -19,6 +19,13 @@ Plan planUniform(const PlanRequest& request);
 // stage count.
 Plan planParamBalanced(const PlanRequest& request);
 
+// The baselines' plans the DP seeds its search with (Note [First plan] in dp_stage_search.cpp):
+// uniform, param_balanced and (without partition_num > 1) data_parallel, each the fastest of its
+// candidates by the closed form, with searchSeconds set; a baseline with no plan that fits is left
+// out. Unlike the planners above it makes no message for those: infeasibleMessage's search costs
+// seconds on 16k devices, and the DP has one to give when nothing at all fits.
+std::vector<Plan> seedBaselines(const PlanRequest& request);
+
 // Block ranges [first, last] of `stages` stages with equal block counts (the first stages take
 // one more when it does not divide).
 std::vector<std::pair<int, int>> uniformCuts(int blocks, int stages);

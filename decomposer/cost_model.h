@@ -154,7 +154,9 @@ class CostModel {
 
 // evaluatePlan with a model already built for the request (saves rebuilding the range index).
 // With `searchOnly`, the reported estimate is skipped (iterationSeconds and pipelineSeconds stay
-// 0): for planners comparing many candidates by searchSeconds.
+// 0) and the evaluation stops at the first stage over the memory limit (`problem` names it,
+// without its numbers; the other fields are then partial): for planners comparing many
+// candidates by searchSeconds.
 PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool searchOnly = false);
 
 }  // namespace autostage::decomposer
