@@ -110,6 +110,21 @@ void Module::savePlanned(const core::Deployment& deployment) {
   });
 }
 
+bool plansWithoutZero(const core::Config& config, bool trainable, const std::string& problem) {
+  const std::string setting = config.getString("zero");
+  auto log = core::logger("Module");
+  if (!trainable) {
+    if (setting == "1")
+      log->info("zero=1: the model has no trainable parameters, so there is nothing to shard; "
+                "planning without ZeRO-1");
+    return setting != "0";
+  }
+  if (problem.empty() || setting == "0") return false;
+  AUTOSTAGE_CHECK_AS(UnsupportedError, setting != "1", problem);
+  log->info("zero=auto plans without ZeRO-1: {}", problem.substr(0, problem.find(';')));
+  return true;
+}
+
 // Note [Per-module plan options]
 // Options are process-wide (core/config.h), but a few decisions belong to one module: zero=auto
 // plans without ZeRO-1 for a module whose optimizer cannot be sharded (autostage/module.py's

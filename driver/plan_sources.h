@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "core/config.h"
 #include "core/deployment.h"
 
 namespace autostage::driver {
@@ -25,6 +26,19 @@ namespace autostage::driver {
 // plan made for this call is, with save_deployment, written to deployment_file with this job's
 // hosts (Note [Hosts of a deployment] in core/deployment.h). A dry run (partitioning_dry_run_np)
 // skips 1, plans for its world size and ends the job.
+
+// Note [Choosing ZeRO-1 for a module]
+// ZeRO-1 needs an optimizer that steps only this rank's pieces of the parameters. Whoever wraps
+// the optimizer (autostage.Module in Python, autostage::Module in C++) says what stops that
+// (`problem`: empty when nothing does; its text before the first ';' is why, the rest what to
+// do) and whether the model has trainable parameters; this decides, once for both APIs:
+//   - zero=0, or no problem with trainable parameters: the process-wide option stands;
+//   - no trainable parameters: nothing to shard, the module plans with zero=0 (said for zero=1);
+//   - zero=1 with a problem: UnsupportedError with the problem;
+//   - zero=auto with a problem: the module plans with zero=0, and says why.
+// Returns true when the module plans with zero=0: its own plan option (Note [Per-module plan
+// options] in plan_sources.cpp), so other modules of the process keep theirs.
+bool plansWithoutZero(const core::Config& config, bool trainable, const std::string& problem);
 
 // The `[DPStaging] Deployment: ...` lines: stages, micro-batches, schedule, usage, replicas, ranks.
 void logDeployment(const core::Deployment& deployment);

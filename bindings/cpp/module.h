@@ -38,6 +38,7 @@
 #include "core/config.h"
 #include "core/proto/deployment_file.h"
 #include "driver/module.h"
+#include "driver/plan_sources.h"
 #include "staging/loss_scaler.h"
 
 namespace autostage {
@@ -79,14 +80,14 @@ class Module : public driver::Module {
   // rank's pieces and an all-gather after each step (ZeroParameters); a torch::optim optimizer
   // over parameters() does not. Without shardsOptimizer plans never shard.
   static void noZero(ModuleOptions& options) {
-    const core::Config& config = core::globalConfig();
-    AUTOSTAGE_CHECK_AS(UnsupportedError, config.getString("zero") != "1",
-                       "zero=1 (ZeRO-1) needs an optimizer that steps this rank's pieces: "
-                       "construct autostage::Module(model, options, /*shardsOptimizer=*/true) and "
-                       "step the optimizer through autostage::ZeroParameters, or set zero=0; "
-                       "this module was made for a torch::optim optimizer over parameters()");
-    // This module's own (Note [Per-module plan options]): other modules keep zero=auto.
-    if (config.getString("zero") == "auto") options.planOptions["zero"] = "0";
+    // Note [Choosing ZeRO-1 for a module] in driver/plan_sources.h.
+    if (driver::plansWithoutZero(
+            core::globalConfig(), /*trainable=*/true,
+            "this module was made for a torch::optim optimizer over parameters(), which does not "
+            "step only this rank's pieces as zero=1 (ZeRO-1) needs; construct "
+            "autostage::Module(model, options, /*shardsOptimizer=*/true) and step the optimizer "
+            "through autostage::ZeroParameters, or set zero=0"))
+      options.planOptions["zero"] = "0";
   }
   static ModuleOptions fromConfig(const ConfigOptions& config) {
     for (const auto& [key, value] : config)

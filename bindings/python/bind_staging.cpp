@@ -324,6 +324,14 @@ void bindStaging(py::module_& m) {
       py::arg("key"),
       "An option's effective value as text (strings unquoted); ConfigError for an unknown key.");
   m.def(
+      "_plans_without_zero",
+      [](bool trainable, const std::string& problem) {
+        return driver::plansWithoutZero(core::globalConfig(), trainable, problem);
+      },
+      py::arg("trainable"), py::arg("problem"),
+        "Note [Choosing ZeRO-1 for a module] (driver/plan_sources.h): whether this module plans "
+        "with zero=0; UnsupportedError for zero=1 with a problem.");
+  m.def(
       "show_config", [] { return core::globalConfig().toString(); },
       "Effective option values and where each came from.");
 }

@@ -42,7 +42,7 @@ TEST_CASE("the local planner plans as the decomposer does and keeps it in its st
     const proto::PlanAnswer answer = planner->plan(call);
     CHECK_FALSE(answer.from_store());
     CHECK(answer.deployment() == core::encodeDeployment(direct.deployment));
-    CHECK(answer.graph_nodes() == m.graph.nodeCount());
+    CHECK(answer.graph_nodes() == static_cast<int64_t>(m.graph.nodeCount()));
     CHECK(answer.phases_size() > 0);
     planKey = answer.plan_key();
     bool saved = false;

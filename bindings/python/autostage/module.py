@@ -476,28 +476,15 @@ def _option_enabled(key):
 
 
 def _choose_zero(model, optimizer):
-    """Note [ZeRO-1 optimizer]: ZeRO-1 steps the optimizer this Module wraps. zero=1 with an
-    optimizer it cannot shard raises UnsupportedError; with zero=auto, returns True when this
-    module must plan without ZeRO-1 (no optimizer, or one it cannot shard). A model without
-    trainable parameters has nothing to shard: it plans without ZeRO-1 whatever the setting."""
-    setting = _option_value("zero")
-    if not any(p.requires_grad for p in model.parameters()):
-        if setting == "1":
-            _autostage._log_info("Module", "zero=1: the model has no trainable parameters, so "
-                                 "there is nothing to shard; planning without ZeRO-1")
-        return setting != "0"
-    problem = ("no optimizer was passed to autostage.Module" if optimizer is None
-               else zero_problem(optimizer))
-    if not problem or setting == "0":
-        return False
-    if setting == "1":
-        if optimizer is None:
-            raise _autostage.ConfigError(
-                "zero=1 shards the optimizer state over the replicas, so the optimizer must be "
-                "passed: autostage.Module(model, optimizer, ...); or set zero=0")
-        raise _autostage.UnsupportedError(problem)
-    _autostage._log_info("Module", "zero=auto plans without ZeRO-1: " + problem.split(";")[0])
-    return True
+    """Note [ZeRO-1 optimizer]: ZeRO-1 steps the optimizer this Module wraps. What stops it here
+    (no optimizer, or one it cannot shard) goes to the one decision (Note [Choosing ZeRO-1 for a
+    module], driver/plan_sources.h): True when this module plans with zero=0; UnsupportedError
+    for zero=1 with such a problem."""
+    problem = ("no optimizer was passed to autostage.Module; zero=1 shards the optimizer state "
+               "over the replicas, so pass it: autostage.Module(model, optimizer, ...), or set "
+               "zero=0" if optimizer is None else zero_problem(optimizer))
+    trainable = any(p.requires_grad for p in model.parameters())
+    return _autostage._plans_without_zero(trainable, problem)
 
 
 _hook_installed = False
