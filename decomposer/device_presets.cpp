@@ -1,6 +1,8 @@
 // Device presets; see Note [Device presets] in device_presets.h.
 #include "decomposer/device_presets.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "decomposer/synthetic.h"
 
@@ -41,6 +43,7 @@ DeviceModel DevicePreset::deviceModel(const std::string& precision) const {
   d.peakFlops = peakFlops(precision);
   d.efficiency = kComputeEfficiency;
   d.memoryBandwidth = hbmBytesPerSecond * kMemoryEfficiency;
+  d.roofline = true;
   // Mixed precision keeps fp32 parameters and runs the layers in the low-precision type.
   d.parameterType = core::DType::Float32;
   d.activationType = precision == "fp32"   ? core::DType::Float32
@@ -52,7 +55,11 @@ DeviceModel DevicePreset::deviceModel(const std::string& precision) const {
 core::CommProfile DevicePreset::comm() const {
   core::CommProfile c;
   c.p2pIntraNode = c.allreduceIntraNode = {5e-6, nvlinkBytesPerSecond * kLinkEfficiency};
-  c.p2pInterNode = c.allreduceInterNode = {20e-6, networkBytesPerSecond * kLinkEfficiency};
+  c.p2pInterNode = {20e-6, networkBytesPerSecond * kLinkEfficiency};
+  // Note [Device presets]: NCCL's rings between servers run one per network port, so a
+  // server's ports together carry the allreduce, up to what NVLink carries inside it.
+  const double serverNetwork = devicesPerServer * networkBytesPerSecond;
+  c.allreduceInterNode = {20e-6, std::min(serverNetwork, nvlinkBytesPerSecond) * kLinkEfficiency};
   return c;
 }
 

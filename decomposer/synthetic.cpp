@@ -34,13 +34,14 @@ ValueId transformerLayer(SyntheticBuilder& b, ValueId x, const LayerParams& w,
   const int64_t S = s.sequence, H = s.hidden, n = s.heads, d = H / n;
   const double sh = static_cast<double>(S) * H, lin = 2.0 * S * H * H, attn = 2.0 * S * S * H;
   const std::vector<int64_t> seqShape{1, S, H}, heads{1, n, S, d}, split{1, S, n, d};
+  const bool fused = s.fusedKernels;  // Note [Device presets]: Megatron-LM's fused kernels
   ValueId ln1 = b.op("aten::layer_norm", {x, w.ln1w, w.ln1b}, seqShape, 5 * sh, scope + ".ln1");
   ValueId size = b.scalarOp("aten::size", {x}, scope);
   ValueId num = b.scalarOp("prim::NumToTensor", {size}, scope);
   ValueId batch = b.scalarOp("aten::Int", {num}, scope);
   std::vector<ValueId> qkv;
   for (auto [wt, bias, name] : {std::tuple{w.wq, w.bq, ".q"}, {w.wk, w.bk, ".k"}, {w.wv, w.bv, ".v"}}) {
-    ValueId y = b.linear(ln1, wt, bias, seqShape, lin, scope + ".attn" + name);
+    ValueId y = b.linear(ln1, wt, bias, seqShape, lin, scope + ".attn" + name, fused);
     ValueId viewed = b.shapeOp("aten::view", y, split, scope + ".attn");
     qkv.push_back(b.shapeOp("aten::permute", viewed, heads, scope + ".attn"));
   }
@@ -50,21 +51,31 @@ ValueId transformerLayer(SyntheticBuilder& b, ValueId x, const LayerParams& w,
   }
   ValueId kT = b.op("aten::transpose", {qkv[1]}, {1, n, d, S}, 0, scope + ".attn", false);
   ValueId scores = b.op("aten::matmul", {qkv[0], kT}, {1, n, S, S}, attn, scope + ".attn");
-  ValueId scaled = b.op("aten::div", {scores, b.constant(scope)}, {1, n, S, S}, 0, scope + ".attn", false);
-  ValueId masked = b.op("aten::add", {scaled, b.constant(scope), batch}, {1, n, S, S}, 0, scope + ".attn", false);
+  // Scale and mask: elementwise passes over the scores, or part of the fused softmax kernel.
+  auto scoresOp = [&](const std::string& kind, const std::vector<ValueId>& inputs) {
+    if (fused) return b.fusedOp(kind, inputs, {1, n, S, S}, scope + ".attn", false);
+    return b.op(kind, inputs, {1, n, S, S}, 0, scope + ".attn", false);
+  };
+  ValueId scaled = scoresOp("aten::div", {scores, b.constant(scope)});
+  ValueId masked = scoresOp("aten::add", {scaled, b.constant(scope), batch});
   ValueId probs = b.op("aten::softmax", {masked}, {1, n, S, S}, 5.0 * n * S * S, scope + ".attn", true, true);
   ValueId dropped = b.op("aten::dropout", {probs}, {1, n, S, S}, 0, scope + ".attn");
   ValueId ctx = b.op("aten::matmul", {dropped, qkv[2]}, heads, attn, scope + ".attn");
   ValueId perm = b.shapeOp("aten::permute", ctx, split, scope + ".attn");
   ValueId cont = b.op("aten::contiguous", {perm}, split, 0, scope + ".attn", false);
   ValueId merged = b.shapeOp("aten::view", cont, seqShape, scope + ".attn");
-  ValueId out = b.linear(merged, w.wo, w.bo, seqShape, lin, scope + ".attn.out");
-  ValueId res1 = b.op("aten::add", {b.op("aten::dropout", {out}, seqShape, 0, scope), x}, seqShape, sh, scope);
+  // The dropout before each residual add: its own pass, or one bias-dropout-add kernel.
+  auto dropout = [&](ValueId v) {
+    return fused ? b.fusedOp("aten::dropout", {v}, seqShape, scope)
+                 : b.op("aten::dropout", {v}, seqShape, 0, scope);
+  };
+  ValueId out = b.linear(merged, w.wo, w.bo, seqShape, lin, scope + ".attn.out", fused);
+  ValueId res1 = b.op("aten::add", {dropout(out), x}, seqShape, sh, scope);
   ValueId ln2 = b.op("aten::layer_norm", {res1, w.ln2w, w.ln2b}, seqShape, 5 * sh, scope + ".ln2");
-  ValueId h1 = b.linear(ln2, w.w1, w.b1, {1, S, 4 * H}, 4 * lin, scope + ".mlp.fc1");
+  ValueId h1 = b.linear(ln2, w.w1, w.b1, {1, S, 4 * H}, 4 * lin, scope + ".mlp.fc1", fused);
   ValueId act = b.op("aten::gelu", {h1}, {1, S, 4 * H}, 8 * sh, scope + ".mlp");
-  ValueId h2 = b.linear(act, w.w2, w.b2, seqShape, 4 * lin, scope + ".mlp.fc2");
-  return b.op("aten::add", {b.op("aten::dropout", {h2}, seqShape, 0, scope), res1}, seqShape, sh, scope);
+  ValueId h2 = b.linear(act, w.w2, w.b2, seqShape, 4 * lin, scope + ".mlp.fc2", fused);
+  return b.op("aten::add", {dropout(h2), res1}, seqShape, sh, scope);
 }
 
 }  // namespace
@@ -97,7 +108,7 @@ SyntheticModel syntheticTransformer(const TransformerShape& s, const DeviceModel
   for (int l = 0; l < s.layers; ++l)
     x = transformerLayer(b, x, layers[l], s, "layers." + std::to_string(l));
   x = b.op("aten::layer_norm", {x, flnw, flnb}, {1, S, H}, 5 * sh, "final_ln");
-  ValueId logits = b.linear(x, headW, headB, {1, S, V}, 2.0 * S * H * V, "lm_head");
+  ValueId logits = b.linear(x, headW, headB, {1, S, V}, 2.0 * S * H * V, "lm_head", s.fusedKernels);
   ValueId flat = b.shapeOp("aten::view", logits, {1, S * V}, "lm_head");
   ValueId loss = b.op("aten::cross_entropy", {flat, labels}, {}, 4.0 * S * V, "loss", false, true);
   return b.finish(loss);

@@ -1,9 +1,20 @@
 // SyntheticBuilder: graph + analytic profile; see synthetic_builder.h.
 #include "decomposer/synthetic_builder.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace autostage::decomposer::detail {
+namespace {
+
+// Operators PyTorch answers with a view of their input: no copy, no kernel.
+bool isView(const std::string& kind) {
+  return kind == "aten::view" || kind == "aten::permute" || kind == "aten::transpose" ||
+         kind == "aten::t";
+}
+
+}  // namespace
 
 SyntheticBuilder::SyntheticBuilder(const std::string& name, const DeviceModel& device, core::DType dtype)
     : device_(device), dtype_(dtype), paramType_(device.parameterType.value_or(dtype)),
@@ -45,13 +56,29 @@ core::ValueId SyntheticBuilder::op(const std::string& kind, const std::vector<co
   }
   core::NodeId id = add(kind, inputs, core::Type::tensor(dtype_, std::move(shape)), scope);
   core::NodeProfile& p = profiles_[id];
-  const double seconds = flops / (device_.peakFlops * device_.efficiency) + (in + out) / device_.memoryBandwidth;
-  p.forwardSeconds = {device_.launchSeconds, seconds};
-  p.backwardSeconds = {2 * device_.launchSeconds, 2 * seconds};
+  // Note [Device presets]: the roofline form overlaps a kernel's bytes with its FLOPs.
+  const bool view = device_.roofline && isView(kind);
+  const double flopSeconds = flops / (device_.peakFlops * device_.efficiency);
+  const double byteSeconds = view ? 0 : (in + out) / device_.memoryBandwidth;
+  const double seconds =
+      device_.roofline ? std::max(flopSeconds, byteSeconds) : flopSeconds + byteSeconds;
+  const double launch = view ? 0 : device_.launchSeconds;
+  p.forwardSeconds = {launch, seconds};
+  p.backwardSeconds = {2 * launch, 2 * seconds};
   p.outputBytes = {0, out};
   p.activationBytes = {0, saves ? out : 0};
   p.workingBytes = {0, working ? out : 0};
   return graph_.node(id).outputs[0];
+}
+
+core::ValueId SyntheticBuilder::fusedOp(const std::string& kind,
+                                        const std::vector<core::ValueId>& inputs,
+                                        std::vector<int64_t> shape, const std::string& scope,
+                                        bool saves) {
+  core::ValueId v = op(kind, inputs, std::move(shape), 0, scope, saves);
+  core::NodeProfile& p = profiles_[graph_.value(v).producer];
+  p.forwardSeconds = p.backwardSeconds = {0, 0};
+  return v;
 }
 
 core::ValueId SyntheticBuilder::constant(const std::string& scope) {
@@ -81,10 +108,11 @@ core::ValueId SyntheticBuilder::paramOp(const std::string& kind, core::ValueId i
 
 core::ValueId SyntheticBuilder::linear(core::ValueId x, core::ValueId weight, core::ValueId bias,
                                        std::vector<int64_t> outShape, double flops,
-                                       const std::string& scope) {
+                                       const std::string& scope, bool fusedBias) {
   const auto& w = graph_.value(weight).type.shape();
   core::ValueId wt = paramOp("aten::t", weight, {w.at(1), w.at(0)}, scope);
   core::ValueId y = op("aten::matmul", {x, wt}, outShape, flops, scope);
+  if (fusedBias) return fusedOp("aten::add", {y, bias}, outShape, scope, false);
   return op("aten::add", {y, bias}, outShape, 0, scope, false);
 }
 

@@ -22,6 +22,10 @@ class SyntheticBuilder {
   core::ValueId op(const std::string& kind, const std::vector<core::ValueId>& inputs,
                    std::vector<int64_t> shape, double flops, const std::string& scope,
                    bool saves = true, bool working = false);
+  // An operator whose work a neighbouring fused kernel does (TransformerShape::fusedKernels):
+  // in the graph as traced, with its memory, but no time of its own.
+  core::ValueId fusedOp(const std::string& kind, const std::vector<core::ValueId>& inputs,
+                        std::vector<int64_t> shape, const std::string& scope, bool saves = true);
   // A shape operator preceded by the two constants and the list TorchScript emits for it.
   core::ValueId shapeOp(const std::string& kind, core::ValueId input, std::vector<int64_t> shape,
                         const std::string& scope);
@@ -31,9 +35,10 @@ class SyntheticBuilder {
   core::ValueId constant(const std::string& scope);
   core::ValueId scalarOp(const std::string& kind, const std::vector<core::ValueId>& inputs,
                          const std::string& scope);
-  // linear = t(W) + matmul + add(bias), the traced form.
+  // linear = t(W) + matmul + add(bias), the traced form; with `fusedBias` the add is a fusedOp.
   core::ValueId linear(core::ValueId x, core::ValueId weight, core::ValueId bias,
-                       std::vector<int64_t> outShape, double flops, const std::string& scope);
+                       std::vector<int64_t> outShape, double flops, const std::string& scope,
+                       bool fusedBias = false);
 
   SyntheticModel finish(core::ValueId loss);
   core::DType dtype() const { return dtype_; }
