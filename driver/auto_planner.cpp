@@ -125,7 +125,8 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in, bool* fromStore) {
       core::logger("Module")->info("Running profiler ...");
       // Time and memory on the job's own device: CUDA events and the caching allocator's peak
       // for a CUDA job, so calibration and the load probe use that GPU.
-      auto measurement = profiler::createMeasurementBackend(placement_.cudaIndex());
+      auto measurement = profiler::createMeasurementBackend(placement_.cudaIndex(),
+                                                            placement_.device.kindText());
       ModelStateGuard keep(in.model.paramTensors);
       profile_ =
           profiler::profileGraph(in.model, in.exampleInputs, *measurement, profilerOptions);

@@ -20,13 +20,13 @@ int ranksPerGpu(int perNode, int gpus) {
 
 int64_t JobSpec::memoryPerDevice(int perNode) const {
   if (memoryLimit > 0) return memoryLimit;
-  if (placement.onCuda()) return gpuMemory / ranksPerGpu(perNode, gpusPerNode);
-  return nodeMemory / std::max(1, perNode);
+  if (placement.onCuda()) return device().memoryBytes / ranksPerGpu(perNode, gpusPerNode);
+  return device().memoryBytes / std::max(1, perNode);
 }
 
 core::ClusterSpec JobSpec::cluster(int devices, int perNode) const {
   core::ClusterSpec spec;
-  spec.deviceKind = deviceKind;
+  spec.deviceKind = device().kindText();
   spec.devices = devices;
   spec.devicesPerNode = std::clamp(perNode > 0 ? perNode : ranksPerNode, 1, std::max(devices, 1));
   spec.memoryPerDevice = memoryPerDevice(spec.devicesPerNode);
@@ -44,9 +44,11 @@ std::string JobSpec::toString() const {
       << " per device ("
       << (memoryLimit > 0 ? std::string("mem_limit_gb")
           : placement.onCuda()
-              ? "the GPU's " + core::formatBytes(static_cast<double>(gpuMemory)) + " over " +
+              ? "the GPU's " + core::formatBytes(static_cast<double>(device().memoryBytes)) +
+                    " over " +
                     std::to_string(ranksPerGpu(ranksPerNode, gpusPerNode)) + " rank(s)"
-              : "this node's " + core::formatBytes(static_cast<double>(nodeMemory)) + " over " +
+              : "this node's " + core::formatBytes(static_cast<double>(device().memoryBytes)) +
+                    " over " +
                     std::to_string(ranksPerNode) + " rank(s)")
       << ")";
   return out.str();
@@ -64,8 +66,9 @@ JobSpec resolveJob(const comm::Backend& backend, const core::Config& config,
   } else {  // the caller chose the transport
     job.placement = transportPlacement(device, backend.name(), facts, backend.localRank());
   }
-  job.deviceKind = deviceKindName(job.placement.device);
-  job.nodeMemory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  if (!job.placement.onCuda())  // Note [One device]: a CPU's memory is this node's
+    job.placement.device.memoryBytes =
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   const double limitGb = config.getFloat("mem_limit_gb");
   AUTOSTAGE_CHECK_AS(ConfigError, limitGb >= 0,
                      "mem_limit_gb must be >= 0 (0: the device's own "
@@ -74,13 +77,8 @@ JobSpec resolveJob(const comm::Backend& backend, const core::Config& config,
   job.memoryLimit = static_cast<int64_t>(core::gibToBytes(limitGb));
   if (job.placement.onCuda()) {
     job.gpusPerNode = std::max(1, facts.gpuCount);
-    const int index = std::max(0, job.placement.deviceIndex);
-    if (index < static_cast<int>(facts.gpus.size())) {
-      job.deviceKind = "cuda:" + facts.gpus[index].name;
-      job.gpuMemory = facts.gpus[index].totalBytes;
-    }
-    AUTOSTAGE_CHECK_AS(ConfigError, job.gpuMemory > 0 || job.memoryLimit > 0,
-                       "the memory of cuda:", index, " is not known (the CUDA runtime did not "
+    AUTOSTAGE_CHECK_AS(ConfigError, job.device().memoryBytes > 0 || job.memoryLimit > 0,
+                       "the memory of ", job.device().toString(), " is not known (the CUDA runtime did not "
                        "describe it): set mem_limit_gb to the GPU memory a rank may use");
   }
   job.bandwidth = config.getFloat("comm_bandwidth");

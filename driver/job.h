@@ -17,8 +17,9 @@ namespace autostage::driver {
 // launcher's environment variables), the device (Note [Device and transport]), and the memory of
 // one device: mem_limit_gb when set; else for a CPU job this node's physical memory shared by the
 // ranks on it, for a CUDA job its GPU's total memory shared by the ranks on that GPU (the planner
-// never sees host RAM for a GPU job). The device kind names the model ("cuda:NVIDIA H100 80GB
-// HBM3"), so plans and profiles kept for one GPU model are not used on another.
+// never sees host RAM for a GPU job). The device is one value (Note [One device] in
+// placement.h): its kind text names the model ("cuda:NVIDIA H100 80GB HBM3"), so plans and
+// profiles kept for one GPU model are not used on another.
 // Everything that depends on them reads them from here: the cluster the local planner and the
 // planning service plan for (and so the plan key), the memory check of a loaded deployment and the
 // measured-memory record. A dry run (partitioning_dry_run_np=N) plans for N ranks on this node:
@@ -26,15 +27,13 @@ namespace autostage::driver {
 struct JobSpec {
   int worldSize = 1;
   int ranksPerNode = 1;
-  std::string deviceKind = "cpu";  // "cpu", or "cuda:" + the GPU's name ("cuda" when unknown)
-  Placement placement;             // Note [Device and transport]
-  int64_t nodeMemory = 0;          // physical bytes of this node
+  Placement placement;             // Note [Device and transport]; its device: Note [One device]
   int gpusPerNode = 0;             // CUDA jobs: GPUs this process sees
-  int64_t gpuMemory = 0;           // CUDA jobs: total bytes of this rank's GPU
   int64_t memoryLimit = 0;         // mem_limit_gb in bytes; 0: not set
   double bandwidth = 10e9;         // comm_bandwidth (bytes/s), intra and inter node
   double latency = 20e-6;          // comm_latency (s)
 
+  const Device& device() const { return placement.device; }
   // Bytes one device has when `ranksPerNode` ranks share a node (and its GPUs).
   int64_t memoryPerDevice(int ranksPerNode) const;
   // This job's device memory: what a plan made now assumes (Deployment::deviceMemory).

@@ -1,3 +1,6 @@
+// driver::Module (driver/module.h): made for a job, called, switched between modes and usages,
+// deployed. Its options: module_options.cpp; the autograd bridge of its outputs:
+// autograd_bridge.cpp; where its plans come from: plan_sources.cpp and auto_planner.cpp.
 #include "driver/module.h"
 
 #include <unistd.h>
@@ -7,7 +10,6 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "comm/agreement.h"
@@ -18,6 +20,7 @@
 #include "frontend/torchscript/autocast.h"
 #include "frontend/export/interpreter.h"
 #include "driver/auto_planner.h"
+#include "driver/autograd_bridge.h"
 #include "driver/model_device.h"
 #include "driver/plan_sources.h"
 #include "staging/call_inputs.h"
@@ -47,78 +50,6 @@ std::string thisHostName() {
   return name;
 }
 
-// "rank 2, stage 1 (STAGE_3_5)" or "rank 2 (no stage)".
-std::string whereOf(const Executor& executor, int rank) {
-  std::ostringstream out;
-  out << "rank " << rank;
-  const std::vector<int> stages = executor.localStages();
-  if (stages.empty()) return out.str() + " (no stage)";
-  out << (stages.size() > 1 ? ", stages " : ", stage ");
-  for (size_t i = 0; i < stages.size(); ++i)
-    out << (i ? ", " : "") << stages[i] << " (" << executor.deployment().stages[stages[i]].name
-        << ")";
-  return out.str();
-}
-
-// The TorchScript interpreter wraps an op's error in a script traceback of the generated stage
-// graph, which names no user code; its last line ("RuntimeError: index out of range in self")
-// is the part worth reporting.
-std::string withoutScriptTraceback(const std::string& message) {
-  if (message.find("failed in the TorchScript interpreter") == std::string::npos) return message;
-  size_t end = message.find_last_not_of("\n ");
-  if (end == std::string::npos) return message;
-  size_t begin = message.rfind('\n', end);
-  begin = begin == std::string::npos ? 0 : begin + 1;
-  return message.substr(begin, end + 1 - begin) + " (in the TorchScript interpreter)";
-}
-
-// Rethrows the exception being handled, same autostage class, with `where` in front.
-[[noreturn]] void rethrowAt(const std::string& where) {
-  comm::StepStatus status = comm::StepStatus::fromCurrentException();
-  comm::throwErrorOfClass(status.errorClass,
-                          where + ": " + withoutScriptTraceback(status.message));
-}
-
-// Keeps the executor of one forward, and the imported model it runs, alive until its backward
-// has run, even when the Module is destroyed first (`autostage.Module(m)(x).sum().backward()`).
-struct PipelineStep : torch::CustomClassHolder {
-  std::shared_ptr<const torchscript::ImportedModel> model;
-  std::shared_ptr<Executor> executor;
-  int rank = 0;
-  std::vector<at::Tensor> outputs;  // on the stages' device
-  c10::Device callerDevice = c10::Device(c10::DeviceType::CPU);  // where the outputs go
-};
-
-// The tensors on `device` (undefined ones stay undefined).
-std::vector<at::Tensor> movedTo(const std::vector<at::Tensor>& tensors, c10::Device device) {
-  std::vector<at::Tensor> moved;
-  for (const at::Tensor& t : tensors)
-    moved.push_back(t.defined() && t.device() != device ? t.to(device) : t);
-  return moved;
-}
-
-// The autograd node behind Module::forward's outputs: its backward is the pipeline backward.
-struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& anchor,
-                                                c10::intrusive_ptr<PipelineStep> step) {
-    ctx->saved_data["step"] = c10::IValue::make_capsule(step);
-    // The caller's gradients come back on the caller's device; Executor::backward moves them.
-    return movedTo(step->outputs, step->callerDevice);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto step = c10::static_intrusive_pointer_cast<PipelineStep>(
-        ctx->saved_data["step"].toCapsule());
-    try {
-      step->executor->backward(grads);
-    } catch (...) {
-      rethrowAt(whereOf(*step->executor, step->rank));
-    }
-    return {at::Tensor(), at::Tensor()};
-  }
-};
-
 // The example inputs tracing, import and profiling run with: copies on the stages' device, beside
 // the model's tensors (Note [Placing the model]). The caller's tensors stay where they are and as
 // they are: a model that writes into its input (RaNNC's FunctionModel zeroes token ids in place)
@@ -133,54 +64,6 @@ std::vector<c10::IValue> examplesOn(const std::vector<at::Tensor>& inputs,
 }
 
 }  // namespace
-
-ModuleOptions ModuleOptions::fromConfig() {
-  const core::Config& config = core::globalConfig();
-  ModuleOptions options;
-  options.allowReplan = config.getBool("allow_replan");
-  if (config.getBool("trace_events")) options.traceDirectory = config.getString("trace_events_dir");
-  options.traceSteps = static_cast<int>(config.getInt("trace_events_steps"));
-  const std::string file = config.getString("deployment_file");
-  const int64_t dryRun = config.getInt("partitioning_dry_run_np");
-  const bool load = config.getBool("load_deployment"), save = config.getBool("save_deployment");
-  const char* what = dryRun > 0 ? "partitioning_dry_run_np" : load ? "load_deployment=true"
-                                                            : "save_deployment=true";
-  AUTOSTAGE_CHECK_AS(ConfigError, !file.empty() || (dryRun <= 0 && !load && !save), what,
-                     " needs deployment_file: set deployment_file to the path of the deployment "
-                     "to ", load && dryRun <= 0 ? "load" : "write");
-  AUTOSTAGE_CHECK_AS(ConfigError, dryRun >= 0 && dryRun <= (1 << 20),
-                     "partitioning_dry_run_np must be 0 (off) or the number of ranks to plan "
-                     "for, got ", dryRun);
-  AUTOSTAGE_CHECK_AS(ConfigError, !(load && dryRun > 0),
-                     "partitioning_dry_run_np plans and saves a deployment, load_deployment=true "
-                     "loads one: set only one of them");
-  if (load) options.deploymentPath = file;
-  if (save || dryRun > 0) options.saveDeploymentPath = file;
-  options.dryRunWorldSize = static_cast<int>(dryRun);
-  options.precision = core::parsePrecision(config.getString("precision"));
-  options.gradientBucketBytes = config.getInt("gradient_bucket_bytes");
-  return options;
-}
-
-void ModuleOptions::validate() const {
-  AUTOSTAGE_CHECK_AS(ConfigError, dryRunWorldSize <= 0 || !saveDeploymentPath.empty(),
-                     "a dry run (partitioning_dry_run_np) needs a path to save the deployment to "
-                     "(deployment_file)");
-  AUTOSTAGE_CHECK_AS(ConfigError, gradientBucketBytes >= 1,
-                     "gradient_bucket_bytes must be >= 1, got ", gradientBucketBytes);
-}
-
-std::string ModuleOptions::toString() const {
-  std::ostringstream out;
-  out << "backend=" << (backend ? backend->name() : std::string("mpi"))
-      << " planner=" << (planner ? "callback" : "auto") << " tracer="
-      << (tracer ? "callback" : "none") << " deployment_path='" << deploymentPath
-      << "' gradient_bucket_bytes=" << gradientBucketBytes
-      << " allow_replan=" << (allowReplan ? "true" : "false") << " save_deployment_path='"
-      << saveDeploymentPath << "' dry_run_world_size=" << dryRunWorldSize
-      << " precision=" << core::precisionName(precision);
-  return out.str();
-}
 
 Module::Module(torch::jit::Module module, ModuleOptions options)
     : module_(std::move(module)), options_(std::move(options)) {
@@ -228,19 +111,15 @@ std::vector<at::Tensor> Module::forward(const std::vector<c10::IValue>& inputs, 
                                                            : core::PlanUsage::Inference;
   c10::Device callerDevice = stageDevice_;
   std::vector<at::Tensor> tensors = prepareStep(inputs, usage, agreed, &callerDevice);
-  auto step = c10::make_intrusive<PipelineStep>();
-  step->callerDevice = callerDevice;
-  step->model = model_;
-  step->executor = executor_;
-  step->rank = backend_->rank();
+  std::vector<at::Tensor> outputs;
   try {
-    step->outputs = executor_->forward(tensors, /*agreed=*/true);  // prepareStep agreed
+    outputs = executor_->forward(tensors, /*agreed=*/true);  // prepareStep agreed
   } catch (...) {
     rethrowWithContext();
   }
-  std::vector<at::Tensor> outputs = PipelineFunction::apply(anchor_, step);
-  step->outputs.clear();  // the outputs hold the autograd node that holds `step`: no cycle
-  return outputs;
+  // Note [The autograd bridge]: the caller's backward runs the pipeline backward.
+  return pipelineOutputs(anchor_, model_, executor_, backend_->rank(), std::move(outputs),
+                         callerDevice);
 }
 
 std::vector<at::Tensor> Module::trainStep(const std::vector<c10::IValue>& inputs, bool agreed) {
@@ -265,7 +144,7 @@ void Module::rethrowWithContext() const { rethrowAt(whereOf(*executor_, backend_
 
 c10::Device stageDeviceOf(const Placement& placement) {
   if (!placement.onCuda()) return c10::Device(c10::DeviceType::CPU);
-  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(placement.deviceIndex));
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(placement.device.index));
 }
 
 std::vector<at::Tensor> agreeOnCall(comm::Backend& backend, const std::vector<c10::IValue>& inputs,

@@ -9,11 +9,33 @@ namespace autostage::driver {
 
 const char* deviceKindName(DeviceKind kind) { return kind == DeviceKind::Cuda ? "cuda" : "cpu"; }
 
-std::string Placement::toString() const {
-  const std::string name = deviceKindName(device);
-  return (deviceIndex >= 0 ? name + ":" + std::to_string(deviceIndex) : name) + " over " +
-         commBackend;
+std::string Device::kindText() const {
+  if (!onCuda()) return "cpu";
+  return model.empty() ? "cuda" : "cuda:" + model;
 }
+
+std::string Device::toString() const {
+  const std::string name = deviceKindName(kind);
+  return index >= 0 ? name + ":" + std::to_string(index) : name;
+}
+
+std::string Placement::toString() const { return device.toString() + " over " + commBackend; }
+
+namespace {
+
+// Note [One device]: a GPU of this process, as CUDA described it.
+Device cudaDevice(const DeviceFacts& facts, int localRank) {
+  Device d;
+  d.kind = DeviceKind::Cuda;
+  d.index = facts.gpuCount > 0 ? localRank % facts.gpuCount : -1;
+  if (d.index >= 0 && d.index < static_cast<int>(facts.gpus.size())) {
+    d.model = facts.gpus[d.index].name;
+    d.memoryBytes = facts.gpus[d.index].totalBytes;
+  }
+  return d;
+}
+
+}  // namespace
 
 Placement transportPlacement(const std::string& device, const std::string& transport,
                              const DeviceFacts& facts, int localRank) {
@@ -22,8 +44,7 @@ Placement transportPlacement(const std::string& device, const std::string& trans
                      "device=", device, ", but the transport given (", transport,
                      ") carries ", cuda ? "CUDA" : "CPU", " tensors: use device=auto");
   Placement p;
-  p.device = cuda ? DeviceKind::Cuda : DeviceKind::Cpu;
-  p.deviceIndex = cuda && facts.gpuCount > 0 ? localRank % facts.gpuCount : -1;
+  if (cuda) p.device = cudaDevice(facts, localRank);
   p.commBackend = transport;
   p.why = "the transport the caller gave";
   return p;
@@ -59,8 +80,7 @@ Placement choosePlacement(const std::string& device, const std::string& commBack
                               : "device=auto: this build has no CUDA";
     return p;
   }
-  p.device = DeviceKind::Cuda;
-  p.deviceIndex = localRank % facts.gpuCount;
+  p.device = cudaDevice(facts, localRank);
   const bool sharing = ranksPerNode > facts.gpuCount;
   const std::string layout = std::to_string(ranksPerNode) + " ranks on this node, " +
                              std::to_string(facts.gpuCount) + " GPU(s)";

@@ -37,22 +37,39 @@ struct DeviceFacts {
 // Note [Device kinds]
 // The kind of device a job's stages run on is parsed from the option `device` (cpu | cuda | auto)
 // and the transport once, here (choosePlacement, transportPlacement); the rest of the code reads
-// the kind, never the option's text, and c10::Device (stageDeviceOf in module.h) where torch
-// needs one.
+// the kind (Device::kind, Note [One device]), never the option's text, and c10::Device
+// (stageDeviceOf in module.h) where torch needs one.
 enum class DeviceKind { Cpu, Cuda };
 // "cpu" | "cuda": the option's text of `kind`.
 const char* deviceKindName(DeviceKind kind);
 
+// Note [One device]
+// The device a rank's stages run on is one value, resolved once with the job (choosePlacement or
+// transportPlacement from DeviceFacts, the driver's one question to CUDA about its GPUs; the CPU's
+// memory by resolveJob) and passed down: its kind, its CUDA index, its model and its memory.
+// Profiles and plans name it by kindText() ("cuda:NVIDIA H100 80GB HBM3"), so those kept for
+// one GPU model are not used on another; the memory a plan assumes per rank is derived from it
+// (JobSpec::memoryPerDevice).
+struct Device {
+  DeviceKind kind = DeviceKind::Cpu;
+  int index = -1;           // cuda:index; -1 on the CPU
+  std::string model;        // the GPU's name; empty on the CPU or where CUDA did not describe it
+  int64_t memoryBytes = 0;  // the GPU's total memory; on the CPU, this node's physical memory
+  bool onCuda() const { return kind == DeviceKind::Cuda; }
+  // "cpu", "cuda:" + the model, or "cuda" when the model is not known.
+  std::string kindText() const;
+  std::string toString() const;  // "cpu", "cuda:1"
+};
+
 struct Placement {
-  DeviceKind device = DeviceKind::Cpu;
-  int deviceIndex = -1;             // cuda:deviceIndex; -1 on the CPU
+  Device device;
   std::string commBackend = "mpi";  // mpi | nccl
   std::string why;                  // for the log: how auto decided
   std::string toString() const;     // "cpu over mpi", "cuda:1 over nccl"
-  bool onCuda() const { return device == DeviceKind::Cuda; }
-  // The GPU for profiler::createMeasurementBackend: deviceIndex (0 when unset) on CUDA, -1 on
-  // the CPU.
-  int cudaIndex() const { return onCuda() ? (deviceIndex < 0 ? 0 : deviceIndex) : -1; }
+  bool onCuda() const { return device.onCuda(); }
+  // The GPU for profiler::createMeasurementBackend: the device's index (0 when unset) on CUDA,
+  // -1 on the CPU.
+  int cudaIndex() const { return onCuda() ? (device.index < 0 ? 0 : device.index) : -1; }
 };
 
 // Throws ConfigError for an unknown value, device=cuda without CUDA or without a GPU,

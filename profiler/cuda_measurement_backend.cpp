@@ -47,14 +47,16 @@ void checkCuda(cudaError_t status, const char* what) {
 
 class CudaMeasurementBackend final : public MeasurementBackend {
  public:
-  explicit CudaMeasurementBackend(int device) : device_(device) {
+  CudaMeasurementBackend(int device, const std::string& kind) : device_(device), kind_(kind) {
     int count = 0;
     checkCuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
     AUTOSTAGE_CHECK_AS(UnsupportedError, device >= 0 && device < count, "CUDA device ", device,
                        " requested but ", count, " devices are visible; set CUDA_VISIBLE_DEVICES");
-    cudaDeviceProp props{};
-    checkCuda(cudaGetDeviceProperties(&props, device), "cudaGetDeviceProperties");
-    kind_ = std::string("cuda:") + props.name;
+    if (kind_.empty()) {  // not resolved by a job
+      cudaDeviceProp props{};
+      checkCuda(cudaGetDeviceProperties(&props, device), "cudaGetDeviceProperties");
+      kind_ = std::string("cuda:") + props.name;
+    }
     checkCuda(cudaSetDevice(device_), "cudaSetDevice");
     checkCuda(cudaEventCreate(&start_), "cudaEventCreate");
     checkCuda(cudaEventCreate(&stop_), "cudaEventCreate");
@@ -125,8 +127,9 @@ class CudaMeasurementBackend final : public MeasurementBackend {
 
 }  // namespace
 
-std::unique_ptr<MeasurementBackend> createCudaMeasurementBackend(int device) {
-  return std::make_unique<CudaMeasurementBackend>(device);
+std::unique_ptr<MeasurementBackend> createCudaMeasurementBackend(int device,
+                                                                 const std::string& kind) {
+  return std::make_unique<CudaMeasurementBackend>(device, kind);
 }
 
 }  // namespace autostage::profiler

@@ -5,12 +5,16 @@
 // memory; the peak is then only the largest value seen when timed work ends: a lower bound).
 
 #include <memory>
+#include <string>
 
 #include "profiler/measurement_backend.h"
 
 namespace autostage::profiler {
 
-// Throws UnsupportedError when `device` is not a visible CUDA device.
-std::unique_ptr<MeasurementBackend> createCudaMeasurementBackend(int device = 0);
+// Throws UnsupportedError when `device` is not a visible CUDA device. `kind`: the device's kind
+// as the job resolved it (driver::Device::kindText, Note [One device]); empty: "cuda:" and the
+// name CUDA gives (tests, benches).
+std::unique_ptr<MeasurementBackend> createCudaMeasurementBackend(int device = 0,
+                                                                 const std::string& kind = "");
 
 }  // namespace autostage::profiler

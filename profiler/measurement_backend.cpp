@@ -9,12 +9,14 @@
 
 namespace autostage::profiler {
 
-std::unique_ptr<MeasurementBackend> createMeasurementBackend(int cudaIndex) {
+std::unique_ptr<MeasurementBackend> createMeasurementBackend(int cudaIndex,
+                                                             const std::string& deviceKind) {
   if (cudaIndex < 0) return createCpuMeasurementBackend();
   const int index = cudaIndex;
 #if AUTOSTAGE_WITH_NCCL
-  return createCudaMeasurementBackend(index);
+  return createCudaMeasurementBackend(index, deviceKind);
 #else
+  (void)deviceKind;
   AUTOSTAGE_CHECK_AS(UnsupportedError, false, "profiling on cuda:", index,
                      " needs a build with CUDA: configure with -DAUTOSTAGE_WITH_CUDA=ON against "
                      "a LibTorch with CUDA (scripts/test-gpu does), or use device=cpu");

@@ -39,7 +39,10 @@ std::unique_ptr<MeasurementBackend> createCpuMeasurementBackend(CpuClock clock =
 
 // The backend of a job's device: the CPU (wall clock) for cudaIndex < 0, else CUDA device
 // cudaIndex (the rank's GPU; driver::Placement::cudaIndex). Throws UnsupportedError for CUDA in
-// a build without -DAUTOSTAGE_WITH_CUDA=ON (or for a GPU that is not visible).
-std::unique_ptr<MeasurementBackend> createMeasurementBackend(int cudaIndex);
+// a build without -DAUTOSTAGE_WITH_CUDA=ON (or for a GPU that is not visible). deviceKind: the
+// device's kind as the job resolved it (driver::Device::kindText, Note [One device]), so the
+// profile is keyed by the same text as the job's plans; empty: the backend's own.
+std::unique_ptr<MeasurementBackend> createMeasurementBackend(int cudaIndex,
+                                                             const std::string& deviceKind = "");
 
 }  // namespace autostage::profiler

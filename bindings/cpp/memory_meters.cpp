@@ -32,7 +32,8 @@ std::shared_ptr<staging::MemoryMeter> cpuMemoryMeter() {
 
 std::shared_ptr<staging::MemoryMeter> memoryMeterFor(const driver::Placement& placement) {
   if (!placement.onCuda()) return cpuMemoryMeter();
-  return memoryMeterOf(profiler::createMeasurementBackend(placement.cudaIndex()));
+  return memoryMeterOf(profiler::createMeasurementBackend(placement.cudaIndex(),
+                                                              placement.device.kindText()));
 }
 
 }  // namespace autostage

@@ -32,17 +32,17 @@ TEST_CASE("the job: ranks per node from the backend, memory resolved once", "[dr
   const JobSpec& job = jobs[0];
   CHECK(job.worldSize == 3);
   CHECK(job.ranksPerNode == 3);  // thread ranks share one process
-  CHECK(job.deviceKind == "cpu");
-  REQUIRE(job.nodeMemory > 0);
+  CHECK(job.device().kindText() == "cpu");
+  REQUIRE(job.device().memoryBytes > 0);
   CHECK(job.memoryLimit == 0);
-  CHECK(job.deviceMemory() == job.nodeMemory / 3);
+  CHECK(job.deviceMemory() == job.device().memoryBytes / 3);
   CHECK(jobs[2].deviceMemory() == job.deviceMemory());  // the same on every rank of a node
   core::ClusterSpec cluster = job.cluster(3);
   CHECK(cluster.devices == 3);
   CHECK(cluster.devicesPerNode == 3);
   CHECK(cluster.memoryPerDevice == job.deviceMemory());
   // A dry run for 8 ranks on this node: the node's memory over 8.
-  CHECK(job.cluster(8, 8).memoryPerDevice == job.nodeMemory / 8);
+  CHECK(job.cluster(8, 8).memoryPerDevice == job.device().memoryBytes / 8);
   CHECK(job.toString().find("3 rank(s), 3 per node, cpu") == 0);
 
   config.set("mem_limit_gb", "1.5", "test");
@@ -134,7 +134,7 @@ TEST_CASE("a CUDA job: the GPU's model names the device, its memory (shared by t
   // Two ranks, one GPU each: NCCL, the whole GPU per rank.
   JobSpec job = resolveJob(MpiLayout(2, 1), config, twoGpus);
   CHECK(job.placement.toString() == "cuda:1 over nccl");
-  CHECK(job.deviceKind == "cuda:NVIDIA H100 80GB HBM3");
+  CHECK(job.device().kindText() == "cuda:NVIDIA H100 80GB HBM3");
   CHECK(job.deviceMemory() == int64_t{80} << 30);
   CHECK(job.cluster(2).deviceKind == "cuda:NVIDIA H100 80GB HBM3");
   CHECK(job.cluster(2).memoryPerDevice == int64_t{80} << 30);
@@ -158,20 +158,20 @@ TEST_CASE("a CUDA job: the GPU's model names the device, its memory (shared by t
                         Catch::Contains("set mem_limit_gb"));
   config.set("mem_limit_gb", "2", "test");
   job = resolveJob(MpiLayout(2, 0), config, DeviceFacts{true, 2, {}});
-  CHECK(job.deviceKind == "cuda");
+  CHECK(job.device().kindText() == "cuda");
   CHECK(job.deviceMemory() == int64_t{2} << 30);
   // A CPU job on the same node keeps host memory.
   config.set("device", "cpu", "test");
   config.set("mem_limit_gb", "0", "test");
   job = resolveJob(MpiLayout(2, 0), config, twoGpus);
-  CHECK(job.deviceKind == "cpu");
-  CHECK(job.deviceMemory() == job.nodeMemory / 2);
+  CHECK(job.device().kindText() == "cpu");
+  CHECK(job.deviceMemory() == job.device().memoryBytes / 2);
 }
 
 // What a job's plan call carries of the job and its options (Note [One planner]: the planning
 // core's plan key is computed from the call's content, so a difference here is another key).
 std::string planCallText(const JobSpec& job, const core::Config& config) {
-  const profiler::ProfileKey key{"abc", job.deviceKind, "Float", "abc\nprofiler's key"};
+  const profiler::ProfileKey key{"abc", job.device().kindText(), "Float", "abc\nprofiler's key"};
   proto::PlanCall call = service::makePlanCall(
       core::Graph(), nullptr, job.cluster(job.worldSize), 32,
       decomposer::PlanOptions::fromConfig(config));
@@ -188,7 +188,7 @@ TEST_CASE("a job's plan call names the job's layout and memory", "[driver]") {
   JobSpec job;
   job.worldSize = 4;
   job.ranksPerNode = 2;
-  job.nodeMemory = int64_t{8} << 30;
+  job.placement.device.memoryBytes = int64_t{8} << 30;
   const std::string text = planCallText(job, core::globalConfig());
   CHECK(planCallText(job, core::globalConfig()) == text);
   JobSpec other = job;
@@ -198,7 +198,9 @@ TEST_CASE("a job's plan call names the job's layout and memory", "[driver]") {
   other.memoryLimit = int64_t{1} << 30;  // the plan assumes other devices
   CHECK(planCallText(other, core::globalConfig()) != text);
   other = job;
-  other.deviceKind = "cuda:NVIDIA A100-SXM4-40GB";  // another device model
+  other.placement.device.kind = DeviceKind::Cuda;  // another device model
+  other.placement.device.model = "NVIDIA A100-SXM4-40GB";
+  other.gpusPerNode = 4;
   CHECK(planCallText(other, core::globalConfig()) != text);
 }
 
@@ -208,7 +210,7 @@ TEST_CASE("every plan input of the option table is in a job's plan call, nothing
   JobSpec job;
   job.worldSize = 2;
   job.ranksPerNode = 2;
-  job.nodeMemory = int64_t{8} << 30;
+  job.placement.device.memoryBytes = int64_t{8} << 30;
   const std::string text = planCallText(job, config);
   const std::vector<std::string> inputs = core::planInputOptions();
   // Issue 28: the hand-kept list of the old plan cache's key lacked these although plans depend

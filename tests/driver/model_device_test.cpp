@@ -25,13 +25,13 @@ TEST_CASE("the stage device of a placement", "[driver]") {
   Placement cpu;
   CHECK(stageDeviceOf(cpu) == kCpu);
   Placement cuda;
-  cuda.device = DeviceKind::Cuda;
-  cuda.deviceIndex = 1;
+  cuda.device.kind = DeviceKind::Cuda;
+  cuda.device.index = 1;
   CHECK(stageDeviceOf(cuda) == kCuda1);
   CHECK(cuda.cudaIndex() == 1);
   CHECK(cpu.cudaIndex() == -1);
   cuda.commBackend = "mpi";  // ranks sharing a GPU: the stages still run on it
-  cuda.deviceIndex = 0;
+  cuda.device.index = 0;
   CHECK(stageDeviceOf(cuda) == kCuda0);
   CHECK(staging::ExecutorOptions().device == kCpu);  // what the executor makes rows on
 }
