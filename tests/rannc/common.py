@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from autostage import _autostage
 from autostage import rannc as pyrannc
-from autostage.module import _option_value
+from autostage.options import option_value as _option_value
 
 from models import random_dataset
 

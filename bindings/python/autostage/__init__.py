@@ -24,7 +24,8 @@ from ._autostage import (  # noqa: F401
 from ._autostage import barrier, delay_grad_allreduce, get_rank, get_world_size  # noqa: F401
 from .checkpoint import load_checkpoint, save_checkpoint  # noqa: F401
 from .grad_scaler import GradScaler  # noqa: F401
-from .module import Module, show_config  # noqa: F401
+from .module import Module  # noqa: F401
+from .options import show_config  # noqa: F401
 from .export import export_to_ir  # noqa: F401
 from .torchscript import trace_to_ir  # noqa: F401
 

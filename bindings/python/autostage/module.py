@@ -1,27 +1,21 @@
 """autostage.Module: wrap a model, launch with mpirun, train with the single-process loop."""
 
 import collections
-import sys
 import weakref
 
 import torch
 from torch.utils import _pytree as pytree
 
 from . import _autostage
+from .abort_hook import install_abort_hook
 from .checkpoint import load_state_dict_checked
-from .export import available as _export_available
 from .export import export_call, scripted_code
+from .options import front_end, last_capture, option_enabled, option_text, option_value
 from .optimizer import make_shards, patch_optimizer, patch_zero_step, zero_problem
 from .structure import CallProblem, CallStructure, _CallWrapper
 from .torchscript import _check_shapes_static, _trace
 
 _MODE_NAMES = {True: "train", False: "eval"}
-
-
-def _option_text(value):
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 class Module(torch.nn.Module):
@@ -70,7 +64,7 @@ class Module(torch.nn.Module):
     def __init__(self, model, optimizer=None, load_deployment=None, **options):
         super().__init__()
         for key, value in options.items():
-            _autostage._set_option(key, _option_text(value))
+            _autostage._set_option(key, option_text(value))
         # zero=auto without an optimizer it can shard: this module plans with zero=0.
         self._zero_off = _choose_zero(model, optimizer)
         self.model = model
@@ -96,7 +90,7 @@ class Module(torch.nn.Module):
             patch_optimizer(optimizer, self._all_params,
                             lambda: owner() is not None and owner().ready,
                             lambda: owner()._shards if owner() is not None else {})
-        _install_abort_hook()
+        install_abort_hook()
 
     @property
     def ready(self):
@@ -178,7 +172,7 @@ class Module(torch.nn.Module):
                + ("" if torch.is_grad_enabled() else ", no_grad")
                + (f", arguments {call.signature}" if call is not None and
                   (call.keywords or changed) else ""))
-        if not problem[0] and changed and not _option_enabled("allow_replan"):
+        if not problem[0] and changed and not option_enabled("allow_replan"):
             problem = ("Error", f"the call's arguments {call.signature} differ from those of "
                        f"the traced call {self._traced_calls[mode]} ({_MODE_NAMES[mode]} mode) "
                        "in keywords, structure or constants (non-tensor arguments are "
@@ -328,7 +322,7 @@ class Module(torch.nn.Module):
         # Note [Front ends] (export.py); a ScriptModule has no Python forward to export, and
         # under front_end=auto a model that calls TorchScript code is traced by TorchScript.
         use_export = front_end() == "export" and not isinstance(self.model, torch.jit.ScriptModule)
-        scripted = scripted_code(self.model) if use_export and _option_value("front_end") in (
+        scripted = scripted_code(self.model) if use_export and option_value("front_end") in (
             "", "auto") else None
         if scripted:
             _autostage._log_info("Module", f"{name} calls TorchScript code ({scripted}): "
@@ -349,7 +343,7 @@ class Module(torch.nn.Module):
             captured = _trace(wrapper, tuple(inputs), name)
             _check_shapes_static(captured, name)
             output = wrapper.output_structure
-        _last_capture.update(model=name, front_end="torch.export" if use_export else "TorchScript",
+        last_capture.update(model=name, front_end="torch.export" if use_export else "TorchScript",
                              why="" if not scripted else "it calls TorchScript code")
         self._output_structures[mode] = output
         self._traced_calls[mode] = call.signature
@@ -427,54 +421,6 @@ class Module(torch.nn.Module):
                 f"{what}: the module is not deployed yet; call it once on a batch first")
 
 
-def _option_value(key):
-    """A config option's effective value as text (strings unquoted)."""
-    return _autostage._get_option(key)
-
-
-# The last capture of this process, for show_config: model class, front end and why it was not
-# the setting's (Note [Front ends] in export.py).
-_last_capture = {}
-
-
-def show_config():
-    """Effective option values and where each came from, then the front end this process
-    resolves front_end to and the one the last model captured here used."""
-    text = _autostage.show_config()
-    try:
-        resolved = {"export": "torch.export", "torchscript": "TorchScript"}[front_end()]
-        text += (f"front end: front_end={_option_value('front_end') or 'auto'} captures with "
-                 f"{resolved} here (PyTorch {torch.__version__})")
-    except _autostage.ConfigError as e:
-        text += f"front end: {e}"
-    if _last_capture:
-        why = f", because {_last_capture['why']}" if _last_capture["why"] else ""
-        text += (f"; the last model captured, {_last_capture['model']}, used "
-                 f"{_last_capture['front_end']}{why}")
-    return text + "\n"
-
-
-def front_end():
-    """The front end that captures models in this process, "export" or "torchscript" (option
-    front_end; Note [Front ends] in export.py)."""
-    setting = _option_value("front_end") or "auto"
-    if setting not in ("auto", "export", "torchscript"):
-        raise _autostage.ConfigError(
-            f"front_end={setting!r} is not a front end: use auto, export or torchscript")
-    if setting == "export" and not _export_available():
-        raise _autostage.ConfigError(
-            f"front_end=export needs torch.export with the training IR (PyTorch 2.5 or later); "
-            f"this is PyTorch {torch.__version__}: use front_end=torchscript or auto")
-    if setting == "auto":
-        return "export" if _export_available() else "torchscript"
-    return setting
-
-
-def _option_enabled(key):
-    """A boolean config option's effective value."""
-    return _option_value(key) == "true"
-
-
 def _choose_zero(model, optimizer):
     """Note [ZeRO-1 optimizer]: ZeRO-1 steps the optimizer this Module wraps. What stops it here
     (no optimizer, or one it cannot shard) goes to the one decision (Note [Choosing ZeRO-1 for a
@@ -485,29 +431,3 @@ def _choose_zero(model, optimizer):
                "zero=0" if optimizer is None else zero_problem(optimizer))
     trainable = any(p.requires_grad for p in model.parameters())
     return _autostage._plans_without_zero(trainable, problem)
-
-
-_hook_installed = False
-
-
-def _install_abort_hook():
-    """Note [Uncaught errors]: an exception that reaches the top level on one rank only (an error
-    inside a stage, a lost peer) would leave the other ranks waiting, so the hook prints it and
-    ends the whole job with MPI_Abort. Errors every rank raised alike (agreed bad-input errors,
-    comm/agreement.h) let each rank exit normally instead."""
-    global _hook_installed
-    if _hook_installed:
-        return
-    _hook_installed = True
-    previous = sys.excepthook
-
-    def hook(etype, value, tb):
-        previous(etype, value, tb)
-        if issubclass(etype, KeyboardInterrupt) or str(value) == _autostage._last_agreed_error():
-            return
-        if _autostage.get_world_size() > 1:
-            sys.stderr.flush()
-            _autostage._abort_job(f"uncaught {etype.__name__} on rank {_autostage.get_rank()}: "
-                                  f"{value}")
-
-    sys.excepthook = hook
