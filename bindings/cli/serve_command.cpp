@@ -15,6 +15,7 @@ namespace autostage::cli {
 std::string serveUsage() {
   return "usage: autostage serve [--listen unix:PATH|tcp:PORT|tcp:HOST:PORT] [--store DIR]\n"
          "         [--workers N] [--max-request-mib M] [--max-plan-s S] [--store-max-mib N]\n"
+         "         [--memory-mib N]\n"
          "  The planning service: jobs (planner_address), `autostage plan --server` and\n"
          "  `autostage whatif --server` ask it. --listen defaults to\n"
          "  unix:/tmp/autostage-planner.sock (tcp:PORT listens on 127.0.0.1 only); --store keeps\n"
@@ -22,13 +23,15 @@ std::string serveUsage() {
          "  stops it after the calls in progress. A Plan or WhatIf call fails with\n"
          "  DEADLINE_EXCEEDED after --max-plan-s (default 300; the plan goes on and is stored);\n"
          "  --store-max-mib evicts the least recently used entries above N MiB (default 0: no\n"
-         "  limit).\n"
+         "  limit); --memory-mib bounds each of the decoded answers, profile keys and call files\n"
+         "  kept in memory to N MiB (default 256; 0: none kept, every stored answer read again).\n"
          "       autostage status [--server ADDR] [--json]   a running service's counters\n";
 }
 
 int runServeCommand(const std::vector<std::string>& args, std::ostream& out) {
   Arguments a(args,
-              {"listen", "store", "workers", "max-request-mib", "max-plan-s", "store-max-mib"},
+              {"listen", "store", "workers", "max-request-mib", "max-plan-s", "store-max-mib",
+               "memory-mib"},
               {"help"});
   if (a.has("help")) {
     out << serveUsage();
@@ -52,6 +55,11 @@ int runServeCommand(const std::vector<std::string>& args, std::ostream& out) {
   AUTOSTAGE_CHECK_AS(ConfigError, storeMib >= 0 && storeMib <= (int64_t{1} << 30),
                      "--store-max-mib must be >= 0 (0: no limit), got ", storeMib);
   options.storeMaxBytes = storeMib << 20;
+  // Note [Answers from memory] (service/stored_copies.h).
+  const int64_t memoryMib = a.getInt("memory-mib", options.memoryBytes >> 20);
+  AUTOSTAGE_CHECK_AS(ConfigError, memoryMib >= 0 && memoryMib <= (int64_t{1} << 30),
+                     "--memory-mib must be >= 0 (0: nothing kept in memory), got ", memoryMib);
+  options.memoryBytes = memoryMib << 20;
   // Block SIGTERM and SIGINT before any thread starts, so that only the waiting thread below
   // receives them (gRPC's threads inherit the mask).
   sigset_t stopSignals;

@@ -125,3 +125,27 @@ def test_whatif_prints_a_row_per_point(tmp_path):
     rows = [line.split(",") for line in lines[1:]]
     assert len(rows) == 4, lines
     assert [r[4] for r in rows] == ["false", "true", "false", "true"], lines
+
+
+@pytest.mark.skipif(not os.path.exists(CLI), reason="the autostage CLI missing")
+def test_memory_bound_of_the_service(tmp_path):
+    """--memory-mib bounds what the service keeps decoded in memory (Note [Answers from
+    memory]); with 0 it keeps nothing and still answers from its store. A bad value is refused
+    by name."""
+    bad = subprocess.run([CLI, "serve", "--memory-mib", "-1"], capture_output=True, text=True)
+    assert bad.returncode != 0 and "--memory-mib must be >= 0" in bad.stderr, bad.stderr
+    address = f"unix:{tmp_path}/planner.sock"
+    server = subprocess.Popen([CLI, "serve", "--listen", address, "--memory-mib", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(address, server)
+        plan = [CLI, "plan", "--synthetic", "mlp:layers=8", "--devices", "4", "--device-memory",
+                "1GiB", "--batch", "16", "--json", "--server", address]
+        first = subprocess.run(plan, capture_output=True, text=True, check=True).stdout
+        second = subprocess.run(plan, capture_output=True, text=True, check=True).stdout
+        assert '"from_store": false' in first and '"from_store": true' in second, second
+        assert first.split('"plan_key"')[1] == second.split('"plan_key"')[1]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=120)
+    assert server.returncode == 0
