@@ -185,8 +185,8 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
   // The caller's inputs may be on the CPU: the stages (and the trace) take them on theirs.
   if (!tensors.empty() && tensors[0].defined()) *callerDevice = tensors[0].device();
   tensors = movedTo(tensors, stageDevice_);
-  const bool training = module_.is_training();
-  if (!options_.tracer && training != importedTraining_ && (model_ || parked_.count(training)))
+  const bool training = isTraining();
+  if (training != importedTraining_ && (model_ || parked_.count(training)))
     switchMode(training);  // also back to a parked mode after a failed import of the other
   if (!model_) {
     importFor(tensors);
@@ -216,7 +216,7 @@ void Module::importFor(const std::vector<at::Tensor>& inputs) {
   executor_.reset();
   executors_.clear();
   auto log = core::logger("Module");
-  if (!options_.tracer) importedTraining_ = module_.is_training();
+  importedTraining_ = isTraining();
   log->info("Tracing model ...");
   std::vector<c10::IValue> examples = examplesOn(inputs, stageDevice_);
   comm::runAgreed(*backend_, "tracing and importing the model", [&] { importModel(examples); });
@@ -260,9 +260,10 @@ std::string Module::callDescription(core::PlanUsage usage) const {
 }
 
 void Module::train(bool on) {
-  AUTOSTAGE_CHECK_AS(UnsupportedError, !options_.tracer,
-                     "train()/eval() of a Module made with a tracer: such a module is "
-                     "made for one mode; keep one per mode (autostage.Module in Python does)");
+  if (options_.tracer) {  // the tracer's model is in this mode (its caller says so)
+    tracerTraining_ = on;
+    return;
+  }
   for (const torch::jit::Module& m : module_.modules()) {
     AUTOSTAGE_CHECK_AS(UnsupportedError, m.type()->hasAttribute("training"),
                        m.type()->name() ? m.type()->name()->qualifiedName() : "a submodule",

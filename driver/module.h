@@ -51,15 +51,16 @@
 // Dropout and BatchNorm compute differently in train and eval mode, and the import turns
 // `self.training` into a constant (frontend/torchscript/importer.cpp), so each mode needs its own
 // import and its own deployments. The module follows the jit::Module's mode at each call
-// (train()/eval() here or on the jit::Module itself): on the first call after a mode change it
+// (train()/eval() here or on the jit::Module itself; with a tracer, the mode its caller gives
+// train() before each call, the traced model's own): on the first call after a mode change it
 // shares the current state from the holders (shareState), parks the import and deployments of
 // the mode it leaves, and imports and plans the new mode once, or takes back its parked ones.
 // trainingExecutor_ is not per mode: the optimizer keeps the parameters of the training
 // deployment that ran last (normally train mode's; an eval forward under NoGradGuard is an
-// inference deployment and never changes it). A Module with a tracer (autostage.Module in
-// Python) is made for one mode: the Python wrapper keeps one per mode (Note [Train and eval
-// deployments] in module.py). A replan (allowReplan) drops the parked mode too: it was made for
-// the old shapes. Every rank must call in the same mode; the input agreement checks it.
+// inference deployment and never changes it). This is the one mode switch: autostage.Module in
+// Python gives its model's mode and lets this module switch (Note [Train and eval deployments]
+// in module.py). A replan (allowReplan) drops the parked mode too: it was made for the old
+// shapes. Every rank must call in the same mode; the input agreement checks it.
 //
 // Note [Bad input on one rank]
 // Every check that may fail on some ranks only (argument types, batch dims, tracing, loading a
@@ -234,11 +235,12 @@ class Module {
   double unscaleGradients(double scale);
 
   // Note [Train and eval modes]: sets the mode of the wrapped jit::Module (like
-  // torch::nn::Module::train); the next call runs the deployment of that mode. Local; every rank
-  // must make its next call in the same mode. Throws UnsupportedError with a tracer.
+  // torch::nn::Module::train), or with a tracer the mode its model is in (the tracer's caller
+  // sets it before each call); the next call runs the deployment of that mode. Local; every
+  // rank must make its next call in the same mode.
   void train(bool on = true);
   void eval() { train(false); }
-  bool isTraining() const { return module_.is_training(); }
+  bool isTraining() const { return options_.tracer ? tracerTraining_ : module_.is_training(); }
 
   bool ready() const { return executor_ != nullptr; }
   // How many deployments the module made (1 after the first call; +1 per new usage or replan).
@@ -349,6 +351,7 @@ class Module {
     std::string tracedSignature;
   };
   bool importedTraining_ = true;
+  bool tracerTraining_ = true;  // with a tracer: the mode train() was last given
   std::map<bool, ParkedImport> parked_;
   int deploymentCount_ = 0;
   double lossScale_ = 1.0;  // setLossScale

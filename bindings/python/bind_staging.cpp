@@ -152,6 +152,9 @@ void bindStaging(py::module_& m) {
           },
           py::arg("inputs"), py::arg("agreed") = false, Released())
       .def_property_readonly("ready", &Module::ready)
+      .def("train", &Module::train, py::arg("on"),
+           "Note [Train and eval modes]: the mode the traced model is in for the next call; "
+           "the module switches to that mode's deployments (local).")
       .def_property_readonly("deployment_count", &Module::deploymentCount)
       .def_property_readonly("training_selection", &Module::trainingSelection)
       .def_property_readonly("usage",

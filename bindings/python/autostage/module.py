@@ -33,15 +33,16 @@ class Module(torch.nn.Module):
 
     Note [Train and eval deployments]
     Dropout and BatchNorm trace differently in train and eval mode, so each mode gets its own
-    trace and its own deployments, made on the first call in that mode and kept: ``_impls`` maps
-    ``model.training`` to its staging module, ``_impl`` is the one that ran last. Within a mode
-    the staging module keeps one deployment per usage (forward with gradients, forward under
-    no_grad, train_step; Note [One deployment per usage] in driver/module.h). All deployments
-    feed the model's own parameter and buffer tensors, but each rank holds (and updates) only
-    those of its stage, and the plans may give a rank different stages. So on a switch the ranks
-    first share the current values from the last holders (``share_state``), and the gradients of
-    parameters outside the optimizer's selection are set to None (so gradients accumulated across
-    a switch without zero_grad() survive only where a parameter keeps its holders). The optimizer
+    trace and its own deployments, made on the first call in that mode and kept. The one
+    staging module (``_impl``) switches between them: each call gives it ``model.training``
+    (Note [Train and eval modes] in driver/module.h, the one mode switch). Within a mode it keeps
+    one deployment per usage (forward with gradients, forward under no_grad, train_step; Note
+    [One deployment per usage] in driver/module.h). All deployments feed the model's own
+    parameter and buffer tensors, but each rank holds (and updates) only those of its stage, and
+    the plans may give a rank different stages. So on a switch the ranks first share the current
+    values from the last holders (the staging module does), and this side sets the gradients of
+    parameters outside the optimizer's selection to None (so gradients accumulated across a
+    switch without zero_grad() survive only where a parameter keeps its holders). The optimizer
     follows the training deployment: when the one that ran is a training deployment other than the
     one it holds the parameters of (``training_selection``), its global state is gathered under
     the old selection and loaded under the new one. An inference deployment never changes it.
@@ -73,8 +74,8 @@ class Module(torch.nn.Module):
         self._all_params = ([list(g["params"]) for g in optimizer.param_groups]
                             if optimizer is not None else [])
         self._load_deployment = load_deployment or ""
-        self._impl = None     # the deployment that ran last (Note [Train and eval deployments])
-        self._impls = {}      # model.training -> its staging module
+        self._impl = None       # the staging module (Note [Train and eval deployments])
+        self._last_mode = None  # model.training at the last call that ran
         self._selection = None  # (staging module, training_selection) the optimizer follows
         self._selected = None   # data_ptrs of the parameters the optimizer holds
         # Note [Call signature]: per mode, the traced call's signature and output structure.
@@ -208,27 +209,27 @@ class Module(torch.nn.Module):
                 return
 
     def _run(self, method, inputs):
-        """Runs the flat tensor inputs through this mode's deployment (tracing, planning and
-        deploying it first when needed); returns the flat outputs."""
-        mode, previous = self.model.training, self._impl
-        switching = (previous is not None and previous.ready
-                     and self._impls.get(mode) is not previous)
-        if switching:
-            self._leave_mode(mode)
-        if mode not in self._impls:
+        """Runs the flat tensor inputs through the deployment of the model's mode (tracing,
+        planning and deploying it first when needed); returns the flat outputs."""
+        mode = self.model.training
+        if self._impl is None:
             # The C++ side keeps the tracer: a weak reference avoids a cycle through it. A saved
-            # deployment is for the mode of the first call.
+            # deployment is for the first deployment this module makes.
             owner = weakref.ref(self)
             # Note [Per-module plan options] (driver/plan_sources.cpp): this module's zero.
-            impl = _autostage._Module(lambda xs: owner()._trace(xs),
-                                      "" if self._impls else self._load_deployment,
-                                      {"zero": "0"} if self._zero_off else {})
+            self._impl = _autostage._Module(lambda xs: owner()._trace(xs), self._load_deployment,
+                                            {"zero": "0"} if self._zero_off else {})
+            self._load_deployment = ""
             # Note [Placing the model] (driver/model_device.h): on the stages' device before the
             # first trace; a tensor on another device is refused on every rank.
-            impl.place_tensors(list(self.model.named_parameters()) +
-                               list(self.model.named_buffers()))
-            self._impls[mode] = impl
-        self._impl = self._impls[mode]
+            self._impl.place_tensors(list(self.model.named_parameters()) +
+                                     list(self.model.named_buffers()))
+        elif self._impl.ready and self._last_mode is not None and self._last_mode != mode:
+            self._drop_stale_grads()
+        # Note [Train and eval modes] (driver/module.h): the staging module switches to this
+        # mode's import and deployments (sharing the current state first), tracing and planning
+        # them on the mode's first call.
+        self._impl.train(mode)
         self._impl.set_optimizer_state_bytes(self._optimizer_state_bytes())
         # Note [Dynamic loss scaling] (staging/loss_scaler.h): train_step's backward starts from
         # the scaler's current scale.
@@ -240,10 +241,7 @@ class Module(torch.nn.Module):
             # partitioning_dry_run_np: the plan is saved; end the process as RaNNC does (MPI is
             # finalized at interpreter exit). Catch SystemExit to carry on instead.
             raise SystemExit(0)
-        except BaseException:
-            if switching or not self._impl.ready:  # the next call starts the switch again
-                self._impl = previous
-            raise
+        self._last_mode = mode
         self._follow_training()
         return outputs
 
@@ -280,16 +278,10 @@ class Module(torch.nn.Module):
                         total += value.numel() * value.element_size()
         return total
 
-    def _leave_mode(self, mode):
-        """Note [Train and eval deployments]: hands the current parameters and buffers over from
-        the last mode's deployment. Collective."""
-        _autostage._log_info("Module", f"Switching from {_MODE_NAMES[not mode]} to "
-                             f"{_MODE_NAMES[mode]} mode: " +
-                             ("using its deployment" if mode in self._impls and
-                              self._impls[mode].ready else "tracing and planning it (once)"))
-        self._impl.share_state()
-        # Gradients live on the holders: drop the stale ones of parameters the optimizer does not
-        # hold, which a new deployment may give this rank (a zero_grad() did not reach them).
+    def _drop_stale_grads(self):
+        """Note [Train and eval deployments]: on a mode switch, gradients live on the holders:
+        drops the stale ones of parameters the optimizer does not hold, which the other mode's
+        deployment may give this rank (a zero_grad() did not reach them)."""
         if self._selected is not None:
             for p in self.model.parameters():
                 if p.data_ptr() not in self._selected:
@@ -304,7 +296,7 @@ class Module(torch.nn.Module):
             state = (self._optimizer.state_dict(from_global=True)
                      if self._optimizer is not None else None)
             self._impl.share_state()
-        self._impl, self._impls, self._selection, self._selected = None, {}, None, None
+        self._impl, self._last_mode, self._selection, self._selected = None, None, None, None
         self._traced_calls, self._output_structures = {}, {}
         self._shards, self._sharded_params = {}, []
         if self._optimizer is not None:

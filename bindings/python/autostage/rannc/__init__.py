@@ -376,7 +376,7 @@ class RaNNCModule(Module):
         self._undeploy()
 
     def _release(self):
-        self._impl, self._impls, self._selection, self._selected = None, {}, None, None
+        self._impl, self._last_mode, self._selection, self._selected = None, None, None, None
         self._released = True
 
     def __getattr__(self, attr):
