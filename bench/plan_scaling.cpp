@@ -13,16 +13,21 @@
 // bench/plan_scaling_compare builds this same source against an earlier planner and prints both
 // side by side.
 //
-// With --phases it prints, under each case, the planner's phase times (plan --json's phase_seconds).
+// With --phases it prints, under each case, the planner's phase times (plan --json's phase_seconds);
+// with --plans, the plan (Plan::toString) and its two times to the last bit, for comparing plans
+// of two builds. With --tensor-parallel every case runs twice, tensor_parallel=1 and =auto, both
+// through makeBlocking + planStages (Note [Tensor-parallel cost] in decomposer/cost_model.h:
+// such a plan has no deployment yet), the rows ending in the degrees the plan uses.
 //
 //   plan_scaling [--json] [--timeout S] [--max-nodes N] [--target-only] [--large] [--quality N]
-//                [--phases]
+//                [--phases] [--plans] [--tensor-parallel]
 
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,6 +51,9 @@ struct Case {
   int devices;
   int64_t batch;
   PlanUsage usage = PlanUsage::TrainStep;
+  // Set (--tensor-parallel): the option's value, planned by makeBlocking + planStages (a
+  // tensor-parallel plan has no deployment yet), the row's label gaining " tp=<value>".
+  std::string tensorParallel;
 };
 
 struct Outcome {
@@ -57,7 +65,41 @@ struct Outcome {
   double simulatedMs = 0;   // the pipeline simulator's iteration time of the plan
   char error[160] = "";
   char phases[4096] = "";  // with --phases: "name: seconds" per line (PlanResult's phases)
+  char plan[8192] = "";    // with --plans: the plan's text and its times to the last bit
+  char degrees[64] = "";   // the plan's tensor-parallel degrees, e.g. "tp 1,4"
 };
+
+// Plans `c` with its tensor_parallel option through makeBlocking + planStages (the planner's
+// part of planGraph without the deployment), timed the same way.
+void planTensorParallel(const Case& c, const SyntheticModel& m, const core::ClusterSpec& cluster,
+                        PlanOptions options, Outcome& o) {
+  options.tensorParallel = c.tensorParallel;
+  const std::clock_t cpuStart = std::clock();
+  const auto start = std::chrono::steady_clock::now();
+  const Blocking blocking = makeBlocking(m.graph, m.profile, cluster, c.batch, options);
+  const Plan plan = planStages(blocking.request);
+  o.planSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  o.planCpuSeconds = static_cast<double>(std::clock() - cpuStart) / CLOCKS_PER_SEC;
+  const PlanEvaluation e = evaluatePlan(blocking.request, plan);
+  o.blocks = blocking.blockCount();
+  o.stages = static_cast<int>(plan.stages.size());
+  o.microBatches = plan.microBatchCount;
+  o.virtualStages = plan.virtualStages;
+  o.iterationMs = e.iterationSeconds * 1e3;
+  o.searchMs = e.searchSeconds * 1e3;
+  o.simulatedMs = simulatePlan(blocking.request, plan).iterationSeconds * 1e3;
+  std::string degrees;
+  for (int t : {1, 2, 4, 8})
+    for (const StagePlan& s : plan.stages)
+      if (s.tensorParallel == t) {
+        degrees += (degrees.empty() ? "tp " : ",") + std::to_string(t);
+        break;
+      }
+  std::snprintf(o.degrees, sizeof o.degrees, "%s", degrees.c_str());
+  std::snprintf(o.plan, sizeof o.plan, "    %s\n    predicted %.17g search %.17g\n",
+                plan.toString().c_str(), plan.predictedSeconds, plan.searchSeconds);
+}
 
 Outcome runCase(const Case& c) {
   Outcome o;
@@ -72,6 +114,10 @@ Outcome runCase(const Case& c) {
   try {
     PlanOptions options;
     options.usage = c.usage;
+    if (!c.tensorParallel.empty()) {
+      planTensorParallel(c, m, cluster, options, o);
+      return o;
+    }
     const std::clock_t cpuStart = std::clock();
     PlanResult r = planGraph(m.graph, m.profile, cluster, c.batch, options);
     // planSeconds excludes the simulation planGraph runs after the deployment; so does this,
@@ -89,6 +135,8 @@ Outcome runCase(const Case& c) {
     for (const auto& [name, seconds] : r.plan.phaseSeconds)
       phases += "    " + std::to_string(seconds).substr(0, 8) + " s  " + name + "\n";
     std::snprintf(o.phases, sizeof o.phases, "%s", phases.c_str());
+    std::snprintf(o.plan, sizeof o.plan, "    %s\n    predicted %.17g search %.17g\n",
+                  r.plan.toString().c_str(), r.plan.predictedSeconds, r.plan.searchSeconds);
   } catch (const Error& e) {
     std::snprintf(o.error, sizeof o.error, "%s", e.what());
   }
@@ -150,19 +198,23 @@ const char* usageLabel(PlanUsage usage) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false, targetOnly = false, large = false, phases = false;
+  bool json = false, targetOnly = false, large = false, phases = false, plans = false;
+  bool tensorParallel = false;
   int timeout = 600, maxNodes = 100000, quality = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) json = true;
     else if (!std::strcmp(argv[i], "--target-only")) targetOnly = true;
     else if (!std::strcmp(argv[i], "--large")) large = true;
     else if (!std::strcmp(argv[i], "--phases")) phases = true;
+    else if (!std::strcmp(argv[i], "--plans")) plans = true;
+    else if (!std::strcmp(argv[i], "--tensor-parallel")) tensorParallel = true;
     else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--max-nodes") && i + 1 < argc) maxNodes = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quality") && i + 1 < argc) quality = std::atoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: plan_scaling [--json] [--timeout S] [--max-nodes N] "
-                           "[--target-only] [--large] [--quality N] [--phases]\n");
+                           "[--target-only] [--large] [--quality N] [--phases] [--plans] "
+                           "[--tensor-parallel]\n");
       return 2;
     }
   }
@@ -202,6 +254,17 @@ int main(int argc, char** argv) {
         if (nodes <= maxNodes) cases.push_back(bertCase(nodes, devices));
     if (large) cases.push_back(bertCase(1000000, 16384));
   }
+  if (tensorParallel) {  // each case twice, side by side: without and with t in the search
+    std::vector<Case> pairs;
+    for (const Case& c : cases)
+      for (const char* value : {"1", "auto"}) {
+        Case d = c;
+        d.tensorParallel = value;
+        d.label += std::string(" tp=") + value;
+        pairs.push_back(d);
+      }
+    cases = pairs;
+  }
   if (!json)
     std::printf("%-14s %-10s %6s %8s %6s %6s %6s %6s %11s %11s %11s %8s %10s %8s\n", "case",
                 "usage", "layers", "nodes", "devs", "batch", "blocks", "stg/v", "iter_ms",
@@ -215,18 +278,21 @@ int main(int argc, char** argv) {
                   "\"virtual_stages\": %d, \"micro_batches\": %d, "
                   "\"predicted_iteration_ms\": %.3f, \"search_objective_ms\": %.3f, "
                   "\"simulated_iteration_ms\": %.3f, \"plan_seconds\": %.3f, "
-                  "\"plan_cpu_seconds\": %.3f, \"peak_rss_mib\": %.1f, \"error\": \"%s\"}\n",
+                  "\"plan_cpu_seconds\": %.3f, \"peak_rss_mib\": %.1f, \"tensor_parallel\": "
+                  "\"%s\", \"error\": \"%s\"}\n",
                   c.label.c_str(), usageLabel(c.usage), c.shape.layers, o.nodes, c.devices,
                   static_cast<long long>(c.batch), o.blocks, o.stages, o.virtualStages,
                   o.microBatches, o.iterationMs, o.searchMs, o.simulatedMs, o.planSeconds,
-                  o.planCpuSeconds, rss, o.error);
+                  o.planCpuSeconds, rss, o.degrees, o.error);
     } else {
       const std::string shape = std::to_string(o.stages) + "/" + std::to_string(o.virtualStages);
-      std::printf("%-14s %-10s %6d %8d %6d %6lld %6d %6s %11.2f %11.2f %11.2f %8.3f %10.3f %8.1f %s\n",
+      std::printf("%-14s %-10s %6d %8d %6d %6lld %6d %6s %11.2f %11.2f %11.2f %8.3f %10.3f %8.1f %s%s%s\n",
                   c.label.c_str(), usageLabel(c.usage), c.shape.layers, o.nodes, c.devices,
                   static_cast<long long>(c.batch), o.blocks, shape.c_str(), o.iterationMs,
-                  o.searchMs, o.simulatedMs, o.planSeconds, o.planCpuSeconds, rss, o.error);
+                  o.searchMs, o.simulatedMs, o.planSeconds, o.planCpuSeconds, rss, o.degrees,
+                  o.degrees[0] && o.error[0] ? " " : "", o.error);
       if (phases) std::printf("%s", o.phases);
+      if (plans) std::printf("%s", o.plan);
     }
     std::fflush(stdout);
   }

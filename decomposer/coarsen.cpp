@@ -7,6 +7,7 @@
 #include <queue>
 
 #include "core/error.h"
+#include "decomposer/tensor_parallel_patterns.h"
 
 namespace autostage::decomposer {
 namespace {
@@ -237,7 +238,7 @@ std::vector<core::NodeId> Blocking::stageNodes(int firstBlock, int lastBlock) co
 }
 
 Blocking buildBlocking(const core::Graph& graph, const core::GraphProfile& profile, int maxBlocks,
-                       double referenceBatch) {
+                       double referenceBatch, bool tensorParallel) {
   AUTOSTAGE_CHECK_AS(PlanError, profile.nodes.size() == graph.nodeCount(), "profile has ",
                      profile.nodes.size(), " node entries but graph '", graph.name(), "' has ",
                      graph.nodeCount(), " nodes; profile the same graph (hash ", graph.hash(), ")");
@@ -246,6 +247,9 @@ Blocking buildBlocking(const core::Graph& graph, const core::GraphProfile& profi
   GroupCosts costs = groupCosts(graph, profile, b.groups);
   b.blockFirstGroup = mergeGroups(costs.costs, costs.pinned, std::max(1, maxBlocks), referenceBatch);
   fillBlocks(graph, profile, b, costs.costs);
+  // Note [Tensor-parallel patterns]: found after the blocks are made, so the blocks stay those
+  // of tensor_parallel=1 and the search space only grows.
+  if (tensorParallel) addShardableSpans(graph, profile, findShardPatterns(graph), costs.costs, b);
   return b;
 }
 

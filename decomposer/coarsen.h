@@ -47,8 +47,11 @@ struct Blocking {
 
 // Groups, costs (from `profile`, indexed by node id) and coarsens to at most `maxBlocks` blocks.
 // Throws PlanError when the profile does not match the graph.
+// With `tensorParallel` (the options allow a degree > 1), the shardable patterns (Note
+// [Tensor-parallel patterns] in tensor_parallel_patterns.h) fill request.shardable; the blocks
+// are the same either way.
 Blocking buildBlocking(const core::Graph& graph, const core::GraphProfile& profile, int maxBlocks,
-                       double referenceBatch);
+                       double referenceBatch, bool tensorParallel = false);
 
 // Bytes of one value as fixed + perSample * batch: per sample for BATCH tensors with a known
 // shape (dim 0 is the batch), fixed for scalars; the producer's profiled output bytes split over

@@ -18,6 +18,7 @@ core::LinearCost operator+(core::LinearCost a, const core::LinearCost& b) {
 core::LinearCost operator-(core::LinearCost a, const core::LinearCost& b) {
   return {a.fixed - b.fixed, a.perSample - b.perSample};
 }
+core::LinearCost operator/(core::LinearCost a, double d) { return {a.fixed / d, a.perSample / d}; }
 
 std::vector<std::vector<double>> sparseTable(const std::vector<double>& values) {
   std::vector<std::vector<double>> table{values};
@@ -32,6 +33,17 @@ std::vector<std::vector<double>> sparseTable(const std::vector<double>& values) 
 
 }  // namespace
 
+ShardableCost operator+(const ShardableCost& a, const ShardableCost& b) {
+  return {a.forwardSeconds + b.forwardSeconds,   a.backwardSeconds + b.backwardSeconds,
+          a.activationBytes + b.activationBytes, a.paramBytes + b.paramBytes,
+          a.allreducePairs + b.allreducePairs,   a.allreduceBytes + b.allreduceBytes};
+}
+ShardableCost operator-(const ShardableCost& a, const ShardableCost& b) {
+  return {a.forwardSeconds - b.forwardSeconds,   a.backwardSeconds - b.backwardSeconds,
+          a.activationBytes - b.activationBytes, a.paramBytes - b.paramBytes,
+          a.allreducePairs - b.allreducePairs,   a.allreduceBytes - b.allreduceBytes};
+}
+
 RangeIndex::RangeIndex(const PlanRequest& request)
     : blockCount_(static_cast<int>(request.blocks.size())), shared_(&request.sharedParams) {
   const int n = blockCount_;
@@ -40,6 +52,17 @@ RangeIndex::RangeIndex(const PlanRequest& request)
   activation_.assign(n + 1, {});
   ownParams_.assign(n + 1, 0);
   std::vector<double> wf(n), wp(n);
+  // Only a request allowing tensor parallelism pays for these (Note [Tensor-parallel cost]).
+  if (!request.shardable.empty() && request.options.tensorParallel != "1") {
+    shardableByLast_.assign(n + 1, {});
+    straddling_.resize(n);
+    for (const ShardableSpan& s : request.shardable) {
+      shardableByLast_[s.lastBlock + 1] = shardableByLast_[s.lastBlock + 1] + s.cost;
+      for (int b = s.firstBlock + 1; b <= s.lastBlock; ++b) straddling_[b].push_back(&s);
+    }
+    for (int i = 0; i < n; ++i)
+      shardableByLast_[i + 1] = shardableByLast_[i + 1] + shardableByLast_[i];
+  }
   for (int i = 0; i < n; ++i) {
     const BlockCost& b = request.blocks[i];
     forward_[i + 1] = forward_[i] + b.forwardSeconds;
@@ -64,6 +87,14 @@ RangeIndex::RangeIndex(const PlanRequest& request)
     }
     for (int b = a + 1; b < n; ++b) row[b] += row[b - 1];
   }
+}
+
+ShardableCost RangeIndex::shardable(int first, int last) const {
+  if (shardableByLast_.empty()) return {};
+  ShardableCost sum = shardableByLast_[last + 1] - shardableByLast_[first];
+  for (const ShardableSpan* s : straddling_[first])
+    if (s->lastBlock <= last) sum = sum - s->cost;
+  return sum;
 }
 
 double RangeIndex::rangeMax(const std::vector<std::vector<double>>& table, int first, int last) const {
@@ -127,29 +158,87 @@ StageEstimate CostModel::stage(const StageChoice& choice, int microBatches, Sche
   return stage(ranges_.range(choice.firstBlock, choice.lastBlock), choice, microBatches, schedule);
 }
 
+// Note [Tensor-parallel cost]: the sharded parts / t, the rest whole.
+RangeTotals CostModel::shardRange(const RangeTotals& range, const ShardableCost& s, int t) {
+  RangeTotals r = range;
+  r.forwardSeconds = range.forwardSeconds - s.forwardSeconds + s.forwardSeconds / t;
+  r.backwardSeconds = range.backwardSeconds - s.backwardSeconds + s.backwardSeconds / t;
+  r.activationBytes = range.activationBytes - s.activationBytes + s.activationBytes / t;
+  r.paramBytes = range.paramBytes - s.paramBytes + s.paramBytes / t;
+  return r;
+}
+
+// Ring all-reduces over the t ranks of a replica (one node when the stage is aligned to t).
+double CostModel::tensorParallelAllreduceSeconds(const ShardableCost& s,
+                                                 const StageChoice& choice, double mb) const {
+  const int t = choice.tensorParallel;
+  if (t <= 1 || s.allreducePairs == 0) return 0;
+  const core::LinkCost& link =
+      sameNode(choice.firstRank, choice.firstRank + t - 1) ? request_.comm.allreduceIntraNode
+                                                           : request_.comm.allreduceInterNode;
+  return s.allreducePairs * link.latencySeconds +
+         2.0 * (t - 1) / t * s.allreduceBytes.at(mb) / link.bytesPerSecond;
+}
+
+// Note [Pipeline cost model]; with tensorParallel > 1, Note [Tensor-parallel cost]: `range` is
+// replaced by what one rank of the group runs and holds, and the stage spans r t ranks.
 StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choice,
                                int microBatches, Schedule schedule) const {
+  if (choice.tensorParallel <= 1) return stageOf(range, nullptr, choice, microBatches, schedule);
+  const ShardableCost shardable = ranges_.shardable(choice.firstBlock, choice.lastBlock);
+  return stageOf(shardRange(range, shardable, choice.tensorParallel), &shardable, choice,
+                 microBatches, schedule);
+}
+
+// Note [Tensor-parallel stops]
+// The searches stop extending a stage to the left (a smaller first block) once its memory or its
+// compute rules out every label, as both only grow with the stage at degree 1. At degree t > 1
+// they need not: taking in the rest of a pattern shards it. A span lies within an extension
+// [f', l] (f' <= f) only if it ends in [f', l]; those ending in [f', f) lie within [f', f) and
+// shard part of what those blocks add. So charging [f, l] with every span ending in it sharded,
+// whether or not it starts in it, and no all-reduce, bounds every extension from below; the
+// searches stop on this bound and keep the labels of stage() that fit.
+StageEstimate CostModel::stageLowerBound(const RangeTotals& range, const StageChoice& choice,
+                                         int microBatches, Schedule schedule) const {
+  if (choice.tensorParallel <= 1) return stage(range, choice, microBatches, schedule);
+  ShardableCost shardable = ranges_.shardableEndingIn(choice.firstBlock, choice.lastBlock);
+  shardable.allreducePairs = 0;
+  shardable.allreduceBytes = {};
+  return stageOf(shardRange(range, shardable, choice.tensorParallel), &shardable, choice,
+                 microBatches, schedule);
+}
+
+StageEstimate CostModel::stageOf(const RangeTotals& range, const ShardableCost* shardable,
+                                 const StageChoice& choice, int microBatches,
+                                 Schedule schedule) const {
   const core::CommProfile& comm = request_.comm;
-  const int r = choice.replicaCount, first = choice.firstRank;
+  const int t = choice.tensorParallel;
+  const int r = choice.replicaCount, first = choice.firstRank, ranks = r * t;
   StageEstimate e;
   e.microBatchPerReplica = microBatchPerReplica(microBatches, r);
   const double mb = static_cast<double>(e.microBatchPerReplica);
   e.forwardSeconds = range.forwardSeconds.at(mb);
+  if (t > 1) {
+    e.tensorParallelForwardSeconds = e.tensorParallelBackwardSeconds =
+        tensorParallelAllreduceSeconds(*shardable, choice, mb);
+    e.forwardSeconds += e.tensorParallelForwardSeconds;
+  }
   e.backwardSeconds = range.backwardSeconds.at(mb) + (choice.recompute ? e.forwardSeconds : 0);
+  if (t > 1) e.backwardSeconds += e.tensorParallelBackwardSeconds;
   e.inputBytes = range.hasPrevious ? range.cutIn.at(mb) : 0;
   e.outputBytes = range.hasNext ? range.cutOut.at(mb) : 0;
   if (range.hasNext) {
-    const auto& link = sameNode(first, first + r) ? comm.p2pIntraNode : comm.p2pInterNode;
+    const auto& link = sameNode(first, first + ranks) ? comm.p2pIntraNode : comm.p2pInterNode;
     e.sendForwardSeconds = link.seconds(e.outputBytes);
   }
   if (range.hasPrevious) {
-    const auto& link = sameNode(first - 1, first + r - 1) ? comm.p2pIntraNode : comm.p2pInterNode;
+    const auto& link = sameNode(first - 1, first + ranks - 1) ? comm.p2pIntraNode : comm.p2pInterNode;
     e.sendBackwardSeconds = link.seconds(e.inputBytes);
   }
   e.stageSeconds = e.forwardSeconds + e.backwardSeconds + e.sendForwardSeconds + e.sendBackwardSeconds;
   e.paramBytes = e.gradientBytes = range.paramBytes;
   if (r > 1) {
-    const auto& link = sameNode(first, first + r - 1) ? comm.allreduceIntraNode : comm.allreduceInterNode;
+    const auto& link = sameNode(first, first + ranks - 1) ? comm.allreduceIntraNode : comm.allreduceInterNode;
     e.allreduceSeconds = link.seconds(2.0 * (r - 1) / r * range.paramBytes);
   }
   // Note [ZeRO-1 cost]

@@ -57,6 +57,39 @@
 // returns, among the plans its search completed, the one that simulates fastest (Note
 // [Finalists] in dp_stage_search.h).
 
+// Note [Tensor-parallel cost]
+// A stage of tensor-parallel degree t (StagePlan::tensorParallel, Megatron-LM style) runs each
+// replica on t ranks of one node, so it uses r t ranks for r replicas; the t ranks share a
+// replica's micro-batch (mb is unchanged). What is sharded is the request's ShardableSpans (plan.h)
+// lying wholly within the stage's blocks; everything else, a pattern the stage holds only part of
+// included, runs replicated on all t ranks. The shardable patterns, as they appear in the IR
+// (Note [Tensor-parallel patterns] in tensor_parallel_patterns.h has the exact rules):
+//   MLP: a linear layer (aten::linear, or aten::mm/matmul/addmm with a PARAM weight) whose
+//     output reaches a second linear layer through element-wise operations only (bias add,
+//     gelu/relu/silu, dropout, mul); the first is split by output columns, the second by input
+//     rows. The element-wise ops between them act on 1/t of the columns: sharded too.
+//   Attention: the Q, K and V linear layers of one input (column-parallel, split by heads), the
+//     per-head ops between them and the output projection (view/permute by heads, matmul,
+//     scale, mask, softmax, dropout, matmul), and the output projection (row-parallel).
+// Each pattern ends in one all-reduce of the row-parallel output forward (before its bias add,
+// residual add or layer norm, which stay replicated) and one of the column-parallel input's
+// gradient backward. Embedding and LM-head vocabulary splits are not costed yet: replicated.
+// Per replica, at micro-batch mb, with S the ShardableCost summed over those spans:
+//   F  = (F_all - S.fwd) + S.fwd / t + ARf     Bw = (B_all - S.bwd) + S.bwd / t + ARb
+//   ARf = ARb = S.pairs * lat + 2 (t-1)/t * S.allreduceBytes(mb) / bw   (allreduceIntraNode)
+//   params per rank P = (P_all - S.params) + S.params / t; gradients P; optimizer state
+//   opt_param_factor P (/ r under ZeRO-1); cast cache castCopyRatio P
+//   activations per micro-batch (A_all - S.act) + S.act / t; working and boundary bytes whole
+//   (every rank of the group holds the full boundary values), an upper bound.
+// The data-parallel gradient allreduce runs over the r replicas of each shard: P bytes,
+// intra-node when all r t ranks lie on one node. Recomputation reruns the forward, all-reduces
+// included. With t = 1 nothing changes: the estimate is computed by the same expressions.
+// The degrees searched are PlanOptions::tensorParallelCandidates (tensor_parallel=1, the default:
+// {1}, and then the request carries no spans and the search is the one without tensor
+// parallelism). A stage of degree t starts at a rank that is a multiple of t (dividing the
+// devices per node), so each replica's t ranks share a node (evaluatePlan refuses other
+// layouts). Interleaved plans, the baselines and the deployment stay at degree 1 for now.
+
 #include <algorithm>
 #include <cstdint>
 #include <utility>
@@ -78,6 +111,16 @@ class RangeIndex {
  public:
   explicit RangeIndex(const PlanRequest& request);
   RangeTotals range(int first, int last) const;
+  // The blocks' ShardableCost summed (Note [Tensor-parallel cost]); zero when the request
+  // allows no tensor parallelism. Kept out of RangeTotals, which the search copies often.
+  // A span counts when it lies within [first, last]: those ending in the range, less those
+  // among them that start before it.
+  ShardableCost shardable(int first, int last) const;
+  // The spans ending in [first, last], whether or not they start in it.
+  ShardableCost shardableEndingIn(int first, int last) const {
+    return shardableByLast_.empty() ? ShardableCost{}
+                                    : shardableByLast_[last + 1] - shardableByLast_[first];
+  }
   int blockCount() const { return blockCount_; }
 
  private:
@@ -88,6 +131,11 @@ class RangeIndex {
   std::vector<core::LinearCost> forward_, backward_, activation_;  // prefix sums, size n + 1
   std::vector<std::vector<double>> workingFixed_, workingPerSample_;  // sparse tables
   std::vector<core::LinearCost> cutAfter_;
+  // Prefix sums over blocks of the spans ending at each block (size n + 1, empty when the request
+  // allows no tensor parallelism), and per block the spans starting before it that end at or
+  // after it.
+  std::vector<ShardableCost> shardableByLast_;
+  std::vector<std::vector<const ShardableSpan*>> straddling_;
   std::vector<double> ownParams_;    // prefix sums of block-only parameter bytes
   std::vector<double> paramTable_;   // n x n shared-parameter bytes (empty for large n)
   const std::vector<SharedParam>* shared_ = nullptr;
@@ -100,6 +148,7 @@ struct StageChoice {
   bool recompute = false;
   int stagesAfter = 0;
   bool zero = false;  // ZeRO-1 (Note [ZeRO-1 cost]); ignored with one replica
+  int tensorParallel = 1;  // ranks per replica (Note [Tensor-parallel cost])
 };
 
 // Holds a reference to the request, which must outlive it.
@@ -120,6 +169,11 @@ class CostModel {
   StageEstimate stage(const StageChoice& choice, int microBatches, Schedule schedule) const;
   StageEstimate stage(const RangeTotals& range, const StageChoice& choice, int microBatches,
                       Schedule schedule) const;
+  // Note [Tensor-parallel stops]: no more than the compute times and the memory (less
+  // communication buffers) of stage(), for this stage and every stage extending it to the left
+  // (same last block, first block <= choice.firstBlock); stage() itself at degree 1.
+  StageEstimate stageLowerBound(const RangeTotals& range, const StageChoice& choice,
+                                int microBatches, Schedule schedule) const;
   bool sameNode(int rankA, int rankB) const {
     return rankA / request_.devicesPerNode == rankB / request_.devicesPerNode;
   }
@@ -140,6 +194,14 @@ class CostModel {
 
  private:
   double allreduceBucketBytes(const RangeTotals& range, int replicaCount) const;
+  // The range as one rank of a tensor-parallel group of t holds and runs it, all-reduces left out.
+  static RangeTotals shardRange(const RangeTotals& range, const ShardableCost& shardable, int t);
+  // One direction's tensor-parallel all-reduces per micro-batch (forward = backward).
+  double tensorParallelAllreduceSeconds(const ShardableCost& shardable, const StageChoice& choice,
+                                        double mb) const;
+  // stage() over `range` (sharded for the choice's degree) with `shardable` its sharded parts.
+  StageEstimate stageOf(const RangeTotals& range, const ShardableCost* shardable,
+                        const StageChoice& choice, int microBatches, Schedule schedule) const;
   double callerBytes() const { return callerBytes_; }
   // Turns a training estimate into the inference one (Note [Plan usage]).
   void forwardOnly(StageEstimate& e, int microBatches) const;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 namespace autostage::decomposer {
 namespace {
@@ -24,16 +25,22 @@ struct FrugalTimes {
 // when it cannot fit in memory even recomputed and holding the fewest micro-batches; sets `stop`
 // when no longer stage can fit.
 FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, int first, int last,
-                            int r, int microBatches, Schedule schedule,
+                            int r, int t, int microBatches, Schedule schedule,
                             const std::vector<bool>& recomputeCandidates, bool zero, bool* stop) {
   FrugalTimes best;
   double growing = kInf;
   for (bool recompute : recomputeCandidates) {
     // The smallest memory the options allow: ZeRO-1 when it may be chosen (`zero`).
-    StageChoice choice{first, last, r, 0, recompute, 0, zero};
+    StageChoice choice{first, last, r, 0, recompute, 0, zero, t};
     StageEstimate e = model.stage(range, choice, microBatches, schedule);
-    growing = std::min(growing, e.totalMemoryBytes - e.commBufferBytes -
-                                    (recompute ? e.heldMicroBatches * e.bytesPerHeldMicroBatch : 0));
+    // Note [Tensor-parallel stops] (cost_model.cpp): at t > 1 the stop uses a lower bound.
+    const auto growth = [&](const StageEstimate& low) {
+      return low.totalMemoryBytes - low.commBufferBytes -
+             (recompute ? low.heldMicroBatches * low.bytesPerHeldMicroBatch : 0);
+    };
+    growing = std::min(growing, t > 1 ? growth(model.stageLowerBound(range, choice, microBatches,
+                                                                     schedule))
+                                      : growth(e));
     if (e.totalMemoryBytes > model.memoryLimit()) continue;
     const core::CommProfile& comm = model.request().comm;
     const core::LinkCost link = fasterLink(comm.p2pIntraNode, comm.p2pInterNode);
@@ -54,7 +61,8 @@ FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, in
 }  // namespace
 
 PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule schedule, int unit,
-                           int units, const std::vector<int>& replicaUnits)
+                           int units, const std::vector<int>& replicaUnits,
+                           const std::vector<int>& tensorParallel)
     : units_(units) {
   const int n = model.ranges().blockCount();
   sum_.assign(static_cast<size_t>(n + 1) * (units + 1), kInf);
@@ -62,24 +70,30 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
   for (auto& part : maxPart_) part.assign(sum_.size(), kInf);
   for (int u = 0; u <= units; ++u)
     sum_[index(0, u)] = max_[index(0, u)] = maxPart_[0][index(0, u)] = maxPart_[1][index(0, u)] = 0;
-  std::vector<bool> open(replicaUnits.size());
+  // Stage shapes: (replica units, degree), spanning their product in units.
+  std::vector<std::pair<int, int>> shapes;
+  for (int r : replicaUnits)
+    for (int t : tensorParallel) shapes.emplace_back(r, t);
+  std::vector<bool> open(shapes.size());
   const std::vector<bool> recompute = model.request().options.recomputeCandidates();
   const bool zero = model.request().options.zeroCandidates().back();
   for (int a = 1; a <= n; ++a) {
     std::fill(open.begin(), open.end(), true);
     for (int first = a - 1; first >= 0; --first) {
       RangeTotals range = model.ranges().range(first, a - 1);
-      for (size_t i = 0; i < replicaUnits.size(); ++i) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
         if (!open[i]) continue;
-        const int r = replicaUnits[i];
+        const auto [r, degree] = shapes[i];
+        const int width = r * degree;
+        if (width > units) continue;
         bool stop = false;
         const FrugalTimes t =
-            frugalStageTime(model, range, first, a - 1, r * unit, microBatches, schedule,
+            frugalStageTime(model, range, first, a - 1, r * unit, degree, microBatches, schedule,
                             recompute, zero, &stop);
         if (stop) open[i] = false;
         if (t.total == kInf) continue;
-        for (int u = r; u <= units; ++u) {
-          const size_t from = index(first, u - r), to = index(a, u);
+        for (int u = width; u <= units; ++u) {
+          const size_t from = index(first, u - width), to = index(a, u);
           sum_[to] = std::min(sum_[to], sum_[from] + t.total);
           max_[to] = std::min(max_[to], std::max(max_[from], t.total));
           for (int k = 0; k < 2; ++k)

@@ -59,6 +59,7 @@ struct Label {
   int replicaUnits = 0;
   bool recompute = false;
   bool zero = false;
+  int tensorParallel = 1;  // its stage spans replicaUnits * tensorParallel units
 };
 
 // The closed-form incumbent, and every plan offered to it (Note [Finalists]).
@@ -124,8 +125,11 @@ class SuffixSearch {
                               : (schedule == Schedule::OneFOneB ? std::max(0, microBatches - 1) : 0);
     for (int r : replicaCandidates(units_))
       if (model.microBatchPerReplica(microBatches, r * unit_) > 0) replicas_.push_back(r);
+    for (int t : request_.options.tensorParallelCandidates(request_.devicesPerNode))
+      if (t <= units_) tensorParallel_.push_back(t);
     cells_.resize(static_cast<size_t>(blocks_ + 1) * (units_ + 1));
-    bounds_ = std::make_unique<PrefixBounds>(model, microBatches, schedule, unit_, units_, replicas_);
+    bounds_ = std::make_unique<PrefixBounds>(model, microBatches, schedule, unit_, units_, replicas_,
+                                             tensorParallel_);
     globalFloors_ = {bounds_->maxPart(0, blocks_, units_), bounds_->maxPart(1, blocks_, units_)};
   }
 
@@ -148,8 +152,11 @@ class SuffixSearch {
         for (int r : replicas_) {
           if (u + r > units_) break;
           const std::vector<Setting>& settings = settingsOf(r);
-          for (size_t pass = 0; pass < settings.size(); ++pass)
-            extend(ranges, source, summary, a, u, r, settings, pass);
+          for (int t : tensorParallel_) {
+            if (!fitsTensorParallel(u, r, t)) continue;
+            for (size_t pass = 0; pass < settings.size(); ++pass)
+              extend(ranges, source, summary, a, u, Shape{r, t}, settings, pass);
+          }
         }
       }
     }
@@ -158,6 +165,20 @@ class SuffixSearch {
 
  private:
   int cellIndex(int a, int u) const { return a * (units_ + 1) + u; }
+
+  // A stage's replica units and tensor-parallel degree: it spans replicas * tensorParallel units.
+  struct Shape {
+    int replicas = 1, tensorParallel = 1;
+    int width() const { return replicas * tensorParallel; }
+  };
+
+  // Whether a stage of r replica units at degree t fits after u units, each replica's t ranks on
+  // one node (Note [Tensor-parallel cost]): its first rank a multiple of t, which divides the
+  // devices per node (tensorParallelCandidates). Always true for t = 1 within the units.
+  bool fitsTensorParallel(int u, int r, int t) const {
+    if (u + r * t > units_) return false;
+    return t == 1 || (request_.devices - (u + r * t) * unit_) % t == 0;
+  }
 
   // A stage setting the search tries (its recompute and ZeRO-1 flags).
   struct Setting {
@@ -234,8 +255,11 @@ class SuffixSearch {
   // skipped (Note [Fewer label comparisons]). `zero` candidates come false first: an equal-cost
   // zero=1 label is dominated by the zero=0 one, so ZeRO-1 survives only where it is needed to
   // fit (Note [ZeRO-1 cost] in cost_model.cpp).
+  // A shape of tensor-parallel degree t > 1 is searched like another replica count: its passes
+  // are twins of one another only (Note [Tensor-parallel cost]).
   void extend(const std::vector<RangeTotals>& ranges, int source, const SourceSummary& summary,
-              int a, int u, int r, const std::vector<Setting>& settings, size_t pass) {
+              int a, int u, Shape shape, const std::vector<Setting>& settings, size_t pass) {
+    const int r = shape.replicas, t = shape.tensorParallel, width = shape.width();
     const std::vector<Label>& labels = cells_[source];
     const bool recompute = settings[pass].recompute, zero = settings[pass].zero;
     // The earlier passes whose labels are never slower than this one's: the same recompute
@@ -246,7 +270,7 @@ class SuffixSearch {
     std::vector<MemoryShape>& memory = passMemory_[pass];
     memory.resize(blocks_);
     reachedFrom_[pass] = a;  // the pass has reached no first block yet
-    const int firstRank = request_.devices - (u + r) * unit_;
+    const int firstRank = request_.devices - (u + width) * unit_;
     const double limit = model_.memoryLimit();
     const double globalMaxBound = bounds_->max(blocks_, units_);
     const int mostHeld = model_.heldMicroBatches(schedule_, microBatches_, summary.mostStages);
@@ -258,24 +282,30 @@ class SuffixSearch {
         reachedFrom_[pass] = first;
         continue;
       }
-      StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, summary.fewestStages, zero};
+      StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, summary.fewestStages, zero,
+                         t};
       StageEstimate e = model_.stage(ranges[first], choice, microBatches_, schedule_);
       // Parameters, activations and working memory only grow as the stage grows, and so does its
-      // compute time: stop when either rules out every label.
-      const double growing = e.totalMemoryBytes - e.commBufferBytes -
-                             (recompute ? e.heldMicroBatches * e.bytesPerHeldMicroBatch : 0);
-      if (growing > limit) break;
-      if (summary.smallestSum + (microBatches_ - 1) * (e.forwardSeconds + e.backwardSeconds) >=
-          best_.seconds)
+      // compute time: stop when either rules out every label. At t > 1, of their lower bound
+      // (Note [Tensor-parallel stops] in cost_model.cpp).
+      const auto stops = [&](const StageEstimate& low) {
+        const double growing = low.totalMemoryBytes - low.commBufferBytes -
+                               (recompute ? low.heldMicroBatches * low.bytesPerHeldMicroBatch : 0);
+        const double compute = low.forwardSeconds + low.backwardSeconds;
+        return growing > limit ||
+               summary.smallestSum + (microBatches_ - 1) * compute >= best_.seconds;
+      };
+      if (t > 1 ? stops(model_.stageLowerBound(ranges[first], choice, microBatches_, schedule_))
+                : stops(e))
         break;
       memory[first] = {e.baseMemoryBytes, e.bytesPerHeldMicroBatch};
       reachedFrom_[pass] = first;
-      const int target = cellIndex(first, u + r);
+      const int target = cellIndex(first, u + width);
       const std::pair<double, double> parts = CostModel::periodParts(e, schedule_);
-      const double prefixSum = bounds_->sum(first, units_ - u - r);
-      const double prefixMax = std::max(globalMaxBound, bounds_->max(first, units_ - u - r));
+      const double prefixSum = bounds_->sum(first, units_ - u - width);
+      const double prefixMax = std::max(globalMaxBound, bounds_->max(first, units_ - u - width));
       if (prefixSum == kInf) continue;
-      const PartFloors floors = floorsOf(first, u + r);
+      const PartFloors floors = floorsOf(first, u + width);
       // The bound below with the label's own maxima left out: no larger than its bound, and
       // growing with the label's sum alone, so it rules labels out before anything else is
       // looked at, and all of them when it rules out the one of the smallest sum.
@@ -294,7 +324,8 @@ class SuffixSearch {
         if (coveredByTwin(first, held, limit)) continue;
         Label next{from.sum + e.stageSeconds, std::max(from.maxFirst, parts.first),
                    std::max(from.maxSecond, parts.second), std::max(from.maxAllreduce, e.allreduceSeconds),
-                   std::min(from.stages + 1, kCap_), source, static_cast<int>(i), r, recompute, zero};
+                   std::min(from.stages + 1, kCap_), source, static_cast<int>(i), r, recompute, zero,
+                   t};
         if (forcedStages_ > 0 && from.stages + 1 > forcedStages_) continue;
         const double period = std::max(std::max(next.maxFirst, floors.first) +
                                            std::max(next.maxSecond, floors.second),
@@ -341,14 +372,15 @@ class SuffixSearch {
     while (cells_[cell][label].previousCell >= 0) {
       const Label& l = cells_[cell][label];
       const int sourceBlock = l.previousCell / (units_ + 1);
-      plan.stages.push_back({block, sourceBlock - 1, l.replicaUnits * unit_, 0, l.recompute, l.zero});
+      plan.stages.push_back({block, sourceBlock - 1, l.replicaUnits * unit_, 0, l.recompute, l.zero,
+                             l.tensorParallel});
       block = sourceBlock;
       cell = l.previousCell;
       label = l.previousLabel;
     }
     int rank = request_.devices;
-    for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
-    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
+    for (const StagePlan& s : plan.stages) rank -= s.rankCount();
+    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.rankCount();
     return plan;
   }
 
@@ -359,6 +391,7 @@ class SuffixSearch {
   Best& best_;
   int blocks_ = 0, unit_ = 1, units_ = 1, forcedStages_ = 0, kCap_ = 0;
   std::vector<int> replicas_;
+  std::vector<int> tensorParallel_;  // degrees searched, ascending (Note [Tensor-parallel cost])
   const std::vector<bool> recomputeCandidates_ = request_.options.recomputeCandidates();
   const std::vector<bool> zeroCandidates_ = request_.options.zeroCandidates();
   std::vector<std::vector<Label>> cells_;
@@ -377,8 +410,10 @@ class SuffixSearch {
 
 // The best baseline plan, moved onto the DP's rank layout (ending at the last rank), as the first
 // incumbent: the search then only keeps partial plans that can beat it.
+// The baselines run every stage at tensor-parallel degree 1, so a forced degree > 1 has no seeds.
 Best seedFromBaselines(const PlanRequest& request, const CostModel& model) {
   Best best;
+  if (request.options.tensorParallelCandidates(request.devicesPerNode).front() != 1) return best;
   for (Plan& plan : seedBaselines(request)) {
     int rank = request.devices;
     for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
@@ -546,8 +581,11 @@ Plan planDynamicProgramming(const PlanRequest& request) {
     }
   }
   auto log = core::logger("DPStaging");
+  // Interleaved plans run at tensor-parallel degree 1 (Note [Tensor-parallel cost]).
+  const bool plainDegree =
+      request.options.tensorParallelCandidates(request.devicesPerNode).front() == 1;
   for (int v : virtualStages) {
-    if (v == 1) continue;
+    if (v == 1 || !plainDegree) continue;
     PhaseClock clock(phases);
     Refinement refined;
     std::optional<Plan> interleaved = searchInterleaved(model, v, &refined);

@@ -2,8 +2,10 @@
 // Exact dynamic-programming stage search over the block sequence (decomposer = dp).
 //
 // Search space (Note [DP search space]): every split of the blocks into contiguous stages; per
-// stage a replica count from replicaCandidates() (in device units, see deviceUnit()) and a
-// recompute flag; micro-batch counts from PlanOptions::microBatchCandidates(); schedules from
+// stage a replica count from replicaCandidates() (in device units, see deviceUnit()), a
+// tensor-parallel degree from PlanOptions::tensorParallelCandidates() (the stage then spans
+// replicas x degree ranks, its first rank a multiple of the degree: Note [Tensor-parallel cost]
+// in cost_model.h) and a recompute flag; micro-batch counts from PlanOptions::microBatchCandidates(); schedules from
 // PlanOptions::scheduleCandidates(); stages laid out on ascending contiguous rank ranges ending at
 // the last rank. The objective is the closed form of Note [Pipeline cost model] (cost_model.h;
 // PlanEvaluation::searchSeconds), under the memory limit. The search is exact over this space: it

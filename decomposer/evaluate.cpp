@@ -26,6 +26,25 @@ class LazyMessage {
   std::optional<std::ostringstream> stream_;
 };
 
+// Note [Tensor-parallel cost] (cost_model.h): a replica's t ranks on one node, which the
+// stage's first rank being a multiple of t (dividing the devices per node) ensures. Empty when
+// the stage's degree is one the cost model prices.
+std::string tensorParallelProblem(const PlanRequest& request, const Plan& plan, const StagePlan& st) {
+  const int t = st.tensorParallel;
+  if (t == 1) return "";
+  const std::vector<int> allowed = request.options.tensorParallelCandidates(request.devicesPerNode);
+  if (std::find(allowed.begin(), allowed.end(), t) == allowed.end())
+    return "tensor_parallel=" + std::to_string(t) + " is not allowed by option tensor_parallel=" +
+           request.options.tensorParallel + " with " + std::to_string(request.devicesPerNode) +
+           " devices per node";
+  if (request.devicesPerNode % t != 0 || st.firstRank % t != 0)
+    return "tensor_parallel=" + std::to_string(t) + " needs each replica's " + std::to_string(t) +
+           " ranks on one node (first rank " + std::to_string(st.firstRank) + ", " +
+           std::to_string(request.devicesPerNode) + " devices per node)";
+  if (plan.virtualStages > 1) return "tensor_parallel > 1 with virtual stages is not costed yet";
+  return "";
+}
+
 // Empty when the plan is well formed for the request; otherwise what is wrong.
 std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
   LazyMessage out;
@@ -54,7 +73,8 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
     nextBlock = st.lastBlock + 1;
     if (s >= positions) {  // a later virtual stage: on its position's ranks
       const StagePlan& home = plan.stages[s % positions];
-      if (st.firstRank != home.firstRank || st.replicaCount != home.replicaCount) {
+      if (st.firstRank != home.firstRank || st.replicaCount != home.replicaCount ||
+          st.tensorParallel != home.tensorParallel) {
         out() << "stage " << s << " must run on the ranks of stage " << s % positions
             << " (virtual stage " << s / positions << " of that position)";
         return out().str();
@@ -65,12 +85,14 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
       out() << "stage " << s << " must have >= 1 replica starting at rank " << nextRank;
       return out().str();
     }
+    std::string tensorParallel = tensorParallelProblem(request, plan, st);
+    if (!tensorParallel.empty()) return "stage " + std::to_string(s) + ": " + tensorParallel;
     if (static_cast<int64_t>(plan.microBatchCount) * st.replicaCount > request.batchSize) {
       out() << "stage " << s << ": " << plan.microBatchCount << " micro-batches x "
           << st.replicaCount << " replicas exceed the batch " << request.batchSize;
       return out().str();
     }
-    nextRank = st.firstRank + st.replicaCount;
+    nextRank = st.firstRank + st.rankCount();
   }
   if (nextBlock != n) return "stages cover " + std::to_string(nextBlock) + " of " + std::to_string(n) + " blocks";
   if (plan.stages.front().firstRank < 0 || nextRank > request.devices)
@@ -172,7 +194,7 @@ PlanEvaluation evaluatePlanWith(const CostModel& model, const Plan& plan, bool s
   for (int s = 0; s < stageCount; ++s) {
     const StagePlan& st = plan.stages[s];
     StageChoice choice{st.firstBlock, st.lastBlock, st.replicaCount, st.firstRank, st.recompute,
-                       stageCount - 1 - s, st.zero};
+                       stageCount - 1 - s, st.zero, st.tensorParallel};
     StageEstimate e = model.stage(choice, plan.microBatchCount, plan.schedule);
     sum += e.stageSeconds;
     auto [first, second] = CostModel::periodParts(e, plan.schedule);

@@ -16,14 +16,41 @@ double smallestBlockMemory(const CostModel& model, int b) {
   for (int microBatches : request.options.microBatchCandidates()) {
     for (int r = 1; r <= request.devices; ++r) {
       if (model.microBatchPerReplica(microBatches, r) == 0) break;
-      for (bool recompute : request.options.recomputeCandidates()) {
-        StageChoice choice{b, b, r, 0, recompute, 0, request.options.zeroCandidates().back()};
-        double m = model.stage(choice, microBatches, Schedule::OneFOneB).totalMemoryBytes;
-        if (best < 0 || m < best) best = m;
+      for (int t : request.options.tensorParallelCandidates(request.devicesPerNode)) {
+        if (r * t > request.devices) continue;
+        for (bool recompute : request.options.recomputeCandidates()) {
+          StageChoice choice{b,         b, r, 0, recompute, 0, request.options.zeroCandidates().back(),
+                             t};
+          double m = model.stage(choice, microBatches, Schedule::OneFOneB).totalMemoryBytes;
+          if (best < 0 || m < best) best = m;
+        }
       }
     }
   }
   return best;
+}
+
+// Note [Tensor-parallel cost] (cost_model.h): what tensor parallelism could do for the neediest
+// block, `shardable` of whose parameter bytes a tensor-parallel group splits.
+std::string tensorParallelAdvice(const PlanRequest& request, double shardable) {
+  const std::string& option = request.options.tensorParallel;
+  std::ostringstream out;
+  if (shardable <= 0) {
+    if (option != "1")
+      out << "(tensor_parallel=" << option << " cannot help: that block has nothing shardable), ";
+    else if (request.devicesPerNode > 1)  // not searched, so not known: the patterns say
+      out << "allow tensor parallelism (tensor_parallel=auto: linear and attention layers split "
+          << "over up to " << std::min(8, request.devicesPerNode) << " ranks of a node), ";
+    return out.str();
+  }
+  if (option == "1" && request.devicesPerNode > 1)
+    out << "allow tensor parallelism (tensor_parallel=auto, or 2/4/8 dividing the "
+        << request.devicesPerNode << " devices per node; that block shards " << shardable
+        << " parameter bytes), ";
+  else if (option == "1")
+    out << "use nodes of several devices with tensor_parallel=auto (that block shards "
+        << shardable << " parameter bytes; tensor_parallel needs its ranks on one node), ";
+  return out.str();
 }
 
 }  // namespace
@@ -52,6 +79,9 @@ std::string infeasibleMessage(const PlanRequest& request) {
     if (params > largestParams) largestParams = params, largest = b;
   }
   const double margin = 1.0 - request.options.memMargin;
+  double shardable = 0;  // of patterns within the neediest block
+  for (const ShardableSpan& s : request.shardable)
+    if (s.firstBlock == neediest && s.lastBlock == neediest) shardable += s.cost.paramBytes;
   std::ostringstream out;
   out << "no plan fits in " << model.memoryLimit() << " bytes per device (device memory "
       << request.deviceMemoryBytes()
@@ -67,6 +97,7 @@ std::string infeasibleMessage(const PlanRequest& request) {
       << "--device-memory), lower mem_margin or opt_param_factor, raise max_pipeline, use more "
       << "devices, a smaller batch, "
       << (request.options.recompute == "never" ? "allow recomputation (recompute=auto), " : "")
+      << tensorParallelAdvice(request, shardable)
       << "or raise max_blocks so large blocks can be split.";
   return out.str();
 }

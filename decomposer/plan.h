@@ -45,6 +45,10 @@ struct PlanOptions {
   double optParamFactor = 2;
   double gradientBucketBytes = 25 << 20;  // gradient_bucket_bytes (Note [Pipeline cost model])
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (Note [Pipeline cost model]: cast cache)
+  // auto | 1 | 2 | 4 | 8: tensor-parallel degree per stage (Note [Tensor-parallel cost] in
+  // cost_model.h). "1", the default, plans exactly as without tensor parallelism.
+  // Not yet a config key nor a row of the option table (plan_option_fields.h): set it in code.
+  std::string tensorParallel = "1";
   // Note [Plan usage]: set by the caller (the API the plan is for), not by a config key.
   PlanUsage usage = PlanUsage::TrainStep;
 
@@ -67,6 +71,33 @@ struct PlanOptions {
   // Virtual stage counts the planner tries: {1, 2, 4} for auto when the plan is for train_step
   // and may run 1f1b, else {1}; the forced one otherwise (Note [Interleaved search]).
   std::vector<int> virtualStageCandidates() const;
+  // Tensor-parallel degrees a stage may use on nodes of `devicesPerNode` devices: the forced one,
+  // or for auto those of {1, 2, 4, 8} dividing devicesPerNode. Throws ConfigError when a forced
+  // degree does not divide devicesPerNode (a group of t ranks must sit on one node).
+  std::vector<int> tensorParallelCandidates(int devicesPerNode) const;
+};
+
+// What Megatron-style tensor parallelism of degree t splits t ways in a pattern (Note
+// [Tensor-parallel cost] in cost_model.h), or summed over the patterns of a block range.
+struct ShardableCost {
+  core::LinearCost forwardSeconds;   // of the blocks' forwardSeconds: the sharded operations
+  core::LinearCost backwardSeconds;  // of the blocks' backwardSeconds
+  core::LinearCost activationBytes;  // of the blocks' activationBytes
+  double paramBytes = 0;             // of the blocks' own paramBytes (never a SharedParam)
+  // Column-then-row pairs (an MLP, an attention block) in the block: one all-reduce of the row
+  // part's output forward and one of its gradient backward each.
+  int allreducePairs = 0;
+  core::LinearCost allreduceBytes;  // the pairs' row-parallel output bytes, summed
+};
+ShardableCost operator+(const ShardableCost& a, const ShardableCost& b);  // field by field
+ShardableCost operator-(const ShardableCost& a, const ShardableCost& b);
+
+// One shardable pattern over blocks [firstBlock, lastBlock] (Note [Tensor-parallel patterns] in
+// tensor_parallel_patterns.h). A stage shards it only when it holds all of those blocks; a stage
+// holding part of it runs that part replicated.
+struct ShardableSpan {
+  int firstBlock = 0, lastBlock = 0;
+  ShardableCost cost;
 };
 
 // Costs of one block of the linear block sequence. Times and bytes grow with the per-replica
@@ -92,6 +123,9 @@ struct SharedParam {
 struct PlanRequest {
   std::vector<BlockCost> blocks;
   std::vector<SharedParam> sharedParams;
+  // Note [Tensor-parallel cost]: the patterns tensor parallelism shards, ascending by lastBlock
+  // (empty: nothing shardable, or tensor_parallel=1). Not yet part of the request's text form.
+  std::vector<ShardableSpan> shardable;
   core::CommProfile comm;
   int devices = 1;
   int devicesPerNode = 1;
@@ -112,7 +146,9 @@ struct PlanRequest {
   static PlanRequest parse(const std::string& text);  // throws FormatError with the line
 };
 
-// One stage: a contiguous block range, replicated on ranks [firstRank, firstRank+replicaCount).
+// One stage: a contiguous block range, replicated on ranks
+// [firstRank, firstRank + replicaCount * tensorParallel): replica i on the tensorParallel ranks
+// from firstRank + i * tensorParallel, which lie on one node.
 struct StagePlan {
   int firstBlock = 0;
   int lastBlock = 0;  // inclusive
@@ -120,10 +156,12 @@ struct StagePlan {
   int firstRank = 0;
   bool recompute = false;
   bool zero = false;  // ZeRO-1: optimizer state split over the replicas (replicaCount > 1)
+  int tensorParallel = 1;  // ranks per replica (Note [Tensor-parallel cost] in cost_model.h)
+  int rankCount() const { return replicaCount * tensorParallel; }
   bool operator==(const StagePlan& o) const {
     return firstBlock == o.firstBlock && lastBlock == o.lastBlock &&
            replicaCount == o.replicaCount && firstRank == o.firstRank &&
-           recompute == o.recompute && zero == o.zero;
+           recompute == o.recompute && zero == o.zero && tensorParallel == o.tensorParallel;
   }
 };
 
@@ -172,6 +210,9 @@ struct StageEstimate {
   double sendBackwardSeconds = 0;  // gradients to the previous stage, per micro-batch
   double stageSeconds = 0;         // all four above: one micro-batch's occupation of the stage
   double allreduceSeconds = 0;
+  // Tensor-parallel all-reduces per micro-batch, included in forwardSeconds / backwardSeconds
+  // (0 with tensorParallel 1; Note [Tensor-parallel cost]).
+  double tensorParallelForwardSeconds = 0, tensorParallelBackwardSeconds = 0;
   double inputBytes = 0, outputBytes = 0;  // at the per-replica micro-batch
   double paramBytes = 0, gradientBytes = 0, optimizerBytes = 0;
   double castCacheBytes = 0;  // autocast's low-precision weight copies (0 for fp32)

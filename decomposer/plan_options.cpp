@@ -60,6 +60,11 @@ void PlanOptions::validate() const {
                      "schedule, which only train_step(...) runs and not with schedule=gpipe; call "
                      "model.train_step(...) with a model that returns its loss and schedule=auto or "
                      "1f1b, or set virtual_stages=1 (or auto)");
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     tensorParallel == "auto" || tensorParallel == "1" || tensorParallel == "2" ||
+                         tensorParallel == "4" || tensorParallel == "8",
+                     "option tensor_parallel='", tensorParallel, "' is unknown; use auto (planner "
+                     "chooses per stage), 1 (no tensor parallelism), 2, 4 or 8");
   AUTOSTAGE_CHECK_AS(ConfigError, memLimitGb >= 0, "option mem_limit_gb=", memLimitGb,
                      " must be >= 0 (0: use the device's memory)");
   AUTOSTAGE_CHECK_AS(ConfigError, memMargin >= 0 && memMargin < 1, "option mem_margin=", memMargin,
@@ -214,6 +219,21 @@ std::vector<int> PlanOptions::virtualStageCandidates() const {
   return {std::stoi(virtualStages)};
 }
 
+std::vector<int> PlanOptions::tensorParallelCandidates(int devicesPerNode) const {
+  if (tensorParallel == "auto") {
+    std::vector<int> result;
+    for (int t : {1, 2, 4, 8})
+      if (devicesPerNode % t == 0) result.push_back(t);
+    return result;
+  }
+  const int t = std::stoi(tensorParallel);
+  AUTOSTAGE_CHECK_AS(ConfigError, t >= 1 && devicesPerNode % t == 0, "option tensor_parallel=",
+                     tensorParallel, " needs ", t, " ranks of one node per stage replica, but a "
+                     "node has ", devicesPerNode, " devices; use a degree dividing ",
+                     devicesPerNode, ", auto or 1");
+  return {t};
+}
+
 std::vector<Schedule> PlanOptions::scheduleCandidates() const {
   if (usage != PlanUsage::TrainStep) return {Schedule::GPipe};
   if (schedule == "auto") return {Schedule::GPipe, Schedule::OneFOneB};
@@ -228,7 +248,8 @@ std::string Plan::toString() const {
       << "s stages:";
   for (const StagePlan& s : stages)
     out << " [" << s.firstBlock << ".." << s.lastBlock << " x" << s.replicaCount << " @"
-        << s.firstRank << (s.recompute ? " rc" : "") << (s.zero ? " zero" : "") << "]";
+        << s.firstRank << (s.recompute ? " rc" : "") << (s.zero ? " zero" : "")
+        << (s.tensorParallel > 1 ? " tp=" + std::to_string(s.tensorParallel) : "") << "]";
   return out.str();
 }
 

@@ -34,6 +34,20 @@ void PlanRequest::validate() const {
       AUTOSTAGE_CHECK_AS(PlanError, b >= 0 && b < static_cast<int>(blocks.size()),
                          "plan request: shared parameter refers to block ", b, " of ",
                          blocks.size());
+  options.tensorParallelCandidates(devicesPerNode);  // a forced degree must divide a node
+  int previousLast = 0;
+  for (const ShardableSpan& s : shardable) {
+    AUTOSTAGE_CHECK_AS(PlanError,
+                       0 <= s.firstBlock && s.firstBlock <= s.lastBlock &&
+                           s.lastBlock < static_cast<int>(blocks.size()) &&
+                           s.lastBlock >= previousLast && s.cost.paramBytes >= 0 &&
+                           s.cost.allreducePairs >= 0,
+                       "plan request: shardable span over blocks ", s.firstBlock, "..", s.lastBlock,
+                       " (", s.cost.paramBytes, " parameter bytes, ", s.cost.allreducePairs,
+                       " pairs) must lie within the ", blocks.size(), " blocks, ascending by its "
+                       "last block, with bytes and pairs >= 0");
+    previousLast = s.lastBlock;
+  }
 }
 
 namespace {

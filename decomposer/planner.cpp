@@ -16,7 +16,8 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
                      "cluster devices=", cluster.devices, " devices_per_node=", cluster.devicesPerNode,
                      "; both must be >= 1");
   AUTOSTAGE_CHECK_AS(ConfigError, batchSize >= 1, "batch size ", batchSize, " must be >= 1");
-  Blocking blocking = buildBlocking(graph, profile, options.maxBlocks, static_cast<double>(batchSize));
+  Blocking blocking = buildBlocking(graph, profile, options.maxBlocks, static_cast<double>(batchSize),
+                                    options.tensorParallel != "1");
   PlanRequest& r = blocking.request;
   r.comm = profile.comm;
   r.devices = cluster.devices;

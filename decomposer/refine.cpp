@@ -112,8 +112,8 @@ class Climb {
     }
     if (plan.virtualStages > 1) return;  // positions keep their ranks
     int rank = devices_;
-    for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
-    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
+    for (const StagePlan& s : plan.stages) rank -= s.rankCount();
+    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.rankCount();
   }
 
   // Per stage, the recompute and ZeRO-1 setting the options allow that fits in memory and runs
@@ -129,7 +129,7 @@ class Climb {
           const bool zero = asked && st.replicaCount > 1;  // one replica has nothing to shard
           if (zero != asked && zero_.size() > 1) continue;  // the same as zero=0, tried
           const StageChoice c{st.firstBlock, st.lastBlock, st.replicaCount, st.firstRank,
-                              recompute, count - 1 - s, zero};
+                              recompute, count - 1 - s, zero, st.tensorParallel};
           const StageEstimate e = model_.stage(c, plan.microBatchCount, plan.schedule);
           const double seconds = e.stageSeconds + e.allreduceSeconds;
           if (e.totalMemoryBytes > model_.memoryLimit() || seconds >= fastest) continue;
@@ -174,7 +174,9 @@ class Climb {
   void plainNeighbours(const Plan& p) {
     const int count = static_cast<int>(p.stages.size());
     int used = 0;
-    for (const StagePlan& s : p.stages) used += s.replicaCount;
+    // Moves count replicas; a stage of tensor-parallel degree t > 1 uses t ranks for each, and a
+    // move that then overruns the devices or a node is refused by the evaluation (shapeProblem).
+    for (const StagePlan& s : p.stages) used += s.rankCount();
     const int free = devices_ - used;
     boundaryNeighbours(p);
     // Replicas: from or to the free devices, or from one stage to another.

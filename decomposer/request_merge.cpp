@@ -56,6 +56,8 @@ MergedRequest mergeRequestBlocks(const PlanRequest& request, int blocks) {
     if (q.blocks.size() == 1) m.request.blocks[q.blocks[0]].paramBytes += q.bytes;
     else m.request.sharedParams.push_back(q);
   }
+  for (ShardableSpan& s : m.request.shardable)  // blocks map monotonically: order kept
+    s.firstBlock = mergedOf[s.firstBlock], s.lastBlock = mergedOf[s.lastBlock];
   return m;
 }
 

@@ -20,9 +20,11 @@ namespace autostage::decomposer::testing {
 
 constexpr double kNoPlan = std::numeric_limits<double>::infinity();
 
-// Brute force: every cut set x replica vector (sum <= devices) x recompute vector x ZeRO-1 vector
+// Brute force: every cut set x replica vector x tensor-parallel degree vector (from the options'
+// candidates; ranks replicas x degree, summing to <= devices) x recompute vector x ZeRO-1 vector
 // (replicated stages only) x micro-batch count x schedule, stages laid out on consecutive ranks
-// ending at the last rank (the DP's layout).
+// ending at the last rank (the DP's layout), a stage of degree t > 1 starting at a multiple of t
+// (Note [Tensor-parallel cost]).
 // The objective is composed here from CostModel::stage, independently of the DP and evaluator.
 // With `simulate`, it also keeps the smallest simulated iteration time over the same plans.
 class Exhaustive {
@@ -48,6 +50,7 @@ class Exhaustive {
     int first, last, replicas;
     bool recompute;
     bool zero;
+    int tensorParallel;
   };
 
   void chooseStage(int firstBlock, int devicesUsed) {
@@ -55,13 +58,16 @@ class Exhaustive {
     if (firstBlock == n) return score(devicesUsed);
     for (int last = firstBlock; last < n; ++last)
       for (int r = 1; devicesUsed + r <= request_.devices; ++r)
-        for (bool recompute : {false, true})
-          for (bool zero : {false, true}) {
-            if (zero && r == 1) continue;  // one replica has nothing to shard
-            stages_.push_back({firstBlock, last, r, recompute, zero});
-            chooseStage(last + 1, devicesUsed + r);
-            stages_.pop_back();
-          }
+        for (int t : tensorParallel_) {
+          if (devicesUsed + r * t > request_.devices) continue;
+          for (bool recompute : {false, true})
+            for (bool zero : {false, true}) {
+              if (zero && r == 1) continue;  // one replica has nothing to shard
+              stages_.push_back({firstBlock, last, r, recompute, zero, t});
+              chooseStage(last + 1, devicesUsed + r * t);
+              stages_.pop_back();
+            }
+        }
   }
 
   void score(int devicesUsed) {
@@ -77,7 +83,9 @@ class Exhaustive {
       const std::string& zero = request_.options.zero;
       if ((zero == "1" && st.replicas > 1 && !st.zero) || (zero == "0" && st.zero)) return;
       if (model_.microBatchPerReplica(microBatches_, st.replicas) == 0) return;
-      StageChoice c{st.first, st.last, st.replicas, rank, st.recompute, count - 1 - s, st.zero};
+      if (rank % st.tensorParallel != 0) return;  // a replica's ranks on one node
+      StageChoice c{st.first, st.last,       st.replicas, rank, st.recompute, count - 1 - s,
+                    st.zero,  st.tensorParallel};
       StageEstimate e = model_.stage(c, microBatches_, schedule_);
       if (e.totalMemoryBytes > model_.memoryLimit()) return;
       sum += e.stageSeconds;
@@ -87,7 +95,7 @@ class Exhaustive {
       maxAllreduce = std::max(maxAllreduce, e.allreduceSeconds);
       timings_.push_back({e.forwardSeconds, e.sendForwardSeconds, e.backwardSeconds, e.sendBackwardSeconds,
                           e.allreduceSeconds});
-      rank += st.replicas;
+      rank += st.replicas * st.tensorParallel;
     }
     // Steady state: 1f1b alternates, so the slowest stage sets the pace; gpipe runs all forwards
     // and then all backwards, each paced by its own slowest stage.
@@ -101,7 +109,8 @@ class Exhaustive {
         text << "M=" << microBatches_ << " " << scheduleName(schedule_) << ":";
         for (const Stage& st : stages_)
           text << " [" << st.first << ".." << st.last << " r=" << st.replicas
-               << (st.recompute ? " rc" : "") << (st.zero ? " z" : "") << "]";
+               << (st.recompute ? " rc" : "") << (st.zero ? " z" : "")
+               << (st.tensorParallel > 1 ? " tp=" + std::to_string(st.tensorParallel) : "") << "]";
         bestSimulatedPlan_ = text.str();
       }
     }
@@ -109,6 +118,8 @@ class Exhaustive {
 
   const PlanRequest& request_;
   CostModel model_;
+  const std::vector<int> tensorParallel_ =
+      request_.options.tensorParallelCandidates(request_.devicesPerNode);
   int microBatches_ = 1;
   Schedule schedule_ = Schedule::GPipe;
   std::vector<Stage> stages_;

@@ -1,0 +1,213 @@
+// Finding the shardable patterns in the IR; see Note [Tensor-parallel patterns] in the header.
+#include "decomposer/tensor_parallel_patterns.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+
+#include "decomposer/coarsen.h"
+
+namespace autostage::decomposer {
+namespace {
+
+using core::Graph;
+using core::NodeId;
+using core::ValueId;
+
+bool oneOf(const std::string& kind, std::initializer_list<const char*> kinds) {
+  for (const char* k : kinds)
+    if (kind == k) return true;
+  return false;
+}
+
+bool producesTensor(const Graph& g, NodeId n) {
+  for (ValueId v : g.node(n).outputs)
+    if (g.value(v).type.isTensor()) return true;
+  return false;
+}
+
+bool isBatch(const Graph& g, ValueId v) {
+  const core::ValueClass cls = g.value(v).cls;
+  return cls == core::ValueClass::Batch || cls == core::ValueClass::Loss;
+}
+
+bool isLinear(const Graph& g, NodeId n) {
+  const core::Node& node = g.node(n);
+  if (!oneOf(node.kind, {"aten::linear", "aten::matmul", "aten::mm", "aten::addmm"})) return false;
+  return std::any_of(node.inputs.begin(), node.inputs.end(),
+                     [&](ValueId v) { return g.value(v).cls == core::ValueClass::Param; });
+}
+
+// The linear node's activation: its first BATCH input (kNoValue-like -1 when none).
+ValueId activationOf(const Graph& g, NodeId n) {
+  for (ValueId v : g.node(n).inputs)
+    if (isBatch(g, v)) return v;
+  return -1;
+}
+
+std::vector<NodeId> tensorConsumers(const Graph& g, ValueId v) {
+  std::vector<NodeId> result;
+  for (NodeId c : g.consumers(v))
+    if (producesTensor(g, c) && std::find(result.begin(), result.end(), c) == result.end())
+      result.push_back(c);
+  return result;
+}
+
+bool isPerHead(const std::string& kind) {
+  return oneOf(kind, {"aten::view", "aten::reshape", "aten::permute", "aten::transpose",
+                      "aten::contiguous", "aten::matmul", "aten::bmm", "aten::softmax",
+                      "aten::dropout", "aten::div", "aten::mul", "aten::add", "aten::masked_fill",
+                      "aten::where", "aten::scaled_dot_product_attention"});
+}
+
+bool isMask(const std::string& kind) {
+  return oneOf(kind, {"aten::add", "aten::masked_fill", "aten::where"});
+}
+
+bool isElementwise(const std::string& kind) {
+  return oneOf(kind, {"aten::add", "aten::mul", "aten::div", "aten::gelu", "aten::relu",
+                      "aten::silu", "aten::tanh", "aten::sigmoid", "aten::dropout"});
+}
+
+// Attention from the linear nodes `qkv` reading one value; empty nodes when it does not match.
+ShardPattern matchAttention(const Graph& g, const std::vector<NodeId>& qkv,
+                            const std::vector<char>& used) {
+  std::set<NodeId> region(qkv.begin(), qkv.end());
+  std::vector<NodeId> queue(qkv.begin(), qkv.end());
+  NodeId end = core::kNoNode;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    for (ValueId v : g.node(queue[i]).outputs)
+      for (NodeId c : tensorConsumers(g, v)) {
+        if (region.count(c)) continue;
+        if (isLinear(g, c) && !used[c] && activationOf(g, c) == v) {
+          if (end != core::kNoNode && end != c) return {};
+          end = c;
+          continue;
+        }
+        if (!isPerHead(g.node(c).kind)) return {};
+        region.insert(c);
+        queue.push_back(c);
+      }
+  }
+  if (end == core::kNoNode) return {};
+  for (NodeId n : region) {
+    if (std::find(qkv.begin(), qkv.end(), n) != qkv.end()) continue;
+    for (ValueId in : g.node(n).inputs) {
+      if (!isBatch(g, in) || !g.value(in).type.isTensor()) continue;
+      const NodeId p = g.producer(in);
+      if (p == core::kNoNode || !region.count(p))
+        if (!isMask(g.node(n).kind)) return {};
+    }
+  }
+  ShardPattern pattern{true, {region.begin(), region.end()}, end};
+  pattern.nodes.push_back(end);
+  std::sort(pattern.nodes.begin(), pattern.nodes.end());
+  return pattern;
+}
+
+// MLP from the column-parallel linear node `first`; empty nodes when it does not match.
+ShardPattern matchMlp(const Graph& g, NodeId first, const std::vector<char>& used) {
+  ShardPattern pattern{false, {first}, core::kNoNode};
+  ValueId v = g.node(first).outputs.at(0);
+  while (true) {
+    const std::vector<NodeId> consumers = tensorConsumers(g, v);
+    if (consumers.size() != 1) return {};
+    const NodeId c = consumers[0];
+    if (isLinear(g, c) && !used[c] && activationOf(g, c) == v) {
+      pattern.nodes.push_back(c);
+      pattern.rowLinear = c;
+      return pattern;
+    }
+    const core::Node& node = g.node(c);
+    if (!isElementwise(node.kind) || node.outputs.size() != 1) return {};
+    for (ValueId in : node.inputs)
+      if (in != v && isBatch(g, in) && g.value(in).type.isTensor()) return {};
+    pattern.nodes.push_back(c);
+    v = node.outputs[0];
+  }
+}
+
+}  // namespace
+
+std::vector<ShardPattern> findShardPatterns(const Graph& g) {
+  std::vector<ShardPattern> patterns;
+  std::vector<char> used(g.nodeCount(), 0);
+  auto take = [&](ShardPattern p) {
+    for (NodeId n : p.nodes) used[n] = 1;
+    patterns.push_back(std::move(p));
+  };
+  for (const core::Value& x : g.values()) {
+    if (!isBatch(g, x.id) || !x.type.isTensor()) continue;
+    std::vector<NodeId> qkv;
+    for (NodeId c : tensorConsumers(g, x.id))
+      if (isLinear(g, c) && !used[c] && activationOf(g, c) == x.id) qkv.push_back(c);
+    if (qkv.size() < 3) continue;
+    ShardPattern p = matchAttention(g, qkv, used);
+    if (!p.nodes.empty()) take(std::move(p));
+  }
+  for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {
+    if (used[n] || !isLinear(g, n)) continue;
+    ShardPattern p = matchMlp(g, n, used);
+    if (!p.nodes.empty()) take(std::move(p));
+  }
+  std::sort(patterns.begin(), patterns.end(),
+            [](const ShardPattern& a, const ShardPattern& b) { return a.nodes < b.nodes; });
+  return patterns;
+}
+
+namespace {
+
+void add(core::LinearCost& a, const core::LinearCost& b) {
+  a.fixed += b.fixed;
+  a.perSample += b.perSample;
+}
+
+}  // namespace
+
+void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
+                       const std::vector<ShardPattern>& patterns,
+                       const std::vector<BlockCost>& groupCost, Blocking& b) {
+  std::vector<int> groupOf(g.nodeCount(), -1), blockOf(b.groups.size(), -1);
+  std::map<ValueId, int> paramGroups;  // groups reading each parameter
+  for (size_t i = 0; i < b.groups.size(); ++i) {
+    groupOf[b.groups[i].main] = static_cast<int>(i);
+    for (ValueId p : b.groups[i].params) ++paramGroups[p];
+  }
+  for (int blk = 0; blk < b.blockCount(); ++blk)
+    for (int gi = b.blockFirstGroup[blk]; gi < b.blockFirstGroup[blk + 1]; ++gi) blockOf[gi] = blk;
+  std::vector<ShardableSpan>& spans = b.request.shardable;
+  spans.clear();
+  for (const ShardPattern& pattern : patterns) {
+    ShardableSpan span{b.blockCount(), -1, {}};
+    ShardableCost& s = span.cost;
+    std::map<ValueId, int> inPattern;
+    for (NodeId n : pattern.nodes) {
+      const int gi = groupOf[n];
+      if (gi < 0) continue;  // not a group's main node: no cost of its own
+      span.firstBlock = std::min(span.firstBlock, blockOf[gi]);
+      span.lastBlock = std::max(span.lastBlock, blockOf[gi]);
+      add(s.forwardSeconds, groupCost[gi].forwardSeconds);
+      add(s.backwardSeconds, groupCost[gi].backwardSeconds);
+      add(s.activationBytes, groupCost[gi].activationBytes);
+      for (ValueId p : b.groups[gi].params) {
+        const core::Type& type = g.value(p).type;
+        if (n == pattern.rowLinear && type.shapeKnown() && type.shape().size() == 1) continue;
+        ++inPattern[p];
+      }
+    }
+    if (span.lastBlock < 0) continue;
+    for (const auto& [param, count] : inPattern) {
+      const int64_t bytes = g.value(param).type.bytes();
+      if (count == paramGroups[param] && bytes > 0) s.paramBytes += static_cast<double>(bytes);
+    }
+    s.allreducePairs = 1;
+    s.allreduceBytes = valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0));
+    spans.push_back(span);
+  }
+  std::stable_sort(spans.begin(), spans.end(), [](const ShardableSpan& x, const ShardableSpan& y) {
+    return x.lastBlock < y.lastBlock;
+  });
+}
+
+}  // namespace autostage::decomposer

@@ -1,0 +1,150 @@
+// Note [Tensor-parallel patterns]: what the IR matcher shards in a transformer and an MLP, and
+// the blocks' ShardableCost it fills.
+#include "decomposer/tensor_parallel_patterns.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <limits>
+
+#include "core/cluster_spec.h"
+#include "decomposer/coarsen.h"
+#include "decomposer/cost_model.h"
+#include "decomposer/planner.h"
+#include "decomposer/synthetic.h"
+
+using namespace autostage;
+using namespace autostage::decomposer;
+
+namespace {
+
+SyntheticModel smallTransformer(int layers, int hidden = 256) {
+  TransformerShape shape;
+  shape.layers = layers;
+  shape.hidden = hidden;
+  shape.heads = 4;
+  shape.sequence = 64;
+  shape.vocabulary = 1000;
+  shape.causal = true;
+  return syntheticTransformer(shape, DeviceModel{});
+}
+
+}  // namespace
+
+TEST_CASE("a transformer layer has one attention and one MLP pattern", "[decomposer]") {
+  const SyntheticModel m = smallTransformer(3);
+  const std::vector<ShardPattern> patterns = findShardPatterns(m.graph);
+  REQUIRE(patterns.size() == 6);
+  int attention = 0;
+  for (const ShardPattern& p : patterns) {
+    attention += p.attention;
+    REQUIRE(m.graph.node(p.rowLinear).kind == "aten::matmul");
+    REQUIRE(p.nodes.back() == p.rowLinear);  // the row-parallel linear ends the pattern
+    // Every pattern's row output is the hidden state: [1, seq, hidden].
+    REQUIRE(m.graph.value(m.graph.node(p.rowLinear).outputs[0]).type.shape() ==
+            std::vector<int64_t>{1, 64, 256});
+    // Layer norms, residual adds and the embedding stay outside (replicated).
+    for (core::NodeId n : p.nodes) {
+      REQUIRE(m.graph.node(n).kind != "aten::layer_norm");
+      REQUIRE(m.graph.node(n).kind != "aten::embedding");
+    }
+  }
+  REQUIRE(attention == 3);
+}
+
+TEST_CASE("an MLP whose linear layers feed residual adds has no pattern", "[decomposer]") {
+  MlpShape shape;  // linear -> relu -> linear -> relu ...: each linear's output reaches the next
+  shape.layers = 4;
+  const SyntheticModel m = syntheticMlp(shape, DeviceModel{});
+  // Pairs of consecutive linear layers through relu: 2 of 4, each linear used once.
+  const std::vector<ShardPattern> patterns = findShardPatterns(m.graph);
+  REQUIRE(patterns.size() == 2);
+  for (const ShardPattern& p : patterns) REQUIRE_FALSE(p.attention);
+}
+
+TEST_CASE("a transformer's request carries the patterns' spans only when asked", "[decomposer]") {
+  const SyntheticModel m = smallTransformer(4);
+  for (int maxBlocks : {6, 24, 256}) {
+    // The blocks are the same with and without; only the request's spans differ.
+    const Blocking plain = buildBlocking(m.graph, m.profile, maxBlocks, 8);
+    const Blocking b = buildBlocking(m.graph, m.profile, maxBlocks, 8, true);
+    REQUIRE(plain.request.shardable.empty());
+    REQUIRE(b.blockFirstGroup == plain.blockFirstGroup);
+    int pairs = 0, cut = 0;
+    double sharded = 0, total = 0;
+    for (const BlockCost& c : b.request.blocks) total += c.paramBytes;
+    for (const ShardableSpan& s : b.request.shardable) {
+      pairs += s.cost.allreducePairs;
+      sharded += s.cost.paramBytes;
+      cut += s.firstBlock < s.lastBlock;
+      double forward = 0, params = 0;
+      for (int blk = s.firstBlock; blk <= s.lastBlock; ++blk)
+        forward += b.request.blocks[blk].forwardSeconds.perSample,
+            params += b.request.blocks[blk].paramBytes;
+      REQUIRE(s.cost.forwardSeconds.perSample <= forward * (1 + 1e-12));
+      REQUIRE(s.cost.paramBytes <= params);
+      REQUIRE(s.cost.allreduceBytes.perSample > 0);
+    }
+    INFO("max_blocks " << maxBlocks << ": " << b.request.blocks.size() << " blocks, " << cut
+                       << " spans over several blocks");
+    REQUIRE(pairs == 8);
+    if (maxBlocks == 256) REQUIRE(cut > 0);  // fine blocks cut patterns
+    if (maxBlocks == 6) REQUIRE(cut == 0);   // layer-sized blocks do not
+    // Sharded per layer: Q, K, V (weights and biases), the output projection's weight, fc1
+    // (weight and bias) and fc2's weight: 12 H^2 + 7 H elements. The output projection's and
+    // fc2's biases are added after the all-reduce, with the layer norms: replicated.
+    const core::Value& anyParam = m.graph.value(m.graph.paramInputs().front());
+    int64_t elements = 1;
+    for (int64_t d : anyParam.type.shape()) elements *= d;
+    const double elementBytes = static_cast<double>(anyParam.type.bytes()) / elements;
+    const double hidden = 256;
+    REQUIRE(sharded == Approx(4 * (12 * hidden * hidden + 7 * hidden) * elementBytes));
+    REQUIRE(sharded / total > 0.5);
+  }
+}
+
+// The smallest memory any plan of `request` at tensor-parallel degree 1 needs: its neediest
+// block alone, over every replica count and ZeRO-1, recomputed, one sample per micro-batch.
+double smallestPlainMemory(const PlanRequest& request) {
+  const CostModel model(request);
+  double needed = 0;
+  for (int b = 0; b < static_cast<int>(request.blocks.size()); ++b) {
+    double least = std::numeric_limits<double>::infinity();
+    for (int r = 1; r <= request.devices && r <= request.batchSize; ++r)
+      for (bool zero : {false, true}) {
+        const StageChoice c{b, b, r, 0, true, 0, zero, 1};
+        least = std::min(least, model.stage(c, 1, Schedule::OneFOneB).totalMemoryBytes);
+      }
+    needed = std::max(needed, least);
+  }
+  return needed;
+}
+
+TEST_CASE("a synthetic GPT whose layers do not fit one device plans tensor-parallel",
+          "[decomposer]") {
+  SyntheticModel m = smallTransformer(4, 1024);
+  m.profile.comm.p2pIntraNode = m.profile.comm.allreduceIntraNode = {1e-5, 1e11};
+  m.profile.comm.p2pInterNode = m.profile.comm.allreduceInterNode = {2e-5, 1e10};
+  core::ClusterSpec cluster;
+  cluster.devices = 32;
+  cluster.devicesPerNode = 8;
+  cluster.memoryPerDevice = int64_t{1} << 40;
+  PlanOptions options;
+  options.tensorParallel = "1";
+  // Just below what the neediest block of the plain blocking needs whole, on any replicas.
+  const double plainNeed =
+      smallestPlainMemory(makeBlocking(m.graph, m.profile, cluster, 8, options).request);
+  cluster.memoryPerDevice = static_cast<int64_t>(0.97 * plainNeed / 0.9);
+  const Blocking plain = makeBlocking(m.graph, m.profile, cluster, 8, options);
+  REQUIRE_THROWS_WITH(planStages(plain.request), Catch::Contains("tensor_parallel=auto"));
+  options.tensorParallel = "auto";
+  const Blocking blocking = makeBlocking(m.graph, m.profile, cluster, 8, options);
+  const Plan plan = planStages(blocking.request);
+  INFO(plan.toString());
+  bool sharded = false;
+  for (const StagePlan& s : plan.stages) sharded = sharded || s.tensorParallel > 1;
+  REQUIRE(sharded);
+  REQUIRE(evaluatePlan(blocking.request, plan).feasible);
+  // The deployment format has no tensor-parallel groups yet: planGraph says so.
+  REQUIRE_THROWS_WITH(planGraph(m.graph, m.profile, cluster, 8, options),
+                      Catch::Contains("tensor_parallel=1"));
+}

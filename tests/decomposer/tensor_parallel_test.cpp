@@ -1,0 +1,272 @@
+// Tensor parallelism in the planner (Note [Tensor-parallel cost] in decomposer/cost_model.h): the
+// cost model's formulas, the plan shape rules, the options, the DP against the exhaustive search
+// over the same space, and a layer too large for one device.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "core/error.h"
+#include "decomposer/cost_model.h"
+#include "decomposer/dp_stage_search.h"
+#include "plan_quality.h"
+#include "random_requests.h"
+
+using namespace autostage;
+using namespace autostage::decomposer;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool near(double a, double b) {
+  return std::abs(a - b) <= 1e-9 * std::max(std::abs(a), std::abs(b));
+}
+
+// Marks a random share of the blocks' costs as shardable spans, as a transformer layer's linear
+// and attention operations would be (most of the time and parameters, one or two pairs); a third
+// of the spans cover two blocks (a pattern a block boundary cuts).
+void addShardableParts(std::mt19937& rng, PlanRequest& request) {
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  auto between = [&](double lo, double hi) { return lo + (hi - lo) * unit(rng); };
+  const int n = static_cast<int>(request.blocks.size());
+  for (int first = 0; first < n; ++first) {
+    if (unit(rng) < 0.25) continue;  // a block with nothing shardable (an embedding, a loss)
+    const int last = first + 1 < n && unit(rng) < 0.33 ? first + 1 : first;
+    const double share = between(0.5, 0.95);
+    ShardableSpan span{first, last, {}};
+    ShardableCost& s = span.cost;
+    for (int b = first; b <= last; ++b) {
+      const BlockCost& c = request.blocks[b];
+      s.forwardSeconds.fixed += c.forwardSeconds.fixed * share;
+      s.forwardSeconds.perSample += c.forwardSeconds.perSample * share;
+      s.backwardSeconds.fixed += c.backwardSeconds.fixed * share;
+      s.backwardSeconds.perSample += c.backwardSeconds.perSample * share;
+      s.activationBytes.fixed += c.activationBytes.fixed * share;
+      s.activationBytes.perSample += c.activationBytes.perSample * share;
+      s.paramBytes += c.paramBytes * between(0.8, 1.0);
+    }
+    s.allreducePairs = 1 + static_cast<int>(rng() % 2);
+    s.allreduceBytes = {0, s.allreducePairs * between(1e5, 2e7)};
+    request.shardable.push_back(span);
+    first = last;
+  }
+}
+
+// One block of 100 MB of parameters, 80 MB of them shardable, on 4 devices of one node.
+PlanRequest oneLayer() {
+  PlanRequest r;
+  BlockCost b;
+  b.name = "layer";
+  b.forwardSeconds = {1e-3, 1e-4};
+  b.backwardSeconds = {2e-3, 2e-4};
+  b.activationBytes = {0, 1e6};
+  b.workingBytes = {1e3, 1e2};
+  b.paramBytes = 1e8;
+  const ShardableCost layer{{8e-4, 8e-5}, {1.6e-3, 1.6e-4}, {0, 6e5}, 8e7, 2, {0, 4e5}};
+  r.shardable = {{0, 0, layer}, {1, 1, layer}};
+  r.blocks = {b, b};
+  r.blocks[0].cutBytesAfter = {0, 1e5};
+  r.devices = 4;
+  r.devicesPerNode = 4;
+  r.deviceMemory = 1e10;
+  r.batchSize = 16;
+  r.options.tensorParallel = "auto";
+  r.comm.allreduceIntraNode = {1e-5, 1e11};
+  r.comm.allreduceInterNode = {5e-5, 1e10};
+  r.comm.p2pIntraNode = {1e-6, 1e11};
+  r.comm.p2pInterNode = {1e-5, 1e10};
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("tensor-parallel stage estimate follows Note [Tensor-parallel cost]", "[decomposer]") {
+  const PlanRequest request = oneLayer();
+  const CostModel model(request);
+  const StageChoice whole{0, 0, 1, 0, false, 1, false, 1};
+  StageChoice split = whole;
+  split.tensorParallel = 2;
+  split.replicaCount = 2;  // ranks 0..3: two replicas of two ranks
+  const StageEstimate one = model.stage(whole, 4, Schedule::OneFOneB);
+  const StageEstimate two = model.stage(split, 4, Schedule::OneFOneB);
+  const double mb = 16.0 / (4 * 2);
+  REQUIRE(two.microBatchPerReplica == 2);
+  // All-reduces: 2 pairs, ring over 2 ranks of one node: 2 lat + 2 (1/2) bytes / bw.
+  const double allreduce = 2 * 1e-5 + 1.0 * (4e5 * mb) / 1e11;
+  REQUIRE(near(two.tensorParallelForwardSeconds, allreduce));
+  REQUIRE(near(two.tensorParallelBackwardSeconds, allreduce));
+  REQUIRE(near(two.forwardSeconds,
+               (1e-3 - 8e-4) + (1e-4 - 8e-5) * mb + (8e-4 + 8e-5 * mb) / 2 + allreduce));
+  REQUIRE(near(two.backwardSeconds,
+               (2e-3 - 1.6e-3) + (2e-4 - 1.6e-4) * mb + (1.6e-3 + 1.6e-4 * mb) / 2 + allreduce));
+  const double params = 2e7 + 8e7 / 2;
+  REQUIRE(near(two.paramBytes, params));
+  REQUIRE(near(two.gradientBytes, params));
+  REQUIRE(near(two.optimizerBytes, 2 * params));
+  // Activations per held micro-batch: the unsharded 0.4 MB/sample whole, the 0.6 MB/sample halved.
+  REQUIRE(near(two.bytesPerHeldMicroBatch, (4e5 + 6e5 / 2) * mb));
+  // Data-parallel gradient allreduce over the 2 replicas of each shard, all 4 ranks on one node.
+  REQUIRE(near(two.allreduceSeconds, 1e-5 + 1.0 * params / 1e11));
+  // Degree 1 is the estimate without tensor parallelism: no all-reduce, nothing divided.
+  REQUIRE(one.tensorParallelForwardSeconds == 0);
+  REQUIRE(one.paramBytes == 1e8);
+  REQUIRE(one.forwardSeconds == 1e-3 + 1e-4 * 16.0 / 4);
+}
+
+TEST_CASE("a tensor-parallel group across nodes is costed on the inter-node link", "[decomposer]") {
+  PlanRequest request = oneLayer();
+  request.devicesPerNode = 1;
+  const CostModel model(request);
+  const StageEstimate e = model.stage({0, 0, 1, 0, false, 1, false, 2}, 1, Schedule::OneFOneB);
+  REQUIRE(near(e.tensorParallelForwardSeconds, 2 * 5e-5 + 1.0 * (4e5 * 16) / 1e10));
+}
+
+TEST_CASE("tensor_parallel=1 plans exactly as a request with nothing shardable", "[decomposer]") {
+  std::mt19937 rng(2030);
+  int compared = 0;
+  for (int instance = 0; instance < 60; ++instance) {
+    PlanRequest plain = testing::randomRequest(rng, 2 + static_cast<int>(rng() % 6),
+                                               1 + static_cast<int>(rng() % 8));
+    PlanRequest marked = plain;
+    addShardableParts(rng, marked);
+    INFO("instance " << instance << "\n" << plain.toText());
+    Plan expected, got;
+    try {
+      expected = planDynamicProgramming(plain);
+    } catch (const PlanError&) {
+      REQUIRE_THROWS_AS(planDynamicProgramming(marked), PlanError);
+      continue;
+    }
+    got = planDynamicProgramming(marked);
+    REQUIRE(got.stages == expected.stages);
+    REQUIRE(got.microBatchCount == expected.microBatchCount);
+    REQUIRE(got.schedule == expected.schedule);
+    REQUIRE(got.virtualStages == expected.virtualStages);
+    REQUIRE(got.predictedSeconds == expected.predictedSeconds);
+    REQUIRE(got.searchSeconds == expected.searchSeconds);
+    ++compared;
+  }
+  REQUIRE(compared >= 20);
+}
+
+TEST_CASE("DP with tensor_parallel=auto equals exhaustive search over the same space",
+          "[decomposer]") {
+  std::mt19937 rng(30);
+  int feasible = 0, infeasible = 0, sharded = 0;
+  for (int instance = 0; instance < 160; ++instance) {
+    const int blocks = 1 + static_cast<int>(rng() % 5);
+    const int devices = 1 + static_cast<int>(rng() % 8);
+    PlanRequest request = testing::randomRequest(rng, blocks, devices);
+    request.devicesPerNode = std::vector<int>{2, 4, 8}[rng() % 3];
+    request.options.virtualStages = "1";
+    request.options.tensorParallel = instance % 5 == 4 ? "2" : "auto";
+    if (request.devicesPerNode % 2 != 0) request.options.tensorParallel = "auto";
+    if (instance % 4 == 1) request.options.schedule = "1f1b";
+    if (instance % 6 == 2) request.options.recompute = "never";
+    if (instance % 7 == 3) request.options.partitionNum = 1 + static_cast<int>(rng() % blocks);
+    addShardableParts(rng, request);
+    INFO("instance " << instance << " tensor_parallel=" << request.options.tensorParallel << "\n"
+                     << request.toText());
+    const double reference = testing::Exhaustive(request).best();
+    if (reference == kInf) {
+      REQUIRE_THROWS_AS(planDynamicProgramming(request), PlanError);
+      ++infeasible;
+      continue;
+    }
+    const DpSearchResult search = searchDynamicProgramming(request);
+    INFO("DP plan " << search.best.toString());
+    REQUIRE(near(search.best.searchSeconds, reference));
+    const Plan plan = planDynamicProgramming(request);
+    const PlanEvaluation e = evaluatePlan(request, plan);
+    REQUIRE(e.feasible);
+    REQUIRE(plan.searchSeconds >= reference * (1 - 1e-9));
+    for (const StagePlan& s : search.best.stages)
+      if (s.tensorParallel > 1) {
+        ++sharded;
+        break;
+      }
+    ++feasible;
+  }
+  INFO(feasible << " feasible, " << infeasible << " infeasible, " << sharded << " with t > 1");
+  REQUIRE(feasible >= 60);
+  REQUIRE(infeasible >= 5);
+  REQUIRE(sharded >= 10);
+}
+
+TEST_CASE("a layer too large for one device is planned tensor-parallel", "[decomposer]") {
+  // A GPT layer's shape of costs: 8 GB of parameters, 7.9 GB in its linear layers; with Adam
+  // (opt_param_factor 2) 32 GB per device unsharded, over the 14.4 GB usable of 16 GB even with
+  // ZeRO-1 over 8 replicas (8 + 8 + 16/8 GB). Sharded 8 ways it needs about 4.2 GB.
+  PlanRequest request;
+  for (int i = 0; i < 3; ++i) {
+    BlockCost b;
+    b.name = "layer" + std::to_string(i);
+    b.forwardSeconds = {1e-3, 5e-3};
+    b.backwardSeconds = {2e-3, 1e-2};
+    b.activationBytes = {0, 2e8};
+    b.workingBytes = {0, 1e7};
+    b.cutBytesAfter = {0, 2e7};
+    b.paramBytes = 8e9;
+    request.blocks.push_back(b);
+    request.shardable.push_back(
+        {i, i, {{9e-4, 4.5e-3}, {1.8e-3, 9e-3}, {0, 1.5e8}, 7.9e9, 2, {0, 4e7}}});
+  }
+  request.devices = 8;
+  request.devicesPerNode = 8;
+  request.deviceMemory = 16e9;
+  request.batchSize = 8;
+  request.comm.allreduceIntraNode = {1e-5, 1e11};
+  request.comm.allreduceInterNode = {5e-5, 1e10};
+  request.comm.p2pIntraNode = {1e-6, 1e11};
+  request.comm.p2pInterNode = {1e-5, 1e10};
+
+  SECTION("tensor_parallel=1: a PlanError that names tensor_parallel") {
+    try {
+      planStages(request);
+      FAIL("planned a layer that does not fit");
+    } catch (const PlanError& e) {
+      INFO(e.what());
+      REQUIRE(std::string(e.what()).find("tensor_parallel=auto") != std::string::npos);
+    }
+  }
+  SECTION("tensor_parallel=auto: every stage sharded, and the plan fits") {
+    request.options.tensorParallel = "auto";
+    const Plan plan = planStages(request);
+    INFO(plan.toString());
+    const PlanEvaluation e = evaluatePlan(request, plan);
+    REQUIRE(e.feasible);
+    REQUIRE(e.peakMemoryBytes <= request.memoryLimit());
+    for (const StagePlan& s : plan.stages) REQUIRE(s.tensorParallel > 1);
+    REQUIRE(plan.toString().find("tp=") != std::string::npos);
+  }
+}
+
+TEST_CASE("tensor_parallel option: values, candidates and node fit", "[decomposer]") {
+  PlanOptions options;
+  REQUIRE(options.tensorParallelCandidates(8) == std::vector<int>{1});
+  options.tensorParallel = "auto";
+  REQUIRE(options.tensorParallelCandidates(8) == std::vector<int>{1, 2, 4, 8});
+  REQUIRE(options.tensorParallelCandidates(6) == std::vector<int>{1, 2});
+  options.tensorParallel = "4";
+  REQUIRE(options.tensorParallelCandidates(8) == std::vector<int>{4});
+  REQUIRE_THROWS_WITH(options.tensorParallelCandidates(2),
+                      Catch::Contains("tensor_parallel=4") && Catch::Contains("2 devices"));
+  options.tensorParallel = "3";
+  REQUIRE_THROWS_WITH(options.validate(), Catch::Contains("tensor_parallel='3'"));
+}
+
+TEST_CASE("the evaluator refuses tensor-parallel stages it cannot place", "[decomposer]") {
+  PlanRequest request = oneLayer();
+  Plan plan;
+  plan.microBatchCount = 2;
+  plan.schedule = Schedule::OneFOneB;
+  plan.stages = {{0, 0, 1, 0, false, false, 1}, {1, 1, 1, 1, false, false, 2}};
+  // Stage 1's pair starts at rank 1: across its node's pairs.
+  REQUIRE_THAT(evaluatePlan(request, plan).problem, Catch::Contains("on one node"));
+  plan.stages = {{0, 0, 1, 0, false, false, 2}, {1, 1, 1, 2, false, false, 2}};
+  REQUIRE(evaluatePlan(request, plan).feasible);
+  request.devicesPerNode = 1;
+  REQUIRE_THAT(evaluatePlan(request, plan).problem, Catch::Contains("tensor_parallel=2"));
+}
