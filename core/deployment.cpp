@@ -14,7 +14,8 @@ bool StageDeployment::operator==(const StageDeployment& o) const {
          commBufferBytes == o.commBufferBytes && totalMemoryBytes == o.totalMemoryBytes &&
          sendForwardSeconds == o.sendForwardSeconds && sendBackwardSeconds == o.sendBackwardSeconds &&
          microBatchPerReplica == o.microBatchPerReplica && gradientBytes == o.gradientBytes &&
-         workingBytes == o.workingBytes && zero == o.zero;
+         workingBytes == o.workingBytes && zero == o.zero &&
+         tensorParallel == o.tensorParallel;
 }
 
 bool Route::operator==(const Route& o) const {

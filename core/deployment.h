@@ -26,7 +26,9 @@ struct StageDeployment {
   int id = 0;
   std::string name;            // RaNNC-style `STAGE_<firstBlock>_<lastBlock>`
   std::vector<NodeId> nodes;   // ascending node ids; a convex subset of the graph
-  std::vector<int> ranks;      // replica i runs on ranks[i]; ranks.size() is the replica count
+  // Replica i runs on ranks[i * tensorParallel, (i + 1) * tensorParallel): one rank per replica
+  // without tensor parallelism (Note [Tensor-parallel cost] in decomposer/cost_model.h).
+  std::vector<int> ranks;
   bool recompute = false;      // keep only stage inputs in forward, recompute in backward
   // Predictions at the per-replica micro-batch size.
   double forwardSeconds = 0;
@@ -49,7 +51,11 @@ struct StageDeployment {
   // ZeRO-1 (Note [ZeRO-1] in staging/gradient_sync.h): the optimizer state of the stage's
   // parameters is split over its replicas. False in files written before it was recorded.
   bool zero = false;
-  int replicaCount() const { return static_cast<int>(ranks.size()); }
+  // Ranks per replica, on one node, each holding 1/tensorParallel of the stage's shardable
+  // operations. 1 in files written before it was recorded. This build's runtime runs 1 only
+  // (staging::verifyDeployment refuses more); plans and `autostage show` carry any.
+  int tensorParallel = 1;
+  int replicaCount() const { return static_cast<int>(ranks.size()) / tensorParallel; }
   bool operator==(const StageDeployment& o) const;
 };
 

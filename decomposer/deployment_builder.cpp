@@ -70,16 +70,13 @@ std::vector<core::NodeId> ownedNodes(const core::Graph& graph, const std::vector
 }
 
 core::StageDeployment makeStage(const core::Graph& graph, const Blocking& blocking, const StagePlan& p, const StageEstimate& e, int id) {
-  // Note [Tensor-parallel cost] (cost_model.h): the planner can cost such a stage, but the
-  // deployment format and the runtime (staging/) have no tensor-parallel groups yet.
-  AUTOSTAGE_CHECK_AS(PlanError, p.tensorParallel == 1, "stage ", id, " has tensor_parallel=",
-                     p.tensorParallel, ", which a deployment cannot run yet; plan with "
-                     "tensor_parallel=1");
   core::StageDeployment s;
   s.id = id;
   s.name = "STAGE_" + std::to_string(p.firstBlock) + "_" + std::to_string(p.lastBlock);
   s.nodes = ownedNodes(graph, blocking.stageNodes(p.firstBlock, p.lastBlock));
-  for (int r = 0; r < p.replicaCount; ++r) s.ranks.push_back(p.firstRank + r);
+  // Replica i on ranks [firstRank + i t, firstRank + (i + 1) t) (StagePlan's layout).
+  for (int r = 0; r < p.rankCount(); ++r) s.ranks.push_back(p.firstRank + r);
+  s.tensorParallel = p.tensorParallel;
   s.recompute = p.recompute;
   s.zero = p.zero && p.replicaCount > 1;
   s.forwardSeconds = e.forwardSeconds;

@@ -5,6 +5,8 @@
 #include <limits>
 #include <utility>
 
+#include "decomposer/dp_stage_search.h"
+
 namespace autostage::decomposer {
 namespace {
 
@@ -70,7 +72,7 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
   for (auto& part : maxPart_) part.assign(sum_.size(), kInf);
   for (int u = 0; u <= units; ++u)
     sum_[index(0, u)] = max_[index(0, u)] = maxPart_[0][index(0, u)] = maxPart_[1][index(0, u)] = 0;
-  // Stage shapes: (replica units, degree), spanning their product in units.
+  // Stage shapes: (replica units, degree).
   std::vector<std::pair<int, int>> shapes;
   for (int r : replicaUnits)
     for (int t : tensorParallel) shapes.emplace_back(r, t);
@@ -84,12 +86,14 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
       for (size_t i = 0; i < shapes.size(); ++i) {
         if (!open[i]) continue;
         const auto [r, degree] = shapes[i];
-        const int width = r * degree;
-        if (width > units) continue;
+        const StageShape shape = stageShape(r, degree, unit);  // Note [Tensor-parallel units]
+        const int width = shape.units;
+        if (width > units || model.microBatchPerReplica(microBatches, shape.replicas) == 0)
+          continue;
         bool stop = false;
         const FrugalTimes t =
-            frugalStageTime(model, range, first, a - 1, r * unit, degree, microBatches, schedule,
-                            recompute, zero, &stop);
+            frugalStageTime(model, range, first, a - 1, shape.replicas, degree, microBatches,
+                            schedule, recompute, zero, &stop);
         if (stop) open[i] = false;
         if (t.total == kInf) continue;
         for (int u = width; u <= units; ++u) {

@@ -20,8 +20,8 @@ namespace autostage::decomposer {
 class PrefixBounds {
  public:
   // `replicaUnits` ascending; a replica count is replicaUnits[i] * unit devices. A stage of r
-  // replica units at tensor-parallel degree t (from `tensorParallel`) spans r t units (Note
-  // [Tensor-parallel cost] in cost_model.h).
+  // replica units at tensor-parallel degree t (from `tensorParallel`) spans stageShape(r, t,
+  // unit) (Note [Tensor-parallel units] in dp_stage_search.h).
   PrefixBounds(const CostModel& model, int microBatches, Schedule schedule, int unit, int units,
                const std::vector<int>& replicaUnits, const std::vector<int>& tensorParallel);
   double sum(int blocks, int units) const { return sum_[index(blocks, units)]; }

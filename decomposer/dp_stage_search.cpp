@@ -26,6 +26,11 @@ int deviceUnit(int devices) {
   return unit;
 }
 
+StageShape stageShape(int replicaUnits, int tensorParallel, int unit) {
+  const int width = replicaUnits * std::max(1, tensorParallel / unit);
+  return {width, width * unit / tensorParallel};
+}
+
 std::vector<int> replicaCandidates(int units) {
   std::vector<int> result;
   for (int r = 1; r <= units; ++r) {
@@ -59,7 +64,7 @@ struct Label {
   int replicaUnits = 0;
   bool recompute = false;
   bool zero = false;
-  int tensorParallel = 1;  // its stage spans replicaUnits * tensorParallel units
+  int tensorParallel = 1;  // its stage spans stageShape(replicaUnits, tensorParallel, unit)
 };
 
 // The closed-form incumbent, and every plan offered to it (Note [Finalists]).
@@ -123,10 +128,16 @@ class SuffixSearch {
     forcedStages_ = request_.options.partitionNum;
     kCap_ = forcedStages_ > 0 ? forcedStages_
                               : (schedule == Schedule::OneFOneB ? std::max(0, microBatches - 1) : 0);
-    for (int r : replicaCandidates(units_))
-      if (model.microBatchPerReplica(microBatches, r * unit_) > 0) replicas_.push_back(r);
     for (int t : request_.options.tensorParallelCandidates(request_.devicesPerNode))
-      if (t <= units_) tensorParallel_.push_back(t);
+      if (t <= units_ * unit_) tensorParallel_.push_back(t);
+    // A replica-unit count stays when some degree gives its replicas a micro-batch (fewer
+    // replicas at a higher degree: Note [Tensor-parallel units]); run() skips the other shapes.
+    for (int r : replicaCandidates(units_))
+      for (int t : tensorParallel_)
+        if (model.microBatchPerReplica(microBatches, stageShape(r, t, unit_).replicas) > 0) {
+          replicas_.push_back(r);
+          break;
+        }
     cells_.resize(static_cast<size_t>(blocks_ + 1) * (units_ + 1));
     bounds_ = std::make_unique<PrefixBounds>(model, microBatches, schedule, unit_, units_, replicas_,
                                              tensorParallel_);
@@ -151,11 +162,14 @@ class SuffixSearch {
         const SourceSummary summary = summarise(cells_[source]);
         for (int r : replicas_) {
           if (u + r > units_) break;
-          const std::vector<Setting>& settings = settingsOf(r);
           for (int t : tensorParallel_) {
-            if (!fitsTensorParallel(u, r, t)) continue;
+            const Shape shape{r, t, stageShape(r, t, unit_)};
+            if (!fitsTensorParallel(u, shape) ||
+                model_.microBatchPerReplica(microBatches_, shape.size.replicas) == 0)
+              continue;
+            const std::vector<Setting>& settings = settingsOf(shape.size.replicas);
             for (size_t pass = 0; pass < settings.size(); ++pass)
-              extend(ranges, source, summary, a, u, Shape{r, t}, settings, pass);
+              extend(ranges, source, summary, a, u, shape, settings, pass);
           }
         }
       }
@@ -166,18 +180,21 @@ class SuffixSearch {
  private:
   int cellIndex(int a, int u) const { return a * (units_ + 1) + u; }
 
-  // A stage's replica units and tensor-parallel degree: it spans replicas * tensorParallel units.
+  // A stage's replica units and tensor-parallel degree, and what it spans and holds (Note
+  // [Tensor-parallel units] in dp_stage_search.h).
   struct Shape {
     int replicas = 1, tensorParallel = 1;
-    int width() const { return replicas * tensorParallel; }
+    StageShape size;
+    int width() const { return size.units; }
   };
 
-  // Whether a stage of r replica units at degree t fits after u units, each replica's t ranks on
-  // one node (Note [Tensor-parallel cost]): its first rank a multiple of t, which divides the
-  // devices per node (tensorParallelCandidates). Always true for t = 1 within the units.
-  bool fitsTensorParallel(int u, int r, int t) const {
-    if (u + r * t > units_) return false;
-    return t == 1 || (request_.devices - (u + r * t) * unit_) % t == 0;
+  // Whether a stage of this shape fits after u units, each replica's t ranks on one node (Note
+  // [Tensor-parallel cost]): its first rank a multiple of t, which divides the devices per node
+  // (tensorParallelCandidates). Always true for t = 1 within the units.
+  bool fitsTensorParallel(int u, const Shape& shape) const {
+    if (u + shape.width() > units_) return false;
+    const int t = shape.tensorParallel;
+    return t == 1 || (request_.devices - (u + shape.width()) * unit_) % t == 0;
   }
 
   // A stage setting the search tries (its recompute and ZeRO-1 flags).
@@ -185,16 +202,16 @@ class SuffixSearch {
     bool recompute = false, zero = false;
   };
 
-  // The settings a stage of r units is searched with, in the candidates' order (recompute
-  // outer, zero inner). One replica has nothing to shard: its zero=1 label would equal the
-  // zero=0 one, so it is left out when both are candidates and run unsharded when forced.
-  const std::vector<Setting>& settingsOf(int r) {
-    std::vector<Setting>& settings = r * unit_ == 1 ? oneReplicaSettings_ : settings_;
+  // The settings a stage of `replicas` replicas is searched with, in the candidates' order
+  // (recompute outer, zero inner). One replica has nothing to shard: its zero=1 label would equal
+  // the zero=0 one, so it is left out when both are candidates and run unsharded when forced.
+  const std::vector<Setting>& settingsOf(int replicas) {
+    std::vector<Setting>& settings = replicas == 1 ? oneReplicaSettings_ : settings_;
     if (!settings.empty()) return settings;
     for (bool recompute : recomputeCandidates_)
       for (bool zero : zeroCandidates_) {
-        if (zero && r * unit_ == 1 && zeroCandidates_.size() > 1) continue;
-        settings.push_back({recompute, zero && r * unit_ > 1});
+        if (zero && replicas == 1 && zeroCandidates_.size() > 1) continue;
+        settings.push_back({recompute, zero && replicas > 1});
       }
     return settings;
   }
@@ -282,8 +299,8 @@ class SuffixSearch {
         reachedFrom_[pass] = first;
         continue;
       }
-      StageChoice choice{first, a - 1, r * unit_, firstRank, recompute, summary.fewestStages, zero,
-                         t};
+      StageChoice choice{first, a - 1, shape.size.replicas, firstRank, recompute,
+                         summary.fewestStages, zero, t};
       StageEstimate e = model_.stage(ranges[first], choice, microBatches_, schedule_);
       // Parameters, activations and working memory only grow as the stage grows, and so does its
       // compute time: stop when either rules out every label. At t > 1, of their lower bound
@@ -372,7 +389,9 @@ class SuffixSearch {
     while (cells_[cell][label].previousCell >= 0) {
       const Label& l = cells_[cell][label];
       const int sourceBlock = l.previousCell / (units_ + 1);
-      plan.stages.push_back({block, sourceBlock - 1, l.replicaUnits * unit_, 0, l.recompute, l.zero,
+      plan.stages.push_back({block, sourceBlock - 1,
+                             stageShape(l.replicaUnits, l.tensorParallel, unit_).replicas, 0,
+                             l.recompute, l.zero,
                              l.tensorParallel});
       block = sourceBlock;
       cell = l.previousCell;

@@ -47,6 +47,18 @@ int deviceUnit(int devices);
 // 16 units, else 1..8, `units` itself, and the powers of two and three times powers of two below.
 std::vector<int> replicaCandidates(int units);
 
+// Note [Tensor-parallel units]
+// A stage of r replica units at tensor-parallel degree t spans r max(1, t / unit) units (of `unit`
+// devices, deviceUnit) and holds its devices / t replicas of t ranks each: with one device per
+// unit (up to 64 devices) r replicas on r t units; with units of 16 devices (1,024 devices) a
+// degree of 8 still fits in one unit, as two replicas, so that a stage at degree 8 is as narrow
+// as one at degree 1 (Megatron's 1-trillion GPT needs 64 such stages on 3,072 devices). t and
+// unit are powers of two, so each divides the other.
+struct StageShape {
+  int units = 1, replicas = 1;
+};
+StageShape stageShape(int replicaUnits, int tensorParallel, int unit);
+
 // The schedules the DP searches for the options (Note [Schedule choice] in dp_stage_search.cpp:
 // 1f1b only for a train_step plan with schedule=auto, as gpipe is never faster there).
 std::vector<Schedule> searchedSchedules(const PlanOptions& options);

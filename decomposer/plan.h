@@ -47,7 +47,6 @@ struct PlanOptions {
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (Note [Pipeline cost model]: cast cache)
   // auto | 1 | 2 | 4 | 8: tensor-parallel degree per stage (Note [Tensor-parallel cost] in
   // cost_model.h). "1", the default, plans exactly as without tensor parallelism.
-  // Not yet a config key nor a row of the option table (plan_option_fields.h): set it in code.
   std::string tensorParallel = "1";
   // Note [Plan usage]: set by the caller (the API the plan is for), not by a config key.
   PlanUsage usage = PlanUsage::TrainStep;
@@ -124,7 +123,7 @@ struct PlanRequest {
   std::vector<BlockCost> blocks;
   std::vector<SharedParam> sharedParams;
   // Note [Tensor-parallel cost]: the patterns tensor parallelism shards, ascending by lastBlock
-  // (empty: nothing shardable, or tensor_parallel=1). Not yet part of the request's text form.
+  // (empty: nothing shardable, or tensor_parallel=1). `shardable` records of the text form.
   std::vector<ShardableSpan> shardable;
   core::CommProfile comm;
   int devices = 1;

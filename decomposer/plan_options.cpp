@@ -148,6 +148,7 @@ const std::vector<Field>& fields() {
          o.gradientBucketBytes = static_cast<double>(c.getInt("gradient_bucket_bytes"));
        }},
       text("precision", &PlanOptions::precision),
+      text("tensor_parallel", &PlanOptions::tensorParallel),
   };
   return all;
 }

@@ -116,6 +116,14 @@ std::string PlanRequest::toText() const {
     for (int b : p.blocks) out << ' ' << b;
     out << '\n';
   }
+  for (const ShardableSpan& sp : shardable) {  // Note [Tensor-parallel cost]
+    const ShardableCost& c = sp.cost;
+    out << "shardable " << sp.firstBlock << ' ' << sp.lastBlock;
+    for (const auto* l : {&c.forwardSeconds, &c.backwardSeconds, &c.activationBytes,
+                          &c.allreduceBytes})
+      writeLinear(out, *l);
+    out << ' ' << c.paramBytes << ' ' << c.allreducePairs << '\n';
+  }
   return out.str();
 }
 
@@ -165,6 +173,16 @@ PlanRequest PlanRequest::parse(const std::string& text) {
       int b = 0;
       while (in >> b) p.blocks.push_back(b);
       r.sharedParams.push_back(p);
+    } else if (tag == "shardable") {
+      ShardableSpan sp;
+      readField(in, sp.firstBlock, line);
+      readField(in, sp.lastBlock, line);
+      ShardableCost& c = sp.cost;
+      for (auto* l : {&c.forwardSeconds, &c.backwardSeconds, &c.activationBytes, &c.allreduceBytes})
+        readLinear(in, *l, line);
+      readField(in, c.paramBytes, line);
+      readField(in, c.allreducePairs, line);
+      r.shardable.push_back(sp);
     } else {
       throw FormatError("plan request text, line " + std::to_string(line) + ": unknown record '" + tag + "'");
     }

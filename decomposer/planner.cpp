@@ -19,6 +19,16 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
   Blocking blocking = buildBlocking(graph, profile, options.maxBlocks, static_cast<double>(batchSize),
                                     options.tensorParallel != "1");
   PlanRequest& r = blocking.request;
+  if (options.tensorParallel != "1" && r.shardable.empty()) {
+    // Note [Tensor-parallel patterns]: nothing to shard, so every degree > 1 only replicates.
+    const std::string why = "graph " + graph.name() + " has no operations tensor parallelism " +
+                            "shards (a linear layer feeding another through element-wise " +
+                            "operations, or attention with separate Q, K and V projections)";
+    AUTOSTAGE_CHECK_AS(ConfigError, options.tensorParallel == "auto", "option tensor_parallel=",
+                       options.tensorParallel, " cannot be planned: ", why,
+                       "; set tensor_parallel=1 (or auto)");
+    core::logger("Decomposer")->info("tensor_parallel=auto: {}; planning without it", why);
+  }
   r.comm = profile.comm;
   r.devices = cluster.devices;
   r.devicesPerNode = cluster.devicesPerNode;
@@ -40,10 +50,10 @@ void logPlan(const PlanRequest& request, const Plan& plan, const PlanEvaluation&
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const StagePlan& p = plan.stages[s];
     const StageEstimate& e = evaluation.stages[s];
-    dp->info("graph=STAGE_{}_{} repl={} zero={} fwd_time={:.3f} bwd_time={:.3f} ar_time={:.3f} in_size={:.0f} "
+    dp->info("graph=STAGE_{}_{} repl={} tp={} zero={} fwd_time={:.3f} bwd_time={:.3f} ar_time={:.3f} in_size={:.0f} "
              "out_size={:.0f} param_size={:.0f} total_mem={:.0f} (fwd+bwd={:.0f} opt={:.0f} comm={:.0f} "
              "cast={:.0f})",
-             p.firstBlock, p.lastBlock, p.replicaCount, p.zero ? 1 : 0, e.forwardSeconds * 1e3, e.backwardSeconds * 1e3,
+             p.firstBlock, p.lastBlock, p.replicaCount, p.tensorParallel, p.zero ? 1 : 0, e.forwardSeconds * 1e3, e.backwardSeconds * 1e3,
              e.allreduceSeconds * 1e3, e.inputBytes, e.outputBytes, e.paramBytes, e.totalMemoryBytes,
              e.paramBytes + e.gradientBytes + e.activationBytes + e.workingBytes, e.optimizerBytes,
              e.commBufferBytes, e.castCacheBytes);
@@ -51,7 +61,11 @@ void logPlan(const PlanRequest& request, const Plan& plan, const PlanEvaluation&
   auto log = core::logger("Decomposer");
   for (const StagePlan& p : plan.stages) {
     std::string ranks;
-    for (int r = 0; r < p.replicaCount; ++r) ranks += (r ? "," : "") + std::to_string(p.firstRank + r);
+    for (int r = 0; r < p.rankCount(); ++r) {  // a replica's tensor-parallel group in [ ]
+      const bool first = r % p.tensorParallel == 0, last = (r + 1) % p.tensorParallel == 0;
+      ranks += std::string(r ? "," : "") + (first && p.tensorParallel > 1 ? "[" : "") +
+               std::to_string(p.firstRank + r) + (last && p.tensorParallel > 1 ? "]" : "");
+    }
     log->info(" Assigned subgraph STAGE_{}_{} to rank[{}]", p.firstBlock, p.lastBlock, ranks);
   }
 }

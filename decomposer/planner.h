@@ -3,7 +3,8 @@
 // evaluation, simulation and the verified Deployment, with RaNNC-shaped partition logs:
 //   [Decomposer] [info] Available device memory: N
 //   [DPStaging] [info] Estimated profiles of subgraphs: batch_size=B np=N pipeline=P schedule=S
-//   [DPStaging] [info] graph=STAGE_a_b repl=r fwd_time=... (times in ms, sizes in bytes)
+//   [DPStaging] [info] graph=STAGE_a_b repl=r tp=t zero=z fwd_time=... (ms, bytes; t: ranks per
+//   replica, Note [Tensor-parallel cost])
 //   [Decomposer] [info]  Assigned subgraph STAGE_a_b to rank[...]
 
 #include <cstdint>

@@ -104,4 +104,11 @@ std::string replicasOf(const core::Deployment& deployment) {
   return text;
 }
 
+std::string tensorParallelOf(const core::Deployment& deployment) {
+  std::string text;
+  for (const core::StageDeployment& stage : deployment.stages)
+    text += (text.empty() ? "" : ",") + std::to_string(stage.tensorParallel);
+  return text;
+}
+
 }  // namespace autostage::service

@@ -52,5 +52,7 @@ proto::PlanAnswer answerPlan(const core::Graph& graph, const core::GraphProfile&
 // "2,2,1": replicas of each stage of a deployment (or of its file's bytes).
 std::string replicasOf(const std::string& deploymentBytes);
 std::string replicasOf(const core::Deployment& deployment);
+// "1,2,2": ranks per replica (tensor-parallel degree) of each stage.
+std::string tensorParallelOf(const core::Deployment& deployment);
 
 }  // namespace autostage::service

@@ -12,6 +12,7 @@
 #include "core/ir/graph.h"
 #include "core/log.h"
 #include "core/proto/cluster_file.h"
+#include "core/proto/deployment_file.h"
 #include "core/proto/graph_file.h"
 #include "core/proto/profile_file.h"
 #include "service/plan_call.h"
@@ -123,7 +124,9 @@ void PlanningCore::planPoint(const Resolved& base, proto::WhatIfPoint* point) {
     point->set_stages(plan.stages());
     point->set_micro_batches(plan.micro_batches());
     point->set_schedule(plan.schedule());
-    point->set_replicas(replicasOf(plan.deployment()));
+    const core::Deployment deployment = core::decodeDeployment(plan.deployment(), "a what-if plan");
+    point->set_replicas(replicasOf(deployment));
+    point->set_tensor_parallel(tensorParallelOf(deployment));
   } catch (const Error& e) {
     point->set_feasible(false);
     point->set_error(e.what());

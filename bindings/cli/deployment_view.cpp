@@ -95,12 +95,14 @@ void printHosts(std::ostream& out, const core::Deployment& d) {
 void printStages(std::ostream& out, const core::Deployment& d) {
   out << "stages:\n"
       << "  " << std::left << std::setw(16) << "name" << std::right << std::setw(7) << "nodes"
-      << std::setw(12) << "ranks" << std::setw(9) << "replicas" << std::setw(10) << "recompute"
+      << std::setw(12) << "ranks" << std::setw(9) << "replicas" << std::setw(4) << "tp"
+      << std::setw(10) << "recompute"
       << std::setw(6) << "zero" << std::setw(9) << "mb/rep" << "\n";
   for (const core::StageDeployment& s : d.stages)
     out << "  " << std::left << std::setw(16) << s.name << std::right << std::setw(7)
         << s.nodes.size() << std::setw(12) << formatRanks(s.ranks) << std::setw(9)
-        << s.replicaCount() << std::setw(10) << (s.recompute ? "yes" : "no")
+        << s.replicaCount() << std::setw(4) << s.tensorParallel << std::setw(10)
+        << (s.recompute ? "yes" : "no")
         << std::setw(6) << (s.zero ? "1" : "0") << std::setw(9)
         << (s.microBatchPerReplica > 0 ? std::to_string(s.microBatchPerReplica) : "?") << "\n";
 }

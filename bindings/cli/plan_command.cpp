@@ -123,6 +123,7 @@ void writePlanJson(std::ostream& out, const proto::PlanAnswer& a, const PlanOpti
       << "  \"virtual_stages\": " << d.virtualStages << ",\n"
       << "  \"usage\": \"" << decomposer::usageName(options.usage) << "\",\n"
       << "  \"replicas\": \"" << service::replicasOf(d) << "\",\n"
+      << "  \"tensor_parallel\": \"" << service::tensorParallelOf(d) << "\",\n"
       << "  \"predicted_iteration_ms\": " << a.iteration_seconds() * 1e3 << ",\n"
       << "  \"simulated_iteration_ms\": " << sim.iterationSeconds * 1e3 << ",\n"
       << "  \"bubble_fraction\": " << sim.bubbleFraction << ",\n"
@@ -141,6 +142,7 @@ void writePlanJson(std::ostream& out, const proto::PlanAnswer& a, const PlanOpti
   for (size_t s = 0; s < d.stages.size(); ++s) {
     const core::StageDeployment& st = d.stages[s];
     out << (s ? ", " : "") << "{\"name\": \"" << st.name << "\", \"replicas\": " << st.replicaCount()
+        << ", \"tensor_parallel\": " << st.tensorParallel
         << ", \"first_rank\": " << st.ranks.front() << ", \"recompute\": " << (st.recompute ? "true" : "false")
         << ", \"zero\": " << (st.zero ? 1 : 0)
         << ", \"memory_bytes\": " << st.totalMemoryBytes << "}";
@@ -187,7 +189,7 @@ std::string planUsage() {
          "                    forward()/backward() run gpipe only; default train_step)\n"
          "         [--opt-param-factor F] [--intra-node-bandwidth B/s] [--inter-node-bandwidth B/s]\n"
          "         [--latency S] [--peak-flops F] [--recompute auto|always|never] [--zero auto|0|1]\n"
-         "         [--precision fp32|bf16|fp16]\n"
+         "         [--precision fp32|bf16|fp16] [--tensor-parallel 1|auto|2|4|8]\n"
          "         [--device-preset a100-40gb|a100-80gb|h100-80gb|h200]  (memory, peak FLOP/s,\n"
          "                    HBM and links from the data sheet; flags above override them)\n"
          "         [--server unix:PATH|tcp:HOST:PORT [--timeout-s S]]  (ask `autostage serve`)\n"
@@ -259,7 +261,8 @@ void writeWhatIf(std::ostream& out, const proto::WhatIfAnswer& answer, bool csv,
         out << ", \"predicted_iteration_ms\": " << p.iteration_seconds() * 1e3
             << ", \"peak_memory_bytes\": " << p.peak_bytes() << ", \"stages\": " << p.stages()
             << ", \"micro_batches\": " << p.micro_batches() << ", \"schedule\": \""
-            << p.schedule() << "\", \"replicas\": \"" << p.replicas() << "\"}";
+            << p.schedule() << "\", \"replicas\": \"" << p.replicas()
+            << "\", \"tensor_parallel\": \"" << p.tensor_parallel() << "\"}";
       } else {
         out << ", \"error\": \"" << escaped(p.error(), false) << "\"}";
       }
@@ -269,9 +272,9 @@ void writeWhatIf(std::ostream& out, const proto::WhatIfAnswer& answer, bool csv,
   }
   const char* sep = csv ? "," : "  ";
   out << (csv ? "devices,device_memory_gib,batch,schedule_option,feasible,predicted_iteration_ms,"
-                "peak_memory_gib,stages,micro_batches,schedule,replicas,error\n"
+                "peak_memory_gib,stages,micro_batches,schedule,replicas,tensor_parallel,error\n"
               : "devices  memory  batch  option  ->  iteration_ms  peak_gib  stages  micro  "
-                "schedule  replicas\n");
+                "schedule  replicas  tp\n");
   for (const proto::WhatIfPoint& p : answer.points()) {
     std::ostringstream row;
     row << std::fixed << std::setprecision(2) << p.devices() << sep << p.device_memory_gib()
@@ -280,9 +283,10 @@ void writeWhatIf(std::ostream& out, const proto::WhatIfAnswer& answer, bool csv,
     if (p.feasible()) {
       row << p.iteration_seconds() * 1e3 << sep << p.peak_bytes() / 1073741824.0 << sep
           << p.stages() << sep << p.micro_batches() << sep << p.schedule() << sep
-          << (csv ? "\"" + p.replicas() + "\"" : p.replicas()) << (csv ? sep : "");
+          << (csv ? "\"" + p.replicas() + "\"" : p.replicas()) << sep
+          << (csv ? "\"" + p.tensor_parallel() + "\"" : p.tensor_parallel()) << (csv ? sep : "");
     } else {
-      row << (csv ? sep + std::string(sep) + sep + sep + sep + sep + "\"" +
+      row << (csv ? sep + std::string(sep) + sep + sep + sep + sep + sep + "\"" +
                         escaped(p.error(), true) + "\""
                   : "does not fit: " + p.error().substr(0, 120));
     }

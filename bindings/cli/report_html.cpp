@@ -71,7 +71,7 @@ void stageTable(std::ostream& out, const core::Deployment& d, const decomposer::
   const bool hosts = !d.rankHosts.empty();
   out << "<table id=\"stages\">\n<tr><th class=\"left\">stage</th><th>nodes</th><th>ranks</th>"
       << (hosts ? "<th class=\"left\">hosts</th>" : "")
-      << "<th>replicas</th><th>recompute</th><th>zero</th><th>forward</th><th>backward</th>"
+      << "<th>replicas</th><th>tp</th><th>recompute</th><th>zero</th><th>forward</th><th>backward</th>"
          "<th>send fwd</th><th>send bwd</th><th>allreduce</th><th>busy / iter</th><th>memory</th>"
          "</tr>\n";
   for (size_t i = 0; i < d.stages.size(); ++i) {
@@ -79,7 +79,8 @@ void stageTable(std::ostream& out, const core::Deployment& d, const decomposer::
     out << "<tr><td class=\"left\">" << swatch(stageColor(s.id), "S" + std::to_string(s.id) + " " + s.name)
         << "</td><td>" << s.nodes.size() << "</td><td>" << formatRanks(s.ranks) << "</td>"
         << (hosts ? "<td class=\"left\">" + escapeXml(hostNames(d, s.ranks)) + "</td>" : "")
-        << "<td>" << s.replicaCount() << "</td><td>" << (s.recompute ? "yes" : "no") << "</td><td>"
+        << "<td>" << s.replicaCount() << "</td><td>" << s.tensorParallel << "</td><td>"
+        << (s.recompute ? "yes" : "no") << "</td><td>"
         << (s.zero ? "1" : "0") << "</td>";
     for (double t : {s.forwardSeconds, s.backwardSeconds, s.sendForwardSeconds, s.sendBackwardSeconds,
                      s.allreduceSeconds, sim.stageBusySeconds[i]})

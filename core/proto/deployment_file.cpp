@@ -32,6 +32,7 @@ void stageToProto(const StageDeployment& stage, proto::StageDeployment* out) {
   out->set_gradient_bytes(stage.gradientBytes);
   out->set_working_bytes(stage.workingBytes);
   out->set_zero(stage.zero);
+  if (stage.tensorParallel != 1) out->set_tensor_parallel(stage.tensorParallel);  // older bytes kept
 }
 
 StageDeployment stageFromProto(const proto::StageDeployment& message) {
@@ -57,6 +58,7 @@ StageDeployment stageFromProto(const proto::StageDeployment& message) {
   stage.gradientBytes = message.gradient_bytes();
   stage.workingBytes = message.working_bytes();
   stage.zero = message.zero();
+  stage.tensorParallel = message.tensor_parallel() == 0 ? 1 : message.tensor_parallel();
   return stage;
 }
 
@@ -106,6 +108,15 @@ void checkStages(const Deployment& d, const std::string& origin) {
       fail(origin, "stage entry ", i, " ('", s.name, "') has id ", s.id, ", expected ", i,
            " (stage ids are 0..n-1 in pipeline order)");
     if (s.ranks.empty()) fail(origin, "stage ", i, " ('", s.name, "') has no rank");
+    if (s.tensorParallel < 1 || s.ranks.size() % s.tensorParallel != 0)
+      fail(origin, "stage ", i, " ('", s.name, "') has tensor_parallel ", s.tensorParallel,
+           " for ", s.ranks.size(), " ranks, expected a degree >= 1 dividing its rank count");
+    for (size_t g = 0; d.devicesPerNode > 0 && g < s.ranks.size(); g += s.tensorParallel)
+      for (size_t k = g + 1; k < g + s.tensorParallel; ++k)
+        if (s.ranks[k] / d.devicesPerNode != s.ranks[g] / d.devicesPerNode)
+          fail(origin, "stage ", i, " ('", s.name, "') has a tensor-parallel group of ranks ",
+               s.ranks[g], "..", s.ranks[g + s.tensorParallel - 1], " across nodes of ",
+               d.devicesPerNode, " devices, expected each group on one node");
     if (i >= positions && s.ranks != d.stages[i % positions].ranks)
       fail(origin, "stage ", i, " ('", s.name, "') is virtual stage ", i / positions,
            " of pipeline position ", i % positions, " but does not run on that position's ranks",

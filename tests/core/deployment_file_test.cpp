@@ -152,6 +152,36 @@ TEST_CASE("a deployment that ran on several hosts round-trips each rank's hostna
   REQUIRE(encodeDeployment(cleared) == oneHost);
 }
 
+TEST_CASE("a tensor-parallel deployment round-trips: replica i on ranks [i t, (i + 1) t)",
+          "[core][proto]") {
+  Deployment d = sampleDeployment();
+  d.stages[0].ranks = {0, 1, 2, 3};  // 2 replicas of 2 ranks on node 0
+  d.stages[0].tensorParallel = 2;
+  d.stages[1].ranks = {4, 5, 6, 7};  // 1 replica of 4 ranks on node 1
+  d.stages[1].tensorParallel = 4;
+  d.stages.pop_back();
+  d.routes = {route(0, kFeederStage, {0}, false, false), route(12, 0, {1}, false, true),
+              route(20, 1, {}, true, true)};
+  const Deployment back = decodeDeployment(encodeDeployment(d), "tp.bin");
+  REQUIRE(back == d);
+  REQUIRE(back.stages[0].tensorParallel == 2);
+  REQUIRE(back.stages[0].replicaCount() == 2);
+  REQUIRE(back.stages[1].replicaCount() == 1);
+  REQUIRE(toProto(back).stages(1).tensor_parallel() == 4);
+  // Degree 1 is not written, so a deployment without tensor parallelism keeps its bytes.
+  REQUIRE(toProto(sampleDeployment()).stages(0).tensor_parallel() == 0);
+  // A group across nodes, and a degree not dividing the stage's ranks, are refused.
+  Deployment across = d;
+  across.stages[0].ranks = {0, 1, 3, 7};  // the second pair spans nodes 0 and 1
+  across.stages[1].ranks = {2, 4, 5, 6};
+  REQUIRE_THROWS_WITH(decodeDeployment(encodeDeployment(across), "tp.bin"),
+                      Catch::Contains("tensor-parallel group of ranks 3..7 across nodes of 4"));
+  Deployment uneven = d;
+  uneven.stages[1].tensorParallel = 3;
+  REQUIRE_THROWS_WITH(decodeDeployment(encodeDeployment(uneven), "tp.bin"),
+                      Catch::Contains("tensor_parallel 3 for 4 ranks"));
+}
+
 TEST_CASE("deployment operator== sees stages, routes and options", "[core][proto]") {
   const Deployment d = sampleDeployment();
   auto differs = [&](auto&& change) {
@@ -163,6 +193,7 @@ TEST_CASE("deployment operator== sees stages, routes and options", "[core][proto
   REQUIRE(differs([](Deployment& e) { e.stages[2].commBufferBytes = 0; }));
   REQUIRE(differs([](Deployment& e) { e.stages[0].recompute = true; }));
   REQUIRE(differs([](Deployment& e) { e.stages[1].zero = true; }));
+  REQUIRE(differs([](Deployment& e) { e.stages[1].tensorParallel = 2; }));
   REQUIRE(differs([](Deployment& e) { e.routes[1].carriesGradient = false; }));
   REQUIRE(differs([](Deployment& e) { e.routes[0].consumerStages = {0}; }));
   REQUIRE(differs([](Deployment& e) { e.options["max_blocks"] = "32"; }));

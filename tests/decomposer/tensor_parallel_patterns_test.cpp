@@ -144,7 +144,16 @@ TEST_CASE("a synthetic GPT whose layers do not fit one device plans tensor-paral
   for (const StagePlan& s : plan.stages) sharded = sharded || s.tensorParallel > 1;
   REQUIRE(sharded);
   REQUIRE(evaluatePlan(blocking.request, plan).feasible);
-  // The deployment format has no tensor-parallel groups yet: planGraph says so.
-  REQUIRE_THROWS_WITH(planGraph(m.graph, m.profile, cluster, 8, options),
-                      Catch::Contains("tensor_parallel=1"));
+  // The deployment records each stage's degree and its replicas' groups of ranks (the runtime
+  // refuses it for now: staging's verifyDeployment).
+  const PlanResult result = planGraph(m.graph, m.profile, cluster, 8, options);
+  REQUIRE(result.deployment.stages.size() == result.plan.stages.size());
+  for (size_t s = 0; s < result.plan.stages.size(); ++s) {
+    const StagePlan& p = result.plan.stages[s];
+    const core::StageDeployment& d = result.deployment.stages[s];
+    CHECK(d.tensorParallel == p.tensorParallel);
+    CHECK(d.replicaCount() == p.replicaCount);
+    REQUIRE(d.ranks.size() == static_cast<size_t>(p.rankCount()));
+    for (int r = 0; r < p.rankCount(); ++r) CHECK(d.ranks[r] == p.firstRank + r);
+  }
 }

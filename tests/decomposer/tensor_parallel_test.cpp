@@ -270,3 +270,61 @@ TEST_CASE("the evaluator refuses tensor-parallel stages it cannot place", "[deco
   request.devicesPerNode = 1;
   REQUIRE_THAT(evaluatePlan(request, plan).problem, Catch::Contains("tensor_parallel=2"));
 }
+
+TEST_CASE("a request's shardable spans survive its text form, and so does its plan",
+          "[decomposer]") {
+  PlanRequest request = oneLayer();
+  request.shardable[1].firstBlock = 0;  // one pattern over both blocks, one over the first
+  request.shardable[1].cost.allreduceBytes = {3, 5e5};
+  const std::string text = request.toText();
+  REQUIRE(text.find("\nshardable 0 0 ") != std::string::npos);
+  REQUIRE(text.find("\nshardable 0 1 ") != std::string::npos);
+  const PlanRequest back = PlanRequest::parse(text);
+  REQUIRE(back.options.tensorParallel == "auto");
+  REQUIRE(back.shardable.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    const ShardableSpan &a = request.shardable[i], &b = back.shardable[i];
+    CHECK(a.firstBlock == b.firstBlock);
+    CHECK(a.lastBlock == b.lastBlock);
+    CHECK(a.cost.paramBytes == b.cost.paramBytes);
+    CHECK(a.cost.allreducePairs == b.cost.allreducePairs);
+    CHECK(a.cost.forwardSeconds.perSample == b.cost.forwardSeconds.perSample);
+    CHECK(a.cost.backwardSeconds.fixed == b.cost.backwardSeconds.fixed);
+    CHECK(a.cost.activationBytes.perSample == b.cost.activationBytes.perSample);
+    CHECK(a.cost.allreduceBytes.fixed == b.cost.allreduceBytes.fixed);
+    CHECK(a.cost.allreduceBytes.perSample == b.cost.allreduceBytes.perSample);
+  }
+  REQUIRE(back.toText() == text);
+  REQUIRE(planStages(back).toString() == planStages(request).toString());
+  REQUIRE_THROWS_AS(PlanRequest::parse(text + "shardable 0 x\n"), FormatError);
+}
+
+TEST_CASE("a tensor-parallel stage is as narrow as its degree allows in device units",
+          "[decomposer]") {
+  // Note [Tensor-parallel units]: (replica units, degree, unit) -> (units spanned, replicas).
+  auto shape = [](int r, int t, int unit) {
+    const StageShape s = stageShape(r, t, unit);
+    return std::pair<int, int>{s.units, s.replicas};
+  };
+  CHECK(shape(3, 1, 1) == std::pair<int, int>{3, 3});
+  CHECK(shape(3, 2, 1) == std::pair<int, int>{6, 3});   // one device per unit: r replicas of t
+  CHECK(shape(1, 8, 4) == std::pair<int, int>{2, 1});   // a group wider than a unit
+  CHECK(shape(1, 8, 16) == std::pair<int, int>{1, 2});  // two groups in one unit of 16
+  CHECK(shape(3, 4, 16) == std::pair<int, int>{3, 12});
+  CHECK(shape(5, 1, 64) == std::pair<int, int>{5, 320});
+  // On 1,024 devices (units of 16) a degree-8 stage spans one unit: 64 stages fit, as at degree 1.
+  PlanRequest request = oneLayer();
+  request.devices = 1024;
+  request.devicesPerNode = 8;
+  request.batchSize = 1024;
+  request.options.tensorParallel = "8";
+  request.options.partitionNum = 2;
+  const Plan plan = planStages(request);
+  INFO(plan.toString());
+  REQUIRE(plan.stages.size() == 2);
+  for (const StagePlan& s : plan.stages) {
+    CHECK(s.tensorParallel == 8);
+    CHECK(s.rankCount() % 16 == 0);
+  }
+  REQUIRE(evaluatePlan(request, plan).feasible);
+}

@@ -220,7 +220,8 @@ TEST_CASE("every plan input of the option table is in a job's plan call, nothing
   // Planner options are read into PlanOptions, which checks them: another valid value each.
   const std::map<std::string, std::string> valid = {
       {"decomposer", "uniform"}, {"schedule", "gpipe"}, {"recompute", "always"}, {"zero", "1"},
-      {"virtual_stages", "2"},   {"precision", "bf16"}, {"mem_margin", "0.2"}};
+      {"virtual_stages", "2"},   {"precision", "bf16"}, {"mem_margin", "0.2"},
+      {"tensor_parallel", "auto"}};
   for (const core::OptionSpec& option : core::optionTable()) {
     const std::string before = config.text(option.key);
     // Another valid value of the option's type.

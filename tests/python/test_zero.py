@@ -31,7 +31,7 @@ def test_zero1_equals_plain_pytorch(ranks, optimizer):
 def test_zero_auto_picks_zero1_where_only_it_fits():
     log = run(2, "auto", "adam")
     assert "zero=auto" in log, log  # the planner options line
-    assert re.search(r"\[DPStaging\] \[info\] graph=STAGE_\d+_\d+ repl=2 zero=1 ", log), log
+    assert re.search(r"\[DPStaging\] \[info\] graph=STAGE_\d+_\d+ repl=2 tp=1 zero=1 ", log), log
 
 
 @needs_mpirun

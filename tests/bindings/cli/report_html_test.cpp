@@ -297,8 +297,8 @@ TEST_CASE("autostage show and the report give each stage's ZeRO-1 setting", "[cl
   std::ostringstream shown;
   printDeployment(shown, d);
   const std::string text = shown.str();
-  // name, nodes, ranks, replicas, recompute, zero
-  const std::regex row(R"(STAGE_\S+\s+\d+\s+\S+\s+\d+\s+(yes|no)\s+([01])\s)");
+  // name, nodes, ranks, replicas, tp, recompute, zero
+  const std::regex row(R"(STAGE_\S+\s+\d+\s+\S+\s+\d+\s+1\s+(yes|no)\s+([01])\s)");
   std::vector<std::string> zero;
   for (auto it = std::sregex_iterator(text.begin(), text.end(), row); it != std::sregex_iterator(); ++it)
     zero.push_back((*it)[2]);
@@ -312,6 +312,30 @@ TEST_CASE("autostage show and the report give each stage's ZeRO-1 setting", "[cl
   for (auto it = std::sregex_iterator(html.begin(), html.end(), cell); it != std::sregex_iterator(); ++it)
     cells.push_back((*it)[2]);
   CHECK(cells == std::vector<std::string>{"1", "0", "0"});
+}
+
+TEST_CASE("autostage show and the report give each stage's tensor-parallel degree", "[cli]") {
+  core::Deployment d = sample();
+  d.stages[0].tensorParallel = 2;  // ranks 0-3: 2 replicas of 2 ranks
+  d.stages[1].tensorParallel = 2;  // ranks 4-5: 1 replica of 2 ranks
+  std::ostringstream shown;
+  printDeployment(shown, d);
+  const std::string text = shown.str();
+  // name, nodes, ranks, replicas, tp
+  const std::regex row(R"((STAGE_\S+)\s+\d+\s+\S+\s+(\d+)\s+(\d+)\s+(yes|no)\s)");
+  std::vector<std::string> shape;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), row); it != std::sregex_iterator(); ++it)
+    shape.push_back((*it)[2].str() + "x" + (*it)[3].str());
+  CHECK(shape == std::vector<std::string>{"2x2", "1x2", "1x1"});
+  ReportInput input;
+  input.deployment = d;
+  const std::string html = renderReportHtml(input);
+  CHECK(count(html, "<th>replicas</th><th>tp</th>") == 1);
+  const std::regex cell(R"(<td>(\d+)</td><td>(\d+)</td><td>(yes|no)</td>)");
+  shape.clear();
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), cell); it != std::sregex_iterator(); ++it)
+    shape.push_back((*it)[1].str() + "x" + (*it)[2].str());
+  CHECK(shape == std::vector<std::string>{"2x2", "1x2", "1x1"});
 }
 
 TEST_CASE("show and report of a saved deployment name its hosts and the stages on each", "[cli]") {

@@ -1,0 +1,114 @@
+"""Tensor-parallel plans (issue 30): the planner chooses a degree per stage for synthetic specs and
+graphs (`autostage plan`, `whatif`, `show`, the partition log), refuses what it cannot place, and
+a training job, whose runtime runs one rank per replica, refuses a forced degree on every rank."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from mpi_launch import CLI, run_driver
+
+needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+
+# Megatron-LM's 1-trillion-parameter GPT (Narayanan et al., SC'21, Table 1): 3,072 A100s of
+# 80 GB, 8 per node, batch 3,072; its micro-batches are single samples, which max_pipeline=512
+# allows (at the default 32, a micro-batch of 12 samples per replica fits no stage).
+TRILLION = ["--synthetic", "gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200",
+            "--devices", "3072", "--devices-per-node", "8", "--device-memory", "80GiB",
+            "--batch", "3072"]
+
+
+def cli(*args):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300)
+
+
+def test_a_trillion_parameter_gpt_plans_tensor_parallel(tmp_path):
+    default = cli("plan", *TRILLION, "--json")
+    assert default.returncode != 0 and "no plan fits" in default.stderr, default.stderr
+    one = cli("plan", *TRILLION, "--max-pipeline", "512", "--tensor-parallel", "1", "--json")
+    assert one.returncode == 0, one.stderr
+    pb = str(tmp_path / "gpt.pb")
+    done = cli("plan", *TRILLION, "--max-pipeline", "512", "--tensor-parallel", "auto", "--json",
+               "--out", pb)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    # auto searches degree 1 too: never slower than the plan without tensor parallelism.
+    assert plan["predicted_iteration_ms"] <= json.loads(one.stdout)["predicted_iteration_ms"]
+    stages = plan["stage_list"]
+    degrees = [s["tensor_parallel"] for s in stages]
+    assert plan["tensor_parallel"] == ",".join(map(str, degrees))
+    assert set(degrees) <= {1, 2, 4, 8} and max(degrees) > 1, degrees
+    # Every stage fits, and the stages' ranks (replicas x degree, contiguous) fit the devices.
+    usable = 80 * 2**30 * 0.9
+    assert all(s["memory_bytes"] <= usable for s in stages), stages
+    ranks = [s["replicas"] * s["tensor_parallel"] for s in stages]
+    assert sum(ranks) <= 3072
+    for s, width, following in zip(stages, ranks, stages[1:]):
+        assert following["first_rank"] == s["first_rank"] + width
+        assert s["first_rank"] % s["tensor_parallel"] == 0  # each group on one node of 8
+    # The partition log says each stage's degree, and the ranks of each replica's group.
+    log = done.stderr
+    lines = [line for line in log.splitlines() if "[DPStaging] [info] graph=STAGE_" in line]
+    assert len(lines) == len(stages)
+    assert all(f" tp={t} " in line for line, t in zip(lines, degrees)), lines[:3]
+    if degrees[0] > 1:
+        assert f"to rank[[0,1," in log, log[-2000:]
+    # `autostage show` of the saved deployment has the degree per stage.
+    shown = cli("show", pb)
+    assert shown.returncode == 0, shown.stderr
+    header = next(line for line in shown.stdout.splitlines() if "replicas" in line and "tp" in line)
+    assert header.split()[:5] == ["name", "nodes", "ranks", "replicas", "tp"], header
+    rows = [line.split() for line in shown.stdout.splitlines() if line.strip().startswith("STAGE_")]
+    assert [int(r[4]) for r in rows[:len(stages)]] == degrees
+
+
+def test_a_forced_degree_must_fit_a_node():
+    done = cli("plan", "--synthetic", "gpt:layers=4,hidden=1024,heads=16,seq=512", "--devices", "8",
+               "--devices-per-node", "2", "--device-memory", "16GiB", "--batch", "16",
+               "--tensor-parallel", "4")
+    assert done.returncode != 0
+    assert "tensor_parallel=4 needs 4 ranks of one node" in done.stderr, done.stderr
+    assert "node has 2 devices" in done.stderr, done.stderr
+
+
+def test_a_model_without_shardable_operations():
+    args = ["plan", "--synthetic", "resnet:blocks=4", "--devices", "4", "--devices-per-node", "4",
+            "--device-memory", "16GiB", "--batch", "16"]
+    forced = cli(*args, "--tensor-parallel", "2")
+    assert forced.returncode != 0
+    assert "tensor_parallel=2 cannot be planned" in forced.stderr, forced.stderr
+    assert "no operations tensor parallelism shards" in forced.stderr, forced.stderr
+    auto = cli(*args, "--tensor-parallel", "auto", "--json")
+    assert auto.returncode == 0, auto.stderr
+    assert "tensor_parallel=auto: graph" in auto.stderr and "planning without it" in auto.stderr
+    assert set(json.loads(auto.stdout)["tensor_parallel"].split(",")) == {"1"}
+
+
+def test_whatif_reports_the_degrees():
+    done = cli("whatif", "--synthetic", "gpt:layers=8,hidden=4096,heads=32,seq=1024",
+               "--devices", "8,16", "--devices-per-node", "8", "--device-memory", "16GiB",
+               "--batch", "32", "--tensor-parallel", "auto", "--json")
+    assert done.returncode == 0, done.stderr
+    points = json.loads(done.stdout)
+    assert len(points) == 2
+    for p in points:
+        if p["feasible"]:
+            assert len(p["tensor_parallel"].split(",")) == p["stages"], p
+    csv = cli("whatif", "--synthetic", "gpt:layers=8,hidden=4096,heads=32,seq=1024",
+              "--devices", "8", "--devices-per-node", "8", "--device-memory", "16GiB",
+              "--batch", "32", "--tensor-parallel", "auto", "--csv")
+    header, row = csv.stdout.splitlines()[:2]
+    assert header.endswith("schedule,replicas,tensor_parallel,error"), header
+    assert len(row.split(",")) >= len(header.split(",")), row
+
+
+@needs_mpirun
+@pytest.mark.parametrize("phase", ["forced", "auto"])
+def test_a_training_job_runs_degree_one(phase):
+    log = run_driver("tensor_parallel_job.py", phase, ranks=2)
+    for rank in range(2):
+        assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
+    if phase == "auto":
+        assert "tensor_parallel=auto: this build's runtime runs stages of one rank" in log, log
