@@ -79,10 +79,17 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
   std::vector<bool> open(shapes.size());
   const std::vector<bool> recompute = model.request().options.recomputeCandidates();
   const bool zero = model.request().options.zeroCandidates().back();
+  // Shapes of one width relax the same cells: each (first, a) keeps the least of their times per
+  // width (the least total and the least of each part, as sum, max and maxPart each take a
+  // minimum over shapes of a function increasing in the stage's figure), then relaxes every
+  // width once (tensor-parallel degrees give several shapes of one width).
+  std::vector<FrugalTimes> byWidth(units + 1);
+  std::vector<int> widths;
   for (int a = 1; a <= n; ++a) {
     std::fill(open.begin(), open.end(), true);
     for (int first = a - 1; first >= 0; --first) {
       RangeTotals range = model.ranges().range(first, a - 1);
+      widths.clear();
       for (size_t i = 0; i < shapes.size(); ++i) {
         if (!open[i]) continue;
         const auto [r, degree] = shapes[i];
@@ -96,6 +103,14 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
                             schedule, recompute, zero, &stop);
         if (stop) open[i] = false;
         if (t.total == kInf) continue;
+        FrugalTimes& least = byWidth[width];
+        if (least.total == kInf) widths.push_back(width);  // the first shape of this width
+        least.total = std::min(least.total, t.total);
+        for (int k = 0; k < 2; ++k) least.parts[k] = std::min(least.parts[k], t.parts[k]);
+      }
+      for (int width : widths) {
+        const FrugalTimes t = byWidth[width];
+        byWidth[width] = FrugalTimes{};
         for (int u = width; u <= units; ++u) {
           const size_t from = index(first, u - width), to = index(a, u);
           sum_[to] = std::min(sum_[to], sum_[from] + t.total);

@@ -128,6 +128,56 @@ ShardPattern matchMlp(const Graph& g, NodeId first, const std::vector<char>& use
   }
 }
 
+// The vocabulary of a 2-D PARAM input of node n: its first dimension (an embedding table's rows),
+// or with `eitherDimension` its larger one (a head's weight, maybe transposed), when at least
+// kVocabularyRows; 0 otherwise.
+int64_t vocabularyOf(const Graph& g, NodeId n, bool eitherDimension) {
+  for (ValueId v : g.node(n).inputs) {
+    const core::Value& value = g.value(v);
+    if (value.cls != core::ValueClass::Param || !value.type.shapeKnown()) continue;
+    const std::vector<int64_t>& shape = value.type.shape();
+    if (shape.size() != 2) continue;
+    const int64_t rows = eitherDimension ? std::max(shape[0], shape[1]) : shape[0];
+    if (rows >= kVocabularyRows) return rows;
+  }
+  return 0;
+}
+
+bool isLoss(const std::string& kind) {
+  return oneOf(kind, {"aten::cross_entropy", "aten::cross_entropy_loss", "aten::nll_loss",
+                      "aten::nll_loss_nd", "aten::nll_loss2d"});
+}
+
+// An LM head from linear node `head` to its loss; empty nodes when it does not match.
+ShardPattern matchVocabularyHead(const Graph& g, NodeId head) {
+  const int64_t vocabulary = vocabularyOf(g, head, /*eitherDimension=*/true);
+  const core::Type& out = g.value(g.node(head).outputs.at(0)).type;
+  if (vocabulary == 0 || !out.shapeKnown() || out.shape().empty() ||
+      out.shape().back() != vocabulary)
+    return {};
+  ShardPattern pattern;
+  pattern.vocabulary = ShardPattern::Vocabulary::Head;
+  pattern.allreduced = activationOf(g, head);
+  pattern.nodes = {head};
+  ValueId v = g.node(head).outputs[0];
+  while (true) {
+    const std::vector<NodeId> consumers = tensorConsumers(g, v);
+    if (consumers.size() != 1 || g.isGraphOutput(v)) return {};  // returned logits are whole
+    const NodeId c = consumers[0];
+    const core::Node& node = g.node(c);
+    pattern.nodes.push_back(c);
+    if (isLoss(node.kind)) return pattern;
+    if (!oneOf(node.kind, {"aten::view", "aten::reshape", "aten::contiguous", "aten::slice",
+                           "aten::add", "aten::log_softmax", "aten::_log_softmax", "aten::to",
+                           "aten::_to_copy", "aten::float"}) ||
+        node.outputs.size() != 1)
+      return {};
+    for (ValueId in : node.inputs)  // the bias add reads a PARAM or CONST, nothing per row
+      if (in != v && isBatch(g, in) && g.value(in).type.isTensor()) return {};
+    v = node.outputs[0];
+  }
+}
+
 }  // namespace
 
 std::vector<ShardPattern> findShardPatterns(const Graph& g) {
@@ -148,8 +198,18 @@ std::vector<ShardPattern> findShardPatterns(const Graph& g) {
   }
   for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {
     if (used[n] || !isLinear(g, n)) continue;
-    ShardPattern p = matchMlp(g, n, used);
+    ShardPattern p = matchVocabularyHead(g, n);
+    if (p.nodes.empty()) p = matchMlp(g, n, used);
     if (!p.nodes.empty()) take(std::move(p));
+  }
+  for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {
+    const core::Node& node = g.node(n);
+    if (used[n] || node.kind != "aten::embedding" || vocabularyOf(g, n, false) == 0) continue;
+    ShardPattern p;
+    p.vocabulary = ShardPattern::Vocabulary::Embedding;
+    p.nodes = {n};
+    p.allreduced = node.outputs.at(0);
+    take(std::move(p));
   }
   std::sort(patterns.begin(), patterns.end(),
             [](const ShardPattern& a, const ShardPattern& b) { return a.nodes < b.nodes; });
@@ -202,7 +262,12 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       if (count == paramGroups[param] && bytes > 0) s.paramBytes += static_cast<double>(bytes);
     }
     s.allreducePairs = 1;
-    s.allreduceBytes = valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0));
+    if (pattern.vocabulary == ShardPattern::Vocabulary::None) {
+      s.allreduceBytes = valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0));
+    } else {  // one all-reduce, as a pair of half its bytes each way
+      const core::LinearCost bytes = valueBytes(g, profile, pattern.allreduced);
+      s.allreduceBytes = {bytes.fixed / 2, bytes.perSample / 2};
+    }
     spans.push_back(span);
   }
   std::stable_sort(spans.begin(), spans.end(), [](const ShardableSpan& x, const ShardableSpan& y) {

@@ -17,13 +17,26 @@
 //     through a chain of single-consumer element-wise nodes (add/mul/div of a PARAM or CONST
 //     operand such as the bias, gelu, relu, silu, tanh, sigmoid, dropout).
 // Consumers that produce no tensor (aten::size, aten::Int, prim::NumToTensor) are ignored. A
-// linear node belongs to at most one pattern (attention first). What matches nothing is left
-// replicated, never guessed: e.g. a fused QKV linear followed by split/chunk, an embedding or LM
-// head (vocabulary splits are not costed yet).
+// linear node belongs to at most one pattern (attention first).
+// Two more are split over the vocabulary (a PARAM of at least kVocabularyRows rows, as in
+// Megatron's VocabParallelEmbedding and its column-parallel LM head with a parallel cross
+// entropy):
+//   Vocabulary embedding: an aten::embedding of such a weight; its output is all-reduced forward.
+//   LM head: a linear node with such a weight whose output's last dimension is the vocabulary,
+//     reaching a loss (aten::cross_entropy, aten::cross_entropy_loss, aten::nll_loss, _nd, 2d)
+//     through single-consumer view, reshape, contiguous, slice, dtype casts, the vocabulary
+//     bias's add and log_softmax nodes, none of them a graph output; the logits stay split, the
+//     loss all-reduces a few values per row forward, and the head's input gradient is
+//     all-reduced backward.
+// Position embeddings (fewer rows) stay replicated.
+// What matches nothing is left replicated, never guessed: e.g. a fused QKV linear followed by
+// split/chunk, or an LM head whose logits are returned rather than fed to a loss.
 // Each pattern becomes a ShardableSpan over the blocks holding its nodes (a stage shards it only
 // when it holds them all): its costs (the main nodes' profiled times and activations) and its
 // parameters (those read by no node outside the pattern, the row-parallel node's 1-D bias
-// excepted), with one all-reduce pair of the row-parallel output's bytes.
+// excepted; so a vocabulary weight tied to both ends stays whole), with one all-reduce pair of
+// the row-parallel output's bytes; a vocabulary pattern's one all-reduce (of the embedding's
+// output, or of the head's input) is counted as a pair of half its bytes each way.
 
 #include <vector>
 
@@ -35,10 +48,18 @@ namespace autostage::decomposer {
 
 struct Blocking;  // decomposer/coarsen.h
 
+// Rows from which an embedding or LM head weight counts as a vocabulary (Note [Tensor-parallel
+// patterns]): above the position tables of common models (512 to 8,192), below every tokenizer's
+// vocabulary (30,522 for BERT, 32,000 for Llama 2, 50,257 for GPT-2).
+constexpr int64_t kVocabularyRows = 16384;
+
 struct ShardPattern {
   bool attention = false;
   std::vector<core::NodeId> nodes;  // ascending: every node of the pattern, linear nodes included
-  core::NodeId rowLinear = core::kNoNode;
+  core::NodeId rowLinear = core::kNoNode;  // attention and MLP: the row-parallel linear
+  // Vocabulary patterns: the value all-reduced (the embedding's output, the head's input).
+  enum class Vocabulary { None, Embedding, Head } vocabulary = Vocabulary::None;
+  core::ValueId allreduced = -1;
 };
 
 std::vector<ShardPattern> findShardPatterns(const core::Graph& graph);

@@ -157,3 +157,54 @@ TEST_CASE("a synthetic GPT whose layers do not fit one device plans tensor-paral
     for (int r = 0; r < p.rankCount(); ++r) CHECK(d.ranks[r] == p.firstRank + r);
   }
 }
+
+TEST_CASE("a GPT's vocabulary embedding and LM head are split over the vocabulary",
+          "[decomposer]") {
+  TransformerShape shape;
+  shape.layers = 2;
+  shape.hidden = 256;
+  shape.heads = 4;
+  shape.sequence = 64;
+  shape.vocabulary = 32000;  // a tokenizer's vocabulary: at least kVocabularyRows
+  shape.causal = true;
+  const SyntheticModel m = syntheticTransformer(shape, DeviceModel{});
+  const std::vector<ShardPattern> patterns = findShardPatterns(m.graph);
+  int embeddings = 0, heads = 0;
+  for (const ShardPattern& p : patterns) {
+    if (p.vocabulary == ShardPattern::Vocabulary::Embedding) {
+      ++embeddings;
+      REQUIRE(p.nodes.size() == 1);
+      REQUIRE(m.graph.node(p.nodes[0]).kind == "aten::embedding");
+      // The word table (32000 rows), not the position table (64 rows).
+      REQUIRE(m.graph.node(p.nodes[0]).scope == "embeddings.word");
+      REQUIRE(p.allreduced == m.graph.node(p.nodes[0]).outputs[0]);
+    } else if (p.vocabulary == ShardPattern::Vocabulary::Head) {
+      ++heads;
+      REQUIRE(m.graph.node(p.nodes.front()).kind == "aten::matmul");
+      REQUIRE(m.graph.node(p.nodes.back()).kind == "aten::cross_entropy");
+      REQUIRE(m.graph.value(p.allreduced).type.shape() == std::vector<int64_t>{1, 64, 256});
+    }
+  }
+  REQUIRE(embeddings == 1);
+  REQUIRE(heads == 1);
+  REQUIRE(patterns.size() == 2 * 2 + 2);  // attention and MLP per layer, embedding, head
+  // Costed: the word table's and the head's parameters (weight and bias) are split, and each
+  // pattern's one all-reduce is counted as half its bytes each way.
+  double table = 0;  // bytes of the word table, as the graph types it
+  for (const ShardPattern& p : patterns)
+    if (p.vocabulary == ShardPattern::Vocabulary::Embedding)
+      table = static_cast<double>(m.graph.value(m.graph.node(p.nodes[0]).inputs[0]).type.bytes());
+  REQUIRE(table >= 32000.0 * 256);
+  const Blocking b = buildBlocking(m.graph, m.profile, 256, 8, true);
+  const std::vector<ShardableSpan>& spans = b.request.shardable;
+  REQUIRE(spans.size() == patterns.size());
+  CHECK(spans.front().cost.paramBytes == Approx(table));                   // the embedding
+  CHECK(spans.back().cost.paramBytes == Approx(table * (1 + 1.0 / 256)));  // head weight + bias
+  const core::LinearCost hidden = valueBytes(m.graph, m.profile, patterns.front().allreduced);
+  CHECK(spans.front().cost.allreduceBytes.perSample == Approx(hidden.perSample / 2));
+  CHECK(spans.front().cost.allreducePairs == 1);
+  // A smaller table (the toy vocabulary of 1000) stays replicated.
+  shape.vocabulary = 1000;
+  for (const ShardPattern& p : findShardPatterns(syntheticTransformer(shape, DeviceModel{}).graph))
+    REQUIRE(p.vocabulary == ShardPattern::Vocabulary::None);
+}
