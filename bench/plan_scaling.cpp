@@ -51,8 +51,9 @@ struct Case {
   int devices;
   int64_t batch;
   PlanUsage usage = PlanUsage::TrainStep;
-  // Set (--tensor-parallel): the option's value, planned by makeBlocking + planStages (a
-  // tensor-parallel plan has no deployment yet), the row's label gaining " tp=<value>".
+  // Set (--tensor-parallel): the option's value, planned by makeBlocking + planStages (builds
+  // before 66d128f refused to deploy such plans, so both sides of a comparison plan alike), the
+  // row's label gaining " tp=<value>".
   std::string tensorParallel;
 };
 

@@ -28,6 +28,10 @@ const std::vector<OptionSpec>& optionTable() {
       {"max_blocks", T::Int, "256", "coarsen the graph to at most this many blocks before the stage search", kPlanInput},
       {"partition_num", T::Int, "0", "force this many pipeline stages (0: let the planner choose)", kPlanInput},
       {"pipeline_num", T::Int, "0", "force this many micro-batches (0: let the planner choose)", kPlanInput},
+      {"micro_batch_size", T::Int, "0",
+       "force every micro-batch to this many rows per replica, the batch splitting exactly into "
+       "replicas x micro-batches of it (0: the planner chooses; a model whose batch size "
+       "torch.export fixed plans with the captured size)", kPlanInput},
       {"min_pipeline", T::Int, "1", "smallest micro-batch count the planner tries", kPlanInput},
       {"max_pipeline", T::Int, "32", "largest micro-batch count the planner tries (powers of two)", kPlanInput},
       {"schedule", T::String, "auto", "pipeline schedule: gpipe, 1f1b or auto (planner chooses)", kPlanInput},

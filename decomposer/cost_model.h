@@ -166,6 +166,15 @@ class CostModel {
     if (share > request_.batchSize) return 0;
     return (request_.batchSize + share - 1) / share;
   }
+  // Whether a stage of `replicaCount` replicas can run `microBatches` micro-batches: at least a
+  // sample each, and with micro_batch_size the batch exactly that many rows x micro-batches x
+  // replicas (Note [Fixed micro-batch size] in plan.h).
+  bool microBatchesFit(int microBatches, int replicaCount) const {
+    const int64_t rows = request_.options.microBatchSize;
+    if (rows > 0)
+      return static_cast<int64_t>(microBatches) * replicaCount * rows == request_.batchSize;
+    return microBatchPerReplica(microBatches, replicaCount) > 0;
+  }
   StageEstimate stage(const StageChoice& choice, int microBatches, Schedule schedule) const;
   StageEstimate stage(const RangeTotals& range, const StageChoice& choice, int microBatches,
                       Schedule schedule) const;

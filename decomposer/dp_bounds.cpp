@@ -40,9 +40,11 @@ FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, in
       return low.totalMemoryBytes - low.commBufferBytes -
              (recompute ? low.heldMicroBatches * low.bytesPerHeldMicroBatch : 0);
     };
-    growing = std::min(growing, t > 1 ? growth(model.stageLowerBound(range, choice, microBatches,
-                                                                     schedule))
-                                      : growth(e));
+    // The bound is below e, so it matters only where e grows past the limit: asked only then.
+    double grows = growth(e);
+    if (t > 1 && grows > model.memoryLimit())
+      grows = growth(model.stageLowerBound(range, choice, microBatches, schedule));
+    growing = std::min(growing, grows);
     if (e.totalMemoryBytes > model.memoryLimit()) continue;
     const core::CommProfile& comm = model.request().comm;
     const core::LinkCost link = fasterLink(comm.p2pIntraNode, comm.p2pInterNode);
@@ -95,7 +97,7 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
         const auto [r, degree] = shapes[i];
         const StageShape shape = stageShape(r, degree, unit);  // Note [Tensor-parallel units]
         const int width = shape.units;
-        if (width > units || model.microBatchPerReplica(microBatches, shape.replicas) == 0)
+        if (width > units || !model.microBatchesFit(microBatches, shape.replicas))
           continue;
         bool stop = false;
         const FrugalTimes t =

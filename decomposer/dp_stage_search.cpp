@@ -134,7 +134,7 @@ class SuffixSearch {
     // replicas at a higher degree: Note [Tensor-parallel units]); run() skips the other shapes.
     for (int r : replicaCandidates(units_))
       for (int t : tensorParallel_)
-        if (model.microBatchPerReplica(microBatches, stageShape(r, t, unit_).replicas) > 0) {
+        if (model.microBatchesFit(microBatches, stageShape(r, t, unit_).replicas)) {
           replicas_.push_back(r);
           break;
         }
@@ -165,7 +165,7 @@ class SuffixSearch {
           for (int t : tensorParallel_) {
             const Shape shape{r, t, stageShape(r, t, unit_)};
             if (!fitsTensorParallel(u, shape) ||
-                model_.microBatchPerReplica(microBatches_, shape.size.replicas) == 0)
+                !model_.microBatchesFit(microBatches_, shape.size.replicas))
               continue;
             const std::vector<Setting>& settings = settingsOf(shape.size.replicas);
             for (size_t pass = 0; pass < settings.size(); ++pass)
@@ -312,8 +312,9 @@ class SuffixSearch {
         return growing > limit ||
                summary.smallestSum + (microBatches_ - 1) * compute >= best_.seconds;
       };
-      if (t > 1 ? stops(model_.stageLowerBound(ranges[first], choice, microBatches_, schedule_))
-                : stops(e))
+      // The bound is below e in both, so it can stop only where e does: asked only then.
+      if (stops(e) &&
+          (t == 1 || stops(model_.stageLowerBound(ranges[first], choice, microBatches_, schedule_))))
         break;
       memory[first] = {e.baseMemoryBytes, e.bytesPerHeldMicroBatch};
       reachedFrom_[pass] = first;

@@ -92,6 +92,13 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
           << st.replicaCount << " replicas exceed the batch " << request.batchSize;
       return out().str();
     }
+    const int64_t rows = request.options.microBatchSize;  // Note [Fixed micro-batch size]
+    if (rows > 0 && rows * plan.microBatchCount * st.replicaCount != request.batchSize) {
+      out() << "stage " << s << ": micro_batch_size=" << rows << " needs the batch "
+          << request.batchSize << " to be " << rows << " rows x " << plan.microBatchCount
+          << " micro-batches x " << st.replicaCount << " replicas";
+      return out().str();
+    }
     nextRank = st.firstRank + st.rankCount();
   }
   if (nextBlock != n) return "stages cover " + std::to_string(nextBlock) + " of " + std::to_string(n) + " blocks";

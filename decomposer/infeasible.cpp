@@ -16,6 +16,7 @@ double smallestBlockMemory(const CostModel& model, int b) {
   for (int microBatches : request.options.microBatchCandidates()) {
     for (int r = 1; r <= request.devices; ++r) {
       if (model.microBatchPerReplica(microBatches, r) == 0) break;
+      if (!model.microBatchesFit(microBatches, r)) continue;  // Note [Fixed micro-batch size]
       for (int t : request.options.tensorParallelCandidates(request.devicesPerNode)) {
         if (r * t > request.devices) continue;
         for (bool recompute : request.options.recomputeCandidates()) {
@@ -68,6 +69,22 @@ std::string infeasibleMessage(const PlanRequest& request) {
         << "cut cannot be split by samples (ints from x.size(), tensors whose dim 0 is not the "
         << "batch); read sizes where they are used and keep the batch in dim 0 to get more cuts.";
     return out.str();
+  }
+  if (const int64_t rows = request.options.microBatchSize; rows > 0) {
+    // Note [Fixed micro-batch size]: no replica and micro-batch count gives that size.
+    bool any = false;
+    for (int m : request.options.microBatchCandidates())
+      for (int r = 1; r <= request.devices; ++r) any = any || rows * m * r == request.batchSize;
+    if (!any) {
+      std::ostringstream out;
+      out << "micro_batch_size=" << rows << " cannot divide the batch " << request.batchSize
+          << " into micro-batches of " << rows << " rows on " << request.devices
+          << " devices with the micro-batch counts tried (pipeline_num, min_pipeline, "
+          << "max_pipeline): the batch must be " << rows << " x micro-batches x replicas. Use "
+          << "a batch that is such a multiple, or another micro_batch_size (0: the planner "
+          << "chooses).";
+      return out.str();
+    }
   }
   CostModel model(request);
   double needed = 0, largestParams = -1;

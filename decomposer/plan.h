@@ -33,6 +33,14 @@ struct PlanOptions {
   int maxBlocks = 256;
   int partitionNum = 0;  // 0: free stage count
   int pipelineNum = 0;   // 0: free micro-batch count
+  // Note [Fixed micro-batch size]
+  // micro_batch_size=N gives every stage's micro-batches exactly N rows per replica: the batch is
+  // N x micro-batches x replicas for every stage (so every stage has the same replica count), and
+  // the searches skip other shapes (the DP's shapes and its bounds through
+  // CostModel::microBatchesFit, the baselines and refinements through the evaluator). Megatron-LM
+  // users set this figure; autostage sets it for a model whose batch dimension torch.export
+  // fixed (autostage/export.py), whose captured graph runs only that many rows. 0: free.
+  int microBatchSize = 0;
   int minPipeline = 1;
   int maxPipeline = 32;
   std::string schedule = "auto";  // gpipe | 1f1b | auto

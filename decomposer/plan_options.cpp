@@ -31,6 +31,8 @@ void PlanOptions::validate() const {
                      " must be at least 1 (default 256)");
   AUTOSTAGE_CHECK_AS(ConfigError, partitionNum >= 0, "option partition_num=", partitionNum,
                      " must be 0 (planner chooses) or a positive stage count");
+  AUTOSTAGE_CHECK_AS(ConfigError, microBatchSize >= 0, "option micro_batch_size=",
+                     microBatchSize, " must be >= 0 (0: the planner chooses)");
   AUTOSTAGE_CHECK_AS(ConfigError, pipelineNum >= 0, "option pipeline_num=", pipelineNum,
                      " must be 0 (planner chooses) or a positive micro-batch count");
   AUTOSTAGE_CHECK_AS(ConfigError, minPipeline >= 1 && maxPipeline >= minPipeline,
@@ -149,6 +151,7 @@ const std::vector<Field>& fields() {
        }},
       text("precision", &PlanOptions::precision),
       text("tensor_parallel", &PlanOptions::tensorParallel),
+      integer("micro_batch_size", &PlanOptions::microBatchSize),
   };
   return all;
 }

@@ -108,6 +108,15 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in, bool* fromStore) {
                                  "tensor_parallel=1");
     options.tensorParallel = "1";
   }
+  const int64_t fixedRows = in.model.fixedBatchRows;  // Note [Fixed micro-batch size]
+  if (fixedRows > 0) {
+    AUTOSTAGE_CHECK_AS(ConfigError, options.microBatchSize == 0 || options.microBatchSize == fixedRows,
+                       "option micro_batch_size=", options.microBatchSize, " asks for "
+                       "micro-batches of that many rows, but torch.export fixed this model's "
+                       "batch dimension to the ", fixedRows, " rows it was captured with, the only "
+                       "row count its graph runs; set micro_batch_size=0 (or ", fixedRows, ")");
+    options.microBatchSize = static_cast<int>(fixedRows);
+  }
   const std::vector<int> virtualStages = options.virtualStageCandidates();
   const int perRank = *std::max_element(virtualStages.begin(), virtualStages.end());
   AUTOSTAGE_CHECK_AS(ConfigError, options.partitionNum <= int64_t(in.worldSize) * perRank,
@@ -117,7 +126,8 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in, bool* fromStore) {
                      "partition_num to at most ", in.worldSize * perRank, " (0 lets the planner "
                      "choose) or launch more ranks");
   service::Planner& planner = plannerFor(config);
-  const profiler::ProfilerOptions profilerOptions = profiler::ProfilerOptions::fromConfig();
+  profiler::ProfilerOptions profilerOptions = profiler::ProfilerOptions::fromConfig();
+  if (fixedRows > 0) profilerOptions.batchSizes = {fixedRows};  // all the graph runs
   const profiler::ProfileKey key =
       profiler::profileKey(in.model, in.exampleInputs, profilerOptions, in.cluster.deviceKind);
   proto::PlanCall call =

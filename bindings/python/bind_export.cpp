@@ -67,7 +67,8 @@ class ExportBuilder {
 
   // Completes the import: the parameter tensors (the model's own, one per PARAM input in order).
   std::shared_ptr<ImportedModel> finish(const std::vector<at::Tensor>& tensors,
-                                        const std::vector<std::string>& names, bool tupleOutput) {
+                                        const std::vector<std::string>& names, bool tupleOutput,
+                                        int64_t fixedBatchRows) {
     AUTOSTAGE_INTERNAL_ASSERT(
         tensors.size() == model_->graph.paramInputs().size() && names.size() == tensors.size(),
         "export builder: ", tensors.size(), " parameter tensors for ",
@@ -75,6 +76,7 @@ class ExportBuilder {
     model_->paramTensors = tensors;
     model_->paramNames = names;
     model_->tupleOutput = tupleOutput;
+    model_->fixedBatchRows = fixedBatchRows;
     model_->graph.classifyValues();
     model_->graph.verify();
     core::logger("Module")->debug(
@@ -98,7 +100,7 @@ void bindExport(py::module_& m) {
            py::arg("output_types"), py::arg("output_names"), py::arg("constant"), py::arg("scope"))
       .def("add_output", &ExportBuilder::addOutput, py::arg("value"))
       .def("finish", &ExportBuilder::finish, py::arg("tensors"), py::arg("names"),
-           py::arg("tuple_output"));
+           py::arg("tuple_output"), py::arg("fixed_batch_rows") = 0);
 }
 
 }  // namespace autostage::bindings

@@ -34,6 +34,10 @@ struct ImportedModel {
   // The front end that captured the model: "TorchScript" (importModule) or "torch.export"
   // (autostage/export.py through the binding's builder; frontend/export/interpreter.h).
   std::string frontEnd = "TorchScript";
+  // Rows of the batch dimension torch.export fixed in the graph (the captured batch size), 0
+  // when it stayed dynamic (or for TorchScript). The model then profiles and plans micro-batches
+  // of exactly that many rows (Note [Fixed micro-batch size] in decomposer/plan.h).
+  int64_t fixedBatchRows = 0;
 };
 
 ImportedModel importModule(const torch::jit::Module& module,

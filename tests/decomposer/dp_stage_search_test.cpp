@@ -278,3 +278,40 @@ TEST_CASE("schedule=1f1b cannot be planned for forward()/backward()", "[decompos
   options.usage = PlanUsage::Inference;
   REQUIRE(options.recomputeCandidates() == std::vector<bool>{false});
 }
+
+TEST_CASE("with micro_batch_size the DP equals exhaustive search over the plans of that size",
+          "[decomposer]") {
+  // Note [Fixed micro-batch size]: every stage's micro-batches have exactly that many rows.
+  std::mt19937 rng(777);
+  int feasible = 0, infeasible = 0;
+  for (int instance = 0; instance < 120; ++instance) {
+    const int blocks = 1 + static_cast<int>(rng() % 6);
+    const int devices = 1 + static_cast<int>(rng() % 6);
+    PlanRequest request = testing::randomRequest(rng, blocks, devices);
+    request.options.virtualStages = "1";
+    request.options.microBatchSize = 1 + static_cast<int>(rng() % 4);
+    request.batchSize = request.options.microBatchSize * (1 + static_cast<int>(rng() % 8));
+    INFO("instance " << instance << "\n" << request.toText());
+    const double reference = testing::Exhaustive(request).best();
+    if (reference == kInf) {
+      REQUIRE_THROWS_AS(planDynamicProgramming(request), PlanError);
+      ++infeasible;
+      continue;
+    }
+    ++feasible;
+    REQUIRE(near(searchDynamicProgramming(request).best.searchSeconds, reference));
+    const Plan plan = planDynamicProgramming(request);
+    REQUIRE(evaluatePlan(request, plan).feasible);
+    for (const StagePlan& s : plan.stages)
+      REQUIRE(request.options.microBatchSize * plan.microBatchCount * s.replicaCount ==
+              request.batchSize);
+  }
+  REQUIRE(feasible >= 40);
+  REQUIRE(infeasible >= 5);
+  // A size the batch cannot be split into: the message names it.
+  PlanRequest request = testing::randomRequest(rng, 3, 4);
+  request.batchSize = 10;
+  request.options.microBatchSize = 3;
+  REQUIRE_THROWS_WITH(planDynamicProgramming(request),
+                      Catch::Contains("micro_batch_size=3 cannot divide the batch 10"));
+}

@@ -83,6 +83,8 @@ class Exhaustive {
       const std::string& zero = request_.options.zero;
       if ((zero == "1" && st.replicas > 1 && !st.zero) || (zero == "0" && st.zero)) return;
       if (model_.microBatchPerReplica(microBatches_, st.replicas) == 0) return;
+      const int64_t rows = request_.options.microBatchSize;  // exactly rows x M x r samples
+      if (rows > 0 && rows * microBatches_ * st.replicas != request_.batchSize) return;
       if (rank % st.tensorParallel != 0) return;  // a replica's ranks on one node
       StageChoice c{st.first, st.last,       st.replicas, rank, st.recompute, count - 1 - s,
                     st.zero,  st.tensorParallel};

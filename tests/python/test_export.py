@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import os
 import re
+import shutil
 import sys
 
 import pytest
@@ -258,3 +259,35 @@ def test_a_specialised_batch_dimension_is_said_once():
     lines.clear()
     autostage.export_to_ir(Reshaping(), (torch.randn(4, 8),), log=lines.append)
     assert lines == []  # a dynamic batch says nothing
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+@pytest.mark.parametrize("partition", [1, 2])
+def test_a_fixed_batch_size_plans_micro_batches_of_that_size(partition):
+    # Note [Fixed micro-batch size]: profiled at the captured 4 rows, planned so that every
+    # micro-batch has 4 rows (2 replicas, or 2 stages of 2 micro-batches), equal to plain PyTorch.
+    from mpi_launch import run_driver
+    log = run_driver("fixed_batch_check.py", partition, ranks=2)
+    for rank in range(2):
+        assert f"rank {rank}: fixed batch partition_num={partition} checked; 0 failures" in log, log
+    assert "planned with micro-batches of exactly 4 rows per replica (micro_batch_size=4)" in log
+    assert "batch_sizes=[4]" in log, log  # profiled at the captured size only
+    assert re.search(r"Planner options: .* micro_batch_size=4\b", log), log
+
+
+def test_micro_batch_size_against_a_fixed_batch_is_refused():
+    class IntBatch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 4)
+
+        def forward(self, x):
+            return self.a(x).reshape(int(x.shape[0]), 2, 2)
+
+    try:
+        wrapped = autostage.Module(IntBatch(), micro_batch_size=2)  # a process-wide option
+        with pytest.raises(autostage.ConfigError, match=r"micro_batch_size=2 .* fixed this "
+                                                        r"model's batch dimension to the 4 rows"):
+            wrapped(torch.randn(4, 3))
+    finally:
+        autostage._autostage._set_option("micro_batch_size", "0")

@@ -18,8 +18,9 @@ back.
 Dynamic batch: every batch input's dim 0 is exported as ``Dim.AUTO``, so size arithmetic stays
 symbolic (``sym_size`` nodes and ``_operator::*`` nodes) and micro-batches of any size run the
 same graph. Where the model specialises the batch dimension (export found it must be one value),
-the capture says so once in the log; the stages then run only micro-batches of that size, and
-a plan that splits the batch otherwise fails with the operator named.
+the capture says so once in the log, and the job profiles at that size and plans micro-batches of
+exactly that many rows per replica (Note [Fixed micro-batch size] in decomposer/plan.h): replicas
+x micro-batches x that size is the batch, so the graph never runs another row count.
 
 Note [Calls through export's specs]
 On this front end the model itself is exported with the call's own arguments (positional
@@ -432,14 +433,14 @@ def export_call(model, args, kwargs, model_name=None, log=None):
     batch = [(n, v) for n, v in zip(importer.user_nodes, leaves)
              if isinstance(v, torch.Tensor) and v.dim() > 0]
     fixed = [n.name for n, v in batch if is_concrete_int(n.meta["val"].shape[0])]
+    fixed_rows = batch[0][1].shape[0] if fixed else 0
     if fixed and log is not None:
-        size = batch[0][1].shape[0]
         why = ("torch.export specialises sizes 0 and 1; capture with a batch of 2 or more to "
-               "keep it dynamic" if size < 2 else "the model's code fixes it")
+               "keep it dynamic" if fixed_rows < 2 else "the model's code fixes it")
         log(f"torch.export specialised the batch dimension of {', '.join(fixed)} to the "
-            f"captured size {size} ({why}): the captured graph holds that size wherever it "
-            "uses the batch, so stages run micro-batches of another size only where no "
-            "operation depends on it")
+            f"captured size {fixed_rows} ({why}): the captured graph runs only that many rows, "
+            f"so it is profiled at {fixed_rows} rows and planned with micro-batches of exactly "
+            f"{fixed_rows} rows per replica (micro_batch_size={fixed_rows})")
     for node in ep.graph.nodes:
         if node.op == "call_function":
             importer.node(node)
@@ -449,7 +450,7 @@ def export_call(model, args, kwargs, model_name=None, log=None):
                 f"{model_name}")
     importer.outputs()
     output = ExportedOutput(ep, model_name)
-    return importer.builder.finish(tensors, names, output.tensor_count != 1), output
+    return importer.builder.finish(tensors, names, output.tensor_count != 1, fixed_rows), output
 
 
 class ExportedOutput:
