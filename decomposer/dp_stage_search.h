@@ -52,8 +52,10 @@ std::vector<int> replicaCandidates(int units);
 // devices, deviceUnit) and holds its devices / t replicas of t ranks each: with one device per
 // unit (up to 64 devices) r replicas on r t units; with units of 16 devices (1,024 devices) a
 // degree of 8 still fits in one unit, as two replicas, so that a stage at degree 8 is as narrow
-// as one at degree 1 (Megatron's 1-trillion GPT needs 64 such stages on 3,072 devices). t and
-// unit are powers of two, so each divides the other.
+// as one at degree 1 (Megatron-LM's 1-trillion-parameter GPT on 3,072 devices, units of 64,
+// plans 47 stages of one unit each at degree 8; with stages r t units wide it found none). t and
+// unit are powers of two, so each divides the other. Still coarse: a stage's devices are a
+// multiple of the unit (Megatron's own 64 stages of 48 devices are not in the space).
 struct StageShape {
   int units = 1, replicas = 1;
 };
