@@ -13,7 +13,7 @@ from mpi_launch import CLI, run_driver
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 
 # Megatron-LM's 1-trillion-parameter GPT (Narayanan et al., SC'21, Table 1): 3,072 A100s of
-# 80 GB, 8 per node, batch 3,072; its micro-batches are single samples, which max_pipeline=512
+# 80 GB, 8 per node, batch 3,072. It needs micro-batches of a few samples, which max_pipeline=512
 # allows (at the default 32, a micro-batch of 12 samples per replica fits no stage).
 TRILLION = ["--synthetic", "gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200",
             "--devices", "3072", "--devices-per-node", "8", "--device-memory", "80GiB",
