@@ -103,7 +103,25 @@ std::string infeasibleMessage(const PlanRequest& request) {
   out << "no plan fits in " << model.memoryLimit() << " bytes per device (device memory "
       << request.deviceMemoryBytes()
       << " bytes, mem_margin " << request.options.memMargin << ", " << request.devices
-      << " devices, batch " << request.batchSize << "). The smallest per-device memory that could "
+      << " devices, batch " << request.batchSize << "). ";
+  if (needed >= 0 && needed <= model.memoryLimit()) {
+    // Each block fits as a stage of its own: what does not fit is their split over the devices.
+    out << "Every block fits alone (the neediest, block " << neediest << " ("
+        << request.blocks[neediest].name << "), needs " << needed << " bytes with the most "
+        << "replicas and micro-batches), but no split of the " << blocks << " blocks into stages "
+        << "fits on " << request.devices << " devices: stages small enough to fit need more "
+        << "devices than there are, or micro-batches smaller than max_pipeline="
+        << request.options.maxPipeline << " allows (a stage holds the activations of its "
+        << "micro-batches in flight). To fix: raise max_pipeline, use more devices or more device "
+        << "memory, a smaller batch, "
+        << (request.options.recompute == "never" ? "allow recomputation (recompute=auto), " : "")
+        << (request.options.tensorParallel == "1" && request.devicesPerNode > 1
+                ? "allow tensor parallelism (tensor_parallel=auto), "
+                : "")
+        << "or lower opt_param_factor.";
+    return out.str();
+  }
+  out << "The smallest per-device memory that could "
       << "work is at least " << needed / margin << " bytes: block " << neediest << " ("
       << request.blocks[neediest].name << ") needs " << needed
       << " bytes even alone, with the most replicas and micro-batches"

@@ -28,6 +28,10 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
                        options.tensorParallel, " cannot be planned: ", why,
                        "; set tensor_parallel=1 (or auto)");
     core::logger("Decomposer")->info("tensor_parallel=auto: {}; planning without it", why);
+  } else if (options.tensorParallel != "1") {
+    core::logger("Decomposer")->info("tensor_parallel={}: {} pattern(s) to shard in graph {} "
+                                     "(Note [Tensor-parallel patterns])",
+                                     options.tensorParallel, r.shardable.size(), graph.name());
   }
   r.comm = profile.comm;
   r.devices = cluster.devices;

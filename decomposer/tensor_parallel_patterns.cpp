@@ -15,15 +15,30 @@ using core::Graph;
 using core::NodeId;
 using core::ValueId;
 
+// An operator's name without its overload: torch.export's `aten::linear.default` and
+// `aten::add.Tensor` are TorchScript's `aten::linear` and `aten::add`.
+std::string baseKind(const std::string& kind) {
+  if (kind.rfind("aten::", 0) != 0) return kind;
+  const size_t dot = kind.find('.', 6);
+  return dot == std::string::npos ? kind : kind.substr(0, dot);
+}
+
 bool oneOf(const std::string& kind, std::initializer_list<const char*> kinds) {
+  const std::string base = baseKind(kind);
   for (const char* k : kinds)
-    if (kind == k) return true;
+    if (base == k) return true;
   return false;
+}
+
+// A tensor, or a list of tensors (prim::ListConstruct feeding aten::cat).
+bool tensorLike(const core::Type& type) {
+  return type.isTensor() || (type.kind() == core::TypeKind::List && !type.elements().empty() &&
+                             type.elements()[0].isTensor());
 }
 
 bool producesTensor(const Graph& g, NodeId n) {
   for (ValueId v : g.node(n).outputs)
-    if (g.value(v).type.isTensor()) return true;
+    if (tensorLike(g.value(v).type)) return true;
   return false;
 }
 
@@ -55,19 +70,46 @@ std::vector<NodeId> tensorConsumers(const Graph& g, ValueId v) {
 }
 
 bool isPerHead(const std::string& kind) {
-  return oneOf(kind, {"aten::view", "aten::reshape", "aten::permute", "aten::transpose",
-                      "aten::contiguous", "aten::matmul", "aten::bmm", "aten::softmax",
+  return oneOf(kind, {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
+                      "aten::transpose", "aten::contiguous", "aten::clone", "aten::matmul",
+                      "aten::bmm", "aten::baddbmm", "aten::softmax", "aten::_softmax",
                       "aten::dropout", "aten::div", "aten::mul", "aten::add", "aten::masked_fill",
-                      "aten::where", "aten::scaled_dot_product_attention"});
+                      "aten::where", "aten::scaled_dot_product_attention",
+                      // rotary embeddings (rotate_half) and grouped K/V heads (repeat_kv)
+                      "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct",
+                      "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::to",
+                      "aten::_to_copy", "aten::type_as"});
 }
 
+// Operations that may read a per-position tensor from outside the attention pattern: a mask
+// (added, filled, or the attention's own mask argument) or rotary embeddings' cos and sin.
 bool isMask(const std::string& kind) {
-  return oneOf(kind, {"aten::add", "aten::masked_fill", "aten::where"});
+  return oneOf(kind, {"aten::add", "aten::masked_fill", "aten::where", "aten::mul",
+                      "aten::scaled_dot_product_attention", "aten::baddbmm"});
 }
 
 bool isElementwise(const std::string& kind) {
-  return oneOf(kind, {"aten::add", "aten::mul", "aten::div", "aten::gelu", "aten::relu",
-                      "aten::silu", "aten::tanh", "aten::sigmoid", "aten::dropout"});
+  return oneOf(kind, {"aten::add", "aten::sub", "aten::mul", "aten::div", "aten::neg",
+                      "aten::pow", "aten::sqrt", "aten::rsqrt", "aten::exp", "aten::erf",
+                      "aten::gelu", "aten::relu", "aten::silu", "aten::tanh", "aten::sigmoid",
+                      "aten::dropout", "aten::to", "aten::_to_copy", "aten::clone",
+                      "aten::contiguous"});
+}
+
+// A view or reshape that keeps the last dimension (GPT-2's Conv1D flattens the rows around its
+// addmm): the hidden features stay where the column split put them.
+bool keepsLastDimension(const Graph& g, NodeId n) {
+  if (!oneOf(g.node(n).kind, {"aten::view", "aten::reshape", "aten::_unsafe_view"})) return false;
+  const core::Node& node = g.node(n);
+  const core::Type &in = g.value(node.inputs.at(0)).type, &out = g.value(node.outputs.at(0)).type;
+  return in.isTensor() && out.isTensor() && in.shapeKnown() && out.shapeKnown() &&
+         !in.shape().empty() && !out.shape().empty() && in.shape().back() == out.shape().back();
+}
+
+bool anyGraphOutput(const Graph& g, NodeId n) {
+  for (ValueId v : g.node(n).outputs)
+    if (g.isGraphOutput(v)) return true;
+  return false;
 }
 
 // Attention from the linear nodes `qkv` reading one value; empty nodes when it does not match.
@@ -85,7 +127,7 @@ ShardPattern matchAttention(const Graph& g, const std::vector<NodeId>& qkv,
           end = c;
           continue;
         }
-        if (!isPerHead(g.node(c).kind)) return {};
+        if (!isPerHead(g.node(c).kind) || anyGraphOutput(g, c)) return {};
         region.insert(c);
         queue.push_back(c);
       }
@@ -106,26 +148,69 @@ ShardPattern matchAttention(const Graph& g, const std::vector<NodeId>& qkv,
   return pattern;
 }
 
-// MLP from the column-parallel linear node `first`; empty nodes when it does not match.
+// MLP from the column-parallel linear node `first`; empty nodes when it does not match. The
+// region from its output through element-wise nodes (and views keeping the last dimension) must
+// reach exactly one row-parallel linear, every tensor consumer of its values inside; a BATCH
+// tensor from outside may only be a sibling column-parallel linear of the same activation (a
+// gated MLP: act(gate(x)) * up(x)).
 ShardPattern matchMlp(const Graph& g, NodeId first, const std::vector<char>& used) {
-  ShardPattern pattern{false, {first}, core::kNoNode};
-  ValueId v = g.node(first).outputs.at(0);
-  while (true) {
-    const std::vector<NodeId> consumers = tensorConsumers(g, v);
-    if (consumers.size() != 1) return {};
-    const NodeId c = consumers[0];
-    if (isLinear(g, c) && !used[c] && activationOf(g, c) == v) {
-      pattern.nodes.push_back(c);
-      pattern.rowLinear = c;
-      return pattern;
+  const ValueId activation = activationOf(g, first);
+  std::set<NodeId> region{first};
+  std::vector<NodeId> queue{first};
+  NodeId row = core::kNoNode, sibling = core::kNoNode;
+  for (size_t i = 0; i < queue.size(); ++i) {
+    for (ValueId v : g.node(queue[i]).outputs)
+      for (NodeId c : tensorConsumers(g, v)) {
+        if (region.count(c)) continue;
+        if (isLinear(g, c) && !used[c] && activationOf(g, c) == v) {
+          if (row != core::kNoNode && row != c) return {};
+          row = c;
+          continue;
+        }
+        const std::string& kind = g.node(c).kind;
+        if ((!isElementwise(kind) && !keepsLastDimension(g, c)) || g.node(c).outputs.size() != 1 ||
+            anyGraphOutput(g, c))
+          return {};
+        region.insert(c);
+        queue.push_back(c);
+      }
+    // A sibling reaches the region through its output: its consumers must lie in it.
+    if (queue[i] == sibling)
+      for (NodeId c : tensorConsumers(g, g.node(sibling).outputs.at(0)))
+        if (!region.count(c) && c != row) return {};
+    if (i + 1 == queue.size() && sibling == core::kNoNode) {
+      // Every region node's BATCH tensor inputs come from the region, or from one sibling.
+      for (NodeId n : region) {
+        if (n == first) continue;
+        for (ValueId in : g.node(n).inputs) {
+          if (!isBatch(g, in) || !g.value(in).type.isTensor()) continue;
+          const NodeId p = g.producer(in);
+          if (p != core::kNoNode && region.count(p)) continue;
+          if (p == core::kNoNode || p == first || !isLinear(g, p) || used[p] ||
+              activationOf(g, p) != activation || sibling != core::kNoNode)
+            return {};
+          sibling = p;
+        }
+      }
+      if (sibling != core::kNoNode) {
+        region.insert(sibling);
+        queue.push_back(sibling);
+      }
     }
-    const core::Node& node = g.node(c);
-    if (!isElementwise(node.kind) || node.outputs.size() != 1) return {};
-    for (ValueId in : node.inputs)
-      if (in != v && isBatch(g, in) && g.value(in).type.isTensor()) return {};
-    pattern.nodes.push_back(c);
-    v = node.outputs[0];
   }
+  if (row == core::kNoNode) return {};
+  for (NodeId n : region) {  // the region settled: every outside input checked once more
+    if (n == first || n == sibling) continue;
+    for (ValueId in : g.node(n).inputs) {
+      if (!isBatch(g, in) || !g.value(in).type.isTensor()) continue;
+      const NodeId p = g.producer(in);
+      if (p == core::kNoNode || !region.count(p)) return {};
+    }
+  }
+  ShardPattern pattern{false, {region.begin(), region.end()}, row};
+  pattern.nodes.push_back(row);
+  std::sort(pattern.nodes.begin(), pattern.nodes.end());
+  return pattern;
 }
 
 // The vocabulary of a 2-D PARAM input of node n: its first dimension (an embedding table's rows),
@@ -204,7 +289,8 @@ std::vector<ShardPattern> findShardPatterns(const Graph& g) {
   }
   for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {
     const core::Node& node = g.node(n);
-    if (used[n] || node.kind != "aten::embedding" || vocabularyOf(g, n, false) == 0) continue;
+    if (used[n] || !oneOf(node.kind, {"aten::embedding"}) || vocabularyOf(g, n, false) == 0)
+      continue;
     ShardPattern p;
     p.vocabulary = ShardPattern::Vocabulary::Embedding;
     p.nodes = {n};

@@ -5,17 +5,23 @@
 //
 // Note [Tensor-parallel patterns]
 // A linear node is aten::linear, or aten::matmul / aten::mm / aten::addmm with an input of class
-// PARAM (the weight, possibly through aten::t: the traced form of nn.Linear). Two patterns are
-// recognised, each ending in its row-parallel linear, whose output is all-reduced:
+// PARAM (the weight, possibly through aten::t: the traced form of nn.Linear). Operator names are
+// compared without their overload (torch.export's aten::linear.default is aten::linear). Two
+// patterns are recognised, each ending in its row-parallel linear, whose output is all-reduced:
 //   Attention: three or more linear nodes reading one value (Q, K, V: column-parallel, split by
 //     heads) whose outputs reach one linear node (the output projection, row-parallel) through
-//     per-head operations only (view, reshape, permute, transpose, contiguous, matmul, bmm,
-//     softmax, dropout, div, mul, add, masked_fill, where, scaled_dot_product_attention). Every
-//     tensor consumer of a value in the pattern is in the pattern; a tensor read from outside is
-//     allowed only as a mask (add, masked_fill, where).
-//   MLP: a linear node (column-parallel) whose output reaches a second linear node (row-parallel)
-//     through a chain of single-consumer element-wise nodes (add/mul/div of a PARAM or CONST
-//     operand such as the bias, gelu, relu, silu, tanh, sigmoid, dropout).
+//     per-head operations only (views, reshapes, permutes, transposes, matmul, bmm, softmax,
+//     dropout, element-wise arithmetic, masked_fill, where, scaled_dot_product_attention, and
+//     what rotary embeddings and grouped K/V heads add: slice, neg, cat with its list, unsqueeze,
+//     expand, dtype casts). Every tensor consumer of a value in the pattern is in the pattern,
+//     none is a graph output; a tensor read from outside is allowed only as a mask or a
+//     position factor (add, mul, masked_fill, where, the attention's mask argument).
+//   MLP: a linear node (column-parallel) whose output reaches one second linear node
+//     (row-parallel) through element-wise nodes (activations such as GPT-2's tanh GELU written
+//     out, bias adds, dtype casts, dropout) and views keeping the last dimension (GPT-2's Conv1D
+//     flattens rows around its addmm); every tensor consumer inside, a BATCH tensor from outside
+//     only the output of a sibling linear of the same input (a gated MLP: silu(gate(x)) *
+//     up(x) -> down, as in Llama, Qwen2 and Mistral), which is column-parallel too.
 // Consumers that produce no tensor (aten::size, aten::Int, prim::NumToTensor) are ignored. A
 // linear node belongs to at most one pattern (attention first).
 // Two more are split over the vocabulary (a PARAM of at least kVocabularyRows rows, as in
@@ -30,7 +36,8 @@
 //     all-reduced backward.
 // Position embeddings (fewer rows) stay replicated.
 // What matches nothing is left replicated, never guessed: e.g. a fused QKV linear followed by
-// split/chunk, or an LM head whose logits are returned rather than fed to a loss.
+// split/chunk (GPT-2's attention), or an LM head whose logits are returned rather than fed to a
+// loss (transformers' models return them). autostage.shard_patterns(ir) lists what is found.
 // Each pattern becomes a ShardableSpan over the blocks holding its nodes (a stage shards it only
 // when it holds them all): its costs (the main nodes' profiled times and activations) and its
 // parameters (those read by no node outside the pattern, the row-parallel node's 1-D bias

@@ -1,9 +1,14 @@
 #include <pybind11/stl.h>
 
+#include <string>
+#include <tuple>
+#include <vector>
+
 #include "bindings/python/bindings.h"
 #include "core/error.h"
 #include "core/ir/graph.h"
 #include "core/proto/graph_file.h"
+#include "decomposer/tensor_parallel_patterns.h"
 
 namespace autostage::bindings {
 
@@ -30,6 +35,23 @@ void bindCore(py::module_& m) {
       .def_static("parse", &core::Graph::parse, py::arg("text"), "Graph from its text form.");
   m.def("_save_graph", &core::saveGraph, py::arg("graph"), py::arg("path"));
   m.def("_load_graph", &core::loadGraph, py::arg("path"));
+  // Note [Tensor-parallel patterns]: (kind, scope of its first node, names of its nodes' first
+  // outputs) per pattern, in node order.
+  m.def("_shard_patterns", [](const core::Graph& g) {
+    std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> result;
+    for (const decomposer::ShardPattern& p : decomposer::findShardPatterns(g)) {
+      using V = decomposer::ShardPattern::Vocabulary;
+      const std::string kind = p.vocabulary == V::Embedding ? "embedding"
+                               : p.vocabulary == V::Head    ? "lm_head"
+                               : p.attention                ? "attention"
+                                                            : "mlp";
+      std::vector<std::string> names;
+      for (core::NodeId n : p.nodes)
+        if (!g.node(n).outputs.empty()) names.push_back(g.value(g.node(n).outputs[0]).name);
+      result.emplace_back(kind, g.node(p.nodes.front()).scope, names);
+    }
+    return result;
+  }, py::arg("graph"));
 }
 
 }  // namespace autostage::bindings

@@ -122,6 +122,42 @@ TEST_CASE("infeasible request names the needed memory and the options", "[decomp
   }
 }
 
+TEST_CASE("when every block fits alone, the message says the split is what does not fit",
+          "[decomposer]") {
+  // Four blocks of 6 GB of parameters, no optimizer state (opt_param_factor 0), on 2 devices of
+  // 16 GB (14.4 GB usable): a block alone needs 12 GB (parameters and gradients), two blocks
+  // 24 GB, so four blocks fit on no split over two devices.
+  PlanRequest request;
+  for (int i = 0; i < 4; ++i) {
+    BlockCost b;
+    b.name = "layer" + std::to_string(i);
+    b.forwardSeconds = {1e-3, 1e-4};
+    b.backwardSeconds = {2e-3, 2e-4};
+    b.activationBytes = {0, 1e3};
+    b.cutBytesAfter = {0, 1e3};
+    b.paramBytes = 6e9;
+    request.blocks.push_back(b);
+  }
+  request.devices = 2;
+  request.devicesPerNode = 2;
+  request.deviceMemory = 16e9;
+  request.batchSize = 8;
+  request.options.optParamFactor = 0;
+  try {
+    planDynamicProgramming(request);
+    FAIL("expected PlanError");
+  } catch (const PlanError& e) {
+    const std::string message = e.what();
+    INFO(message);
+    REQUIRE(message.find("Every block fits alone") != std::string::npos);
+    REQUIRE(message.find("no split of the 4 blocks into stages fits on 2 devices") !=
+            std::string::npos);
+    REQUIRE(message.find("raise max_pipeline") != std::string::npos);
+    REQUIRE(message.find("tensor_parallel=auto") != std::string::npos);
+    REQUIRE(message.find("smallest per-device memory") == std::string::npos);
+  }
+}
+
 TEST_CASE("partition_num above the block or device count says which and what to use", "[decomposer]") {
   std::mt19937 rng(11);
   PlanRequest request = testing::randomRequest(rng, 3, 8);

@@ -7,7 +7,9 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
+import autostage
 from mpi_launch import CLI, run_driver
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
@@ -112,3 +114,75 @@ def test_a_training_job_runs_degree_one(phase):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
     if phase == "auto":
         assert "tensor_parallel=auto: this build's runtime runs stages of one rank" in log, log
+
+
+class _Block(torch.nn.Module):
+    """A Llama-shaped layer written in torch: attention with separate Q, K, V projections and
+    rotary-style position factors, and a gated MLP (silu(gate(x)) * up(x) -> down)."""
+
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden) for _ in range(4))
+        self.gate, self.up = torch.nn.Linear(hidden, 64), torch.nn.Linear(hidden, 64)
+        self.down = torch.nn.Linear(64, hidden)
+        self.register_buffer("cos", torch.cos(torch.arange(8.0)).reshape(1, 1, 8, 1))
+
+    def split(self, x):
+        b, s, h = x.shape
+        return x.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)
+
+    def forward(self, x):
+        q, k = self.split(self.q(x)) * self.cos, self.split(self.k(x)) * self.cos
+        v = self.split(self.v(x))
+        att = torch.softmax(q @ k.transpose(-1, -2) / 8.0, dim=-1) @ v
+        x = x + self.o(att.transpose(1, 2).reshape(x.shape))
+        return x + self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def test_patterns_of_a_llama_shaped_layer_are_found():
+    # Note [Tensor-parallel patterns], on this leg's capture (TorchScript on 1.13, torch.export on
+    # 2.x, whose operator names carry overloads such as aten::linear.default).
+    model = torch.nn.Sequential(_Block(), _Block())
+    from autostage.export import available
+    if available():
+        ir = autostage.export_to_ir(model, (torch.randn(2, 8, 32),))
+    else:
+        ir = autostage.trace_to_ir(model, (torch.randn(2, 8, 32),))
+    patterns = autostage.shard_patterns(ir)
+    assert [p["kind"] for p in patterns] == ["attention", "mlp", "attention", "mlp"], patterns
+    assert [p["scope"] for p in patterns] == ["0.q", "0.gate", "1.q", "1.gate"], patterns
+    # The gated MLP holds both column-parallel linears and the row-parallel one.
+    assert len(patterns[1]["nodes"]) >= 5, patterns[1]
+
+
+def test_transformers_models_expose_their_patterns():
+    transformers = pytest.importorskip("transformers")
+    from autostage.export import available, export_call
+    if not available():
+        pytest.skip("torch.export training IR needs PyTorch 2.5+")
+    torch.manual_seed(0)
+    vocab, config = 32000, dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                num_attention_heads=4)
+    cases = {
+        "llama": (transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            num_key_value_heads=2, vocab_size=vocab, **config)), True),
+        "bert": (transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=vocab, **config)),
+                 True),
+        # GPT-2's fused QKV projection (one Conv1D, then split) is not matched: MLPs only.
+        "gpt2": (transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=64)), False),
+    }
+    ids = torch.randint(0, vocab, (2, 16))
+    for name, (model, attention) in cases.items():
+        kwargs = dict(input_ids=ids, labels=ids)
+        if name != "bert":
+            kwargs["use_cache"] = False
+        ir, _ = export_call(model.train(), (), kwargs, name)
+        kinds = [p["kind"] for p in autostage.shard_patterns(ir)]
+        # The word embedding is split over the vocabulary; the LM head stays whole, as the
+        # model returns its logits.
+        assert kinds.count("embedding") == 1, (name, kinds)
+        assert kinds.count("mlp") == 2, (name, kinds)
+        assert kinds.count("attention") == (2 if attention else 0), (name, kinds)
+        assert "lm_head" not in kinds, (name, kinds)

@@ -39,6 +39,16 @@ def save_graph(ir_or_graph, path):
     _autostage._save_graph(graph, str(path))
 
 
+def shard_patterns(ir_or_graph):
+    """What Megatron-style tensor parallelism would split in the IR (Note [Tensor-parallel
+    patterns]): one dict per pattern, in node order, with ``kind`` (attention, mlp, embedding or
+    lm_head), ``scope`` (the module of its first node) and ``nodes`` (their outputs' names).
+    Everything else stays replicated within a tensor-parallel group."""
+    graph = ir_or_graph.graph if isinstance(ir_or_graph, IR) else ir_or_graph
+    return [{"kind": kind, "scope": scope, "nodes": list(nodes)}
+            for kind, scope, nodes in _autostage._shard_patterns(graph)]
+
+
 def load_graph(path):
     """Read a graph file written by :func:`save_graph`; raises autostage.FormatError when the
     file is truncated, corrupted, of another kind or of an unsupported version."""
