@@ -263,6 +263,39 @@ ShardPattern matchVocabularyHead(const Graph& g, NodeId head) {
   }
 }
 
+// A fused QKV projection: linear node n whose output reaches, through views keeping the last
+// dimension, a split into three or more tensors (aten::split / split_with_sizes / chunk with a
+// tensor per output, or a list unpacked by prim::ListUnpack). Returns n, the views and the split
+// (and its unpack), the nodes the attention region starts from; empty when it does not match.
+std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
+  std::vector<NodeId> start{n};
+  NodeId at = n;
+  while (true) {
+    const std::vector<NodeId> consumers = tensorConsumers(g, g.node(at).outputs.at(0));
+    if (consumers.size() != 1 || anyGraphOutput(g, at)) return {};
+    const NodeId c = consumers[0];
+    if (keepsLastDimension(g, c)) {
+      start.push_back(at = c);
+      continue;
+    }
+    if (!oneOf(g.node(c).kind, {"aten::split", "aten::split_with_sizes", "aten::chunk",
+                                "aten::unsafe_split"}))
+      return {};
+    start.push_back(c);
+    const std::vector<ValueId>& outputs = g.node(c).outputs;
+    if (outputs.size() >= 3) return start;
+    if (outputs.size() == 1) {  // TorchScript: one list, unpacked
+      const std::vector<NodeId> unpack = g.consumers(outputs[0]);
+      if (unpack.size() == 1 && g.node(unpack[0]).kind == "prim::ListUnpack" &&
+          g.node(unpack[0]).outputs.size() >= 3) {
+        start.push_back(unpack[0]);
+        return start;
+      }
+    }
+    return {};
+  }
+}
+
 }  // namespace
 
 std::vector<ShardPattern> findShardPatterns(const Graph& g) {
@@ -279,6 +312,13 @@ std::vector<ShardPattern> findShardPatterns(const Graph& g) {
       if (isLinear(g, c) && !used[c] && activationOf(g, c) == x.id) qkv.push_back(c);
     if (qkv.size() < 3) continue;
     ShardPattern p = matchAttention(g, qkv, used);
+    if (!p.nodes.empty()) take(std::move(p));
+  }
+  for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {  // fused QKV projections
+    if (used[n] || !isLinear(g, n)) continue;
+    const std::vector<NodeId> start = fusedQkvStart(g, n);
+    if (start.empty()) continue;
+    ShardPattern p = matchAttention(g, start, used);
     if (!p.nodes.empty()) take(std::move(p));
   }
   for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {

@@ -15,7 +15,10 @@
 //     what rotary embeddings and grouped K/V heads add: slice, neg, cat with its list, unsqueeze,
 //     expand, dtype casts). Every tensor consumer of a value in the pattern is in the pattern,
 //     none is a graph output; a tensor read from outside is allowed only as a mask or a
-//     position factor (add, mul, masked_fill, where, the attention's mask argument).
+//     position factor (add, mul, masked_fill, where, the attention's mask argument). A fused
+//     projection counts as Q, K and V: one linear node whose output is split three ways
+//     (aten::split, split_with_sizes or chunk, unpacked by prim::ListUnpack on TorchScript),
+//     through views keeping the last dimension (GPT-2's c_attn).
 //   MLP: a linear node (column-parallel) whose output reaches one second linear node
 //     (row-parallel) through element-wise nodes (activations such as GPT-2's tanh GELU written
 //     out, bias adds, dtype casts, dropout) and views keeping the last dimension (GPT-2's Conv1D
@@ -35,9 +38,8 @@
 //     loss all-reduces a few values per row forward, and the head's input gradient is
 //     all-reduced backward.
 // Position embeddings (fewer rows) stay replicated.
-// What matches nothing is left replicated, never guessed: e.g. a fused QKV linear followed by
-// split/chunk (GPT-2's attention), or an LM head whose logits are returned rather than fed to a
-// loss (transformers' models return them). autostage.shard_patterns(ir) lists what is found.
+// What matches nothing is left replicated, never guessed: e.g. an LM head whose logits are
+// returned rather than fed to a loss (transformers' models return them). autostage.shard_patterns(ir) lists what is found.
 // Each pattern becomes a ShardableSpan over the blocks holding its nodes (a stage shards it only
 // when it holds them all): its costs (the main nodes' profiled times and activations) and its
 // parameters (those read by no node outside the pattern, the row-parallel node's 1-D bias

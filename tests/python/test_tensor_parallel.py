@@ -156,6 +156,31 @@ def test_patterns_of_a_llama_shaped_layer_are_found():
     assert len(patterns[1]["nodes"]) >= 5, patterns[1]
 
 
+class _FusedQkv(torch.nn.Module):
+    """GPT-2's attention shape: one projection for Q, K and V, split."""
+
+    def __init__(self, hidden=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.o = torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = (t.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).split(h, dim=-1))
+        att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+        return x + self.o(att.transpose(1, 2).reshape(b, s, h))
+
+
+def test_a_fused_qkv_projection_is_split_by_heads():
+    from autostage.export import available
+    model = _FusedQkv()
+    example = (torch.randn(2, 8, 32),)
+    ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(model, example)
+    patterns = autostage.shard_patterns(ir)
+    assert [(p["kind"], p["scope"]) for p in patterns] == [("attention", "qkv")], patterns
+
+
 def test_transformers_models_expose_their_patterns():
     transformers = pytest.importorskip("transformers")
     from autostage.export import available, export_call
@@ -165,16 +190,15 @@ def test_transformers_models_expose_their_patterns():
     vocab, config = 32000, dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                                 num_attention_heads=4)
     cases = {
-        "llama": (transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            num_key_value_heads=2, vocab_size=vocab, **config)), True),
-        "bert": (transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=vocab, **config)),
-                 True),
-        # GPT-2's fused QKV projection (one Conv1D, then split) is not matched: MLPs only.
-        "gpt2": (transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=64)), False),
+        "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            num_key_value_heads=2, vocab_size=vocab, **config)),
+        "bert": transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=vocab, **config)),
+        # GPT-2's attention projects Q, K and V with one Conv1D (addmm), then splits.
+        "gpt2": transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=64)),
     }
     ids = torch.randint(0, vocab, (2, 16))
-    for name, (model, attention) in cases.items():
+    for name, model in cases.items():
         kwargs = dict(input_ids=ids, labels=ids)
         if name != "bert":
             kwargs["use_cache"] = False
@@ -184,5 +208,5 @@ def test_transformers_models_expose_their_patterns():
         # model returns its logits.
         assert kinds.count("embedding") == 1, (name, kinds)
         assert kinds.count("mlp") == 2, (name, kinds)
-        assert kinds.count("attention") == (2 if attention else 0), (name, kinds)
+        assert kinds.count("attention") == 2, (name, kinds)
         assert "lm_head" not in kinds, (name, kinds)
