@@ -27,7 +27,7 @@ def test_interleaved_equals_plain_pytorch(ranks, virtual, zero):
     assert re.search(rf"\[DPStaging\] \[info\] Estimated profiles .* schedule=1f1b v={virtual} ",
                      log), log
     if zero:
-        assert re.search(r"graph=STAGE_\d+_\d+ repl=2 zero=1 ", log), log
+        assert re.search(r"graph=STAGE_\d+_\d+ repl=2 tp=1 zero=1 ", log), log
 
 
 @needs_mpirun
