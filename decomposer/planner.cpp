@@ -22,8 +22,9 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
   if (options.tensorParallel != "1" && r.shardable.empty()) {
     // Note [Tensor-parallel patterns]: nothing to shard, so every degree > 1 only replicates.
     const std::string why = "graph " + graph.name() + " has no operations tensor parallelism " +
-                            "shards (a linear layer feeding another through element-wise " +
-                            "operations, or attention with separate Q, K and V projections)";
+                            "shards (linear layers feeding each other through element-wise " +
+                            "operations, attention, a vocabulary-sized embedding or LM head: " +
+                            "Note [Tensor-parallel patterns]; autostage.shard_patterns lists them)";
     AUTOSTAGE_CHECK_AS(ConfigError, options.tensorParallel == "auto", "option tensor_parallel=",
                        options.tensorParallel, " cannot be planned: ", why,
                        "; set tensor_parallel=1 (or auto)");
