@@ -183,6 +183,7 @@ std::string planUsage() {
          "         (--devices-per-node and --device-memory may be left to --device-preset)\n"
          "         [--decomposer dp|data_parallel|uniform|param_balanced] [--out deployment.pb] [--json]\n"
          "         [--max-blocks N] [--partition-num N] [--pipeline-num N] [--min-pipeline N]\n"
+         "         [--micro-batch-size N]  (rows per micro-batch and replica; 0: planner chooses)\n"
          "         [--max-pipeline N] [--schedule gpipe|1f1b|auto] [--virtual-stages auto|1|2|4]\n"
          "         [--mem-limit-gb G] [--mem-margin F]\n"
          "         [--usage train_step|forward_backward|inference]  (the API that runs the plan;\n"
