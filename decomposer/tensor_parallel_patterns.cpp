@@ -5,6 +5,8 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "decomposer/coarsen.h"
 
@@ -112,105 +114,93 @@ bool anyGraphOutput(const Graph& g, NodeId n) {
   return false;
 }
 
-// Attention from the linear nodes `qkv` reading one value; empty nodes when it does not match.
-ShardPattern matchAttention(const Graph& g, const std::vector<NodeId>& qkv,
-                            const std::vector<char>& used) {
-  std::set<NodeId> region(qkv.begin(), qkv.end());
-  std::vector<NodeId> queue(qkv.begin(), qkv.end());
-  NodeId end = core::kNoNode;
-  for (size_t i = 0; i < queue.size(); ++i) {
+// Grows `region` from the nodes of `queue` (already in it) through the tensor consumers of their
+// outputs: a linear node reading such a value is the pattern's one row-parallel end (`*end`);
+// any other consumer must satisfy `inside` and is added. False when a consumer fails, or a
+// second end appears.
+template <typename Inside>
+bool growRegion(const Graph& g, const std::vector<char>& used, Inside inside,
+                std::set<NodeId>& region, std::vector<NodeId> queue, NodeId* end) {
+  for (size_t i = 0; i < queue.size(); ++i)
     for (ValueId v : g.node(queue[i]).outputs)
       for (NodeId c : tensorConsumers(g, v)) {
         if (region.count(c)) continue;
         if (isLinear(g, c) && !used[c] && activationOf(g, c) == v) {
-          if (end != core::kNoNode && end != c) return {};
-          end = c;
+          if (*end != core::kNoNode && *end != c) return false;
+          *end = c;
           continue;
         }
-        if (!isPerHead(g.node(c).kind) || anyGraphOutput(g, c)) return {};
+        if (!inside(c) || anyGraphOutput(g, c)) return false;
         region.insert(c);
         queue.push_back(c);
       }
-  }
-  if (end == core::kNoNode) return {};
+  return true;
+}
+
+// The BATCH tensor inputs of the region's nodes (`starts` excepted) that come from outside it.
+std::vector<std::pair<NodeId, ValueId>> outsideInputs(const Graph& g,
+                                                      const std::set<NodeId>& region,
+                                                      const std::vector<NodeId>& starts) {
+  std::vector<std::pair<NodeId, ValueId>> result;
   for (NodeId n : region) {
-    if (std::find(qkv.begin(), qkv.end(), n) != qkv.end()) continue;
+    if (std::find(starts.begin(), starts.end(), n) != starts.end()) continue;
     for (ValueId in : g.node(n).inputs) {
       if (!isBatch(g, in) || !g.value(in).type.isTensor()) continue;
       const NodeId p = g.producer(in);
-      if (p == core::kNoNode || !region.count(p))
-        if (!isMask(g.node(n).kind)) return {};
+      if (p == core::kNoNode || !region.count(p)) result.emplace_back(n, in);
     }
   }
-  ShardPattern pattern{true, {region.begin(), region.end()}, end};
+  return result;
+}
+
+ShardPattern finish(bool attention, const std::set<NodeId>& region, NodeId end) {
+  ShardPattern pattern{attention, {region.begin(), region.end()}, end};
   pattern.nodes.push_back(end);
   std::sort(pattern.nodes.begin(), pattern.nodes.end());
   return pattern;
+}
+
+// Attention from the nodes `qkv` (the Q, K and V linear nodes reading one value, or a fused
+// projection and its split); empty nodes when it does not match.
+ShardPattern matchAttention(const Graph& g, const std::vector<NodeId>& qkv,
+                            const std::vector<char>& used) {
+  std::set<NodeId> region(qkv.begin(), qkv.end());
+  NodeId end = core::kNoNode;
+  const auto perHead = [&](NodeId c) { return isPerHead(g.node(c).kind); };
+  if (!growRegion(g, used, perHead, region, qkv, &end) || end == core::kNoNode) return {};
+  for (const auto& [n, in] : outsideInputs(g, region, qkv))
+    if (!isMask(g.node(n).kind)) return {};
+  return finish(true, region, end);
 }
 
 // MLP from the column-parallel linear node `first`; empty nodes when it does not match. The
 // region from its output through element-wise nodes (and views keeping the last dimension) must
 // reach exactly one row-parallel linear, every tensor consumer of its values inside; a BATCH
 // tensor from outside may only be a sibling column-parallel linear of the same activation (a
-// gated MLP: act(gate(x)) * up(x)).
+// gated MLP: act(gate(x)) * up(x)), whose consumers must then lie inside too.
 ShardPattern matchMlp(const Graph& g, NodeId first, const std::vector<char>& used) {
-  const ValueId activation = activationOf(g, first);
   std::set<NodeId> region{first};
-  std::vector<NodeId> queue{first};
-  NodeId row = core::kNoNode, sibling = core::kNoNode;
-  for (size_t i = 0; i < queue.size(); ++i) {
-    for (ValueId v : g.node(queue[i]).outputs)
-      for (NodeId c : tensorConsumers(g, v)) {
-        if (region.count(c)) continue;
-        if (isLinear(g, c) && !used[c] && activationOf(g, c) == v) {
-          if (row != core::kNoNode && row != c) return {};
-          row = c;
-          continue;
-        }
-        const std::string& kind = g.node(c).kind;
-        if ((!isElementwise(kind) && !keepsLastDimension(g, c)) || g.node(c).outputs.size() != 1 ||
-            anyGraphOutput(g, c))
-          return {};
-        region.insert(c);
-        queue.push_back(c);
-      }
-    // A sibling reaches the region through its output: its consumers must lie in it.
-    if (queue[i] == sibling)
-      for (NodeId c : tensorConsumers(g, g.node(sibling).outputs.at(0)))
-        if (!region.count(c) && c != row) return {};
-    if (i + 1 == queue.size() && sibling == core::kNoNode) {
-      // Every region node's BATCH tensor inputs come from the region, or from one sibling.
-      for (NodeId n : region) {
-        if (n == first) continue;
-        for (ValueId in : g.node(n).inputs) {
-          if (!isBatch(g, in) || !g.value(in).type.isTensor()) continue;
-          const NodeId p = g.producer(in);
-          if (p != core::kNoNode && region.count(p)) continue;
-          if (p == core::kNoNode || p == first || !isLinear(g, p) || used[p] ||
-              activationOf(g, p) != activation || sibling != core::kNoNode)
-            return {};
-          sibling = p;
-        }
-      }
-      if (sibling != core::kNoNode) {
-        region.insert(sibling);
-        queue.push_back(sibling);
-      }
-    }
+  NodeId row = core::kNoNode;
+  const auto elementwise = [&](NodeId c) {
+    return (isElementwise(g.node(c).kind) || keepsLastDimension(g, c)) &&
+           g.node(c).outputs.size() == 1;
+  };
+  if (!growRegion(g, used, elementwise, region, {first}, &row)) return {};
+  NodeId sibling = core::kNoNode;
+  for (const auto& [n, in] : outsideInputs(g, region, {first})) {
+    const NodeId p = g.producer(in);
+    if (p == core::kNoNode || (sibling != core::kNoNode && p != sibling) || !isLinear(g, p) ||
+        used[p] || activationOf(g, p) != activationOf(g, first))
+      return {};
+    sibling = p;
+  }
+  if (sibling != core::kNoNode) {
+    region.insert(sibling);
+    if (!growRegion(g, used, elementwise, region, {sibling}, &row)) return {};
+    if (!outsideInputs(g, region, {first, sibling}).empty()) return {};
   }
   if (row == core::kNoNode) return {};
-  for (NodeId n : region) {  // the region settled: every outside input checked once more
-    if (n == first || n == sibling) continue;
-    for (ValueId in : g.node(n).inputs) {
-      if (!isBatch(g, in) || !g.value(in).type.isTensor()) continue;
-      const NodeId p = g.producer(in);
-      if (p == core::kNoNode || !region.count(p)) return {};
-    }
-  }
-  ShardPattern pattern{false, {region.begin(), region.end()}, row};
-  pattern.nodes.push_back(row);
-  std::sort(pattern.nodes.begin(), pattern.nodes.end());
-  return pattern;
+  return finish(false, region, row);
 }
 
 // The vocabulary of a 2-D PARAM input of node n: its first dimension (an embedding table's rows),
