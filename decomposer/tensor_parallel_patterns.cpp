@@ -11,19 +11,20 @@
 #include "decomposer/coarsen.h"
 
 namespace autostage::decomposer {
-namespace {
 
-using core::Graph;
-using core::NodeId;
-using core::ValueId;
-
-// An operator's name without its overload: torch.export's `aten::linear.default` and
-// `aten::add.Tensor` are TorchScript's `aten::linear` and `aten::add`.
+// torch.export's `aten::linear.default` and `aten::add.Tensor` are TorchScript's `aten::linear`
+// and `aten::add`.
 std::string baseKind(const std::string& kind) {
   if (kind.rfind("aten::", 0) != 0) return kind;
   const size_t dot = kind.find('.', 6);
   return dot == std::string::npos ? kind : kind.substr(0, dot);
 }
+
+namespace {
+
+using core::Graph;
+using core::NodeId;
+using core::ValueId;
 
 bool oneOf(const std::string& kind, std::initializer_list<const char*> kinds) {
   const std::string base = baseKind(kind);
@@ -287,6 +288,9 @@ std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
 }
 
 }  // namespace
+
+bool isLinearNode(const Graph& graph, NodeId node) { return isLinear(graph, node); }
+ValueId linearActivation(const Graph& graph, NodeId node) { return activationOf(graph, node); }
 
 std::vector<ShardPattern> findShardPatterns(const Graph& g) {
   std::vector<ShardPattern> patterns;

@@ -47,6 +47,7 @@
 // the row-parallel output's bytes; a vocabulary pattern's one all-reduce (of the embedding's
 // output, or of the head's input) is counted as a pair of half its bytes each way.
 
+#include <string>
 #include <vector>
 
 #include "core/ir/graph.h"
@@ -72,6 +73,12 @@ struct ShardPattern {
 };
 
 std::vector<ShardPattern> findShardPatterns(const core::Graph& graph);
+
+// An operator's name without its overload (`aten::linear.default` -> `aten::linear`).
+std::string baseKind(const std::string& kind);
+// A linear node of Note [Tensor-parallel patterns], and its activation (first BATCH input; -1).
+bool isLinearNode(const core::Graph& graph, core::NodeId node);
+core::ValueId linearActivation(const core::Graph& graph, core::NodeId node);
 
 // Sets b.request.shardable from `patterns` (findShardPatterns(graph)'s). `groupCost` are the
 // atomic groups' costs (calibrated) in b.groups' order.

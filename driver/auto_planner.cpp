@@ -97,17 +97,6 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in, bool* fromStore) {
   decomposer::PlanOptions options = decomposer::PlanOptions::fromConfig(config);
   options.usage = in.usage;
   options.validate();  // e.g. schedule=1f1b cannot be planned for forward_backward
-  if (options.tensorParallel != "1") {  // Note [Tensor-parallel cost]: planned, not yet run
-    AUTOSTAGE_CHECK_AS(ConfigError, options.tensorParallel == "auto", "option tensor_parallel=",
-                       options.tensorParallel, " asks for tensor-parallel stages, which this "
-                       "build's runtime does not run yet; set tensor_parallel=1 (or auto) for "
-                       "training, and use `autostage plan --tensor-parallel ", options.tensorParallel,
-                       "` to see such plans");
-    core::logger("Module")->info("tensor_parallel=auto: this build's runtime runs stages of one "
-                                 "rank per replica, so the plan is searched with "
-                                 "tensor_parallel=1");
-    options.tensorParallel = "1";
-  }
   const int64_t fixedRows = in.model.fixedBatchRows;  // Note [Fixed micro-batch size]
   if (fixedRows > 0) {
     AUTOSTAGE_CHECK_AS(ConfigError, options.microBatchSize == 0 || options.microBatchSize == fixedRows,

@@ -28,6 +28,7 @@
 #include "staging/loss_scaler.h"
 #include "staging/sample_range.h"
 #include "staging/state_dict_load.h"
+#include "staging/tensor_parallel_ops.h"
 
 namespace autostage::driver {
 
@@ -409,7 +410,17 @@ std::vector<std::pair<std::string, at::Tensor>> Module::stateDict() {
 
 void Module::loadStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state,
                            bool strict) {
-  staging::loadStateDict(module_, state, strict);
+  staging::loadStateDict(module_, sliceState(state), strict);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> Module::sliceState(
+    std::vector<std::pair<std::string, at::Tensor>> state) const {
+  if (!executor_) return state;
+  for (const staging::Executor::HeldSlice& slice : executor_->heldSlices())
+    for (auto& [name, tensor] : state)
+      if (name == slice.name && tensor.sizes().vec() == slice.whole)
+        tensor = staging::shardTensor(tensor, slice.shard, slice.degree, slice.index);
+  return state;
 }
 
 void Module::shareState() {

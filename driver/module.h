@@ -269,6 +269,10 @@ class Module {
   // loaded nothing (staging/state_dict_load.h).
   void loadStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state,
                      bool strict = true);
+  // `state` (whole tensors by state_dict name) with the tensors this rank holds in
+  // tensor-parallel slices cut to its slice (Note [Tensor-parallel parameters]).
+  std::vector<std::pair<std::string, at::Tensor>> sliceState(
+      std::vector<std::pair<std::string, at::Tensor>> state) const;
   // Waits for every rank. Collective.
   void barrier() { backend_->barrier(backend_->world()); }
   // Writes every parameter's and buffer's current value (from this deployment's holders) into

@@ -11,6 +11,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "staging/stage_runner.h"
+#include "staging/tensor_parallel.h"
+#include "staging/tensor_parallel_ops.h"
 
 namespace autostage::staging {
 namespace {
@@ -85,24 +87,72 @@ std::map<std::string, TensorMeta> collectOwners(const std::vector<std::string>& 
   return metas;
 }
 
+// A parameter held in slices by a tensor-parallel stage: how, and the first group's members.
+struct SlicedParam {
+  ParamShard shard;
+  int degree = 1;
+  std::vector<int> members;
+};
+
+std::map<core::ValueId, SlicedParam> slicedParams(const core::Graph& graph,
+                                                  const core::Deployment& deployment) {
+  std::map<core::ValueId, SlicedParam> out;
+  for (const core::StageDeployment& stage : deployment.stages) {
+    if (stage.tensorParallel <= 1) continue;
+    for (const ParamShard& shard : shardStage(graph, stage.nodes, stage.tensorParallel, 0).shards)
+      out[shard.param] = SlicedParam{shard, stage.tensorParallel,
+                                     std::vector<int>(stage.ranks.begin(),
+                                                      stage.ranks.begin() + stage.tensorParallel)};
+  }
+  return out;
+}
+
 }  // namespace
 
 NamedTensors gatherState(const torchscript::ImportedModel& model,
                          const core::Deployment& deployment, comm::Backend& backend) {
   at::NoGradGuard noGrad;
   const std::vector<int> sources = stateSources(model, deployment);
+  const std::map<core::ValueId, SlicedParam> sliced = slicedParams(model.graph, deployment);
+  const std::vector<core::ValueId> params = model.graph.paramInputs();
   NamedTensors state;
   const comm::Group world = backend.world();
   for (size_t i = 0; i < sources.size(); ++i) {
-    at::Tensor copy = model.paramTensors[i].detach().clone().contiguous();
-    if (backend.worldSize() > 1) backend.broadcast(copy, sources[i], world);
-    state.emplace_back(model.paramNames[i], copy);
+    const at::Tensor& own = model.paramTensors[i];
+    auto slice = sliced.find(params[i]);
+    if (slice == sliced.end()) {
+      at::Tensor copy = own.detach().clone().contiguous();
+      if (backend.worldSize() > 1) backend.broadcast(copy, sources[i], world);
+      state.emplace_back(model.paramNames[i], copy);
+      continue;
+    }
+    // Note [Tensor-parallel parameters] in executor.cpp: member j of the first group broadcasts
+    // its slice j; every rank joins them.
+    const SlicedParam& s = slice->second;
+    const std::vector<int64_t>& full = model.graph.value(params[i]).type.shape();
+    std::vector<int64_t> sliceShape = full;
+    sliceShape[s.shard.dim] /= s.degree;
+    const int self = backend.rank();
+    std::vector<at::Tensor> slices;
+    for (int j = 0; j < s.degree; ++j) {
+      at::Tensor piece = self == s.members[j] ? own.detach().clone().contiguous()
+                                              : at::empty(sliceShape, own.options());
+      backend.broadcast(piece, s.members[j], world);
+      slices.push_back(piece);
+    }
+    state.emplace_back(model.paramNames[i], unshardTensor(slices, s.shard));
   }
   return state;
 }
 
 void shareState(const torchscript::ImportedModel& model, const core::Deployment& deployment,
                 comm::Backend& backend) {
+  for (const core::StageDeployment& stage : deployment.stages)  // the same on every rank
+    AUTOSTAGE_CHECK_AS(UnsupportedError, stage.tensorParallel == 1, "stage ", stage.name,
+                       " holds its parameters in tensor-parallel slices (tp=",
+                       stage.tensorParallel, "), which another deployment of the module (train "
+                       "and eval modes) cannot share yet; keep one mode, or plan with "
+                       "tensor_parallel=1");
   if (backend.worldSize() == 1) return;
   at::NoGradGuard noGrad;
   const std::vector<int> sources = stateSources(model, deployment);

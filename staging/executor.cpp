@@ -52,7 +52,8 @@ Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment d
     if (it == stage.ranks.end()) continue;
     LocalStage local;
     local.id = stage.id;
-    local.replicaIndex = static_cast<int>(it - stage.ranks.begin());
+    local.replicaIndex = static_cast<int>(it - stage.ranks.begin()) / stage.tensorParallel;
+    local.member = static_cast<int>(it - stage.ranks.begin()) % stage.tensorParallel;
     local_.push_back(std::move(local));
     position_ = stage.id % positions;
   }
@@ -75,13 +76,47 @@ Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment d
         bool mine = std::find(consumers.begin(), consumers.end(), local.id) != consumers.end();
         if (mine && carriesGradient(r)) gradientInputs.push_back(deployment_.routes[r].value);
       }
-      local.runner = std::make_unique<StageRunner>(model_.graph, deployment_.stages[local.id],
-                                                   params_, gradientInputs, options_.precision,
-                                                   options_.device.type());
+      const core::StageDeployment& stage = deployment_.stages[local.id];
+      std::optional<TensorParallelMember> member;
+      if (stage.tensorParallel > 1) {
+        const auto first = stage.ranks.begin() + local.replicaIndex * stage.tensorParallel;
+        member = TensorParallelMember{
+            backend_, comm::Group(std::vector<int>(first, first + stage.tensorParallel)),
+            local.member};
+      }
+      local.runner = std::make_unique<StageRunner>(model_.graph, stage, params_, gradientInputs,
+                                                   options_.precision, options_.device.type(),
+                                                   member);
+      for (const std::string& line : local.runner->replicatedPatterns())
+        core::logger("Runtime")->warn("stage {} (tp={}): {}", stage.name, stage.tensorParallel, line);
     }
     memory_ = MemoryWatch(options_.memoryMeter, deployment_, localStages());
   }
   if (options_.synchronizeParams) ParamStorage::synchronize(model_, *backend_);
+  shardParameters();
+}
+
+// Note [Tensor-parallel parameters]
+// Each member of a tensor-parallel stage keeps its slices of the sharded parameters: the
+// model's own tensors take the slice as their data (at::Tensor::set_data), so an optimizer over
+// them steps the slice and the whole parameter is no longer held. The slices are cut after the
+// parameters are synchronized, from the same values on every member.
+void Executor::shardParameters() {
+  for (const LocalStage& local : local_) {
+    const core::StageDeployment& stage = deployment_.stages[local.id];
+    if (stage.tensorParallel <= 1) continue;
+    std::set<core::ValueId> sliced;
+    for (const ParamShard& shard : local.runner->shards()) {
+      at::Tensor param = params_.tensor(shard.param);
+      at::NoGradGuard noGrad;
+      param.set_data(shardTensor(param, shard, stage.tensorParallel, local.member));
+      sliced.insert(shard.param);
+      heldSlices_.push_back({params_.name(shard.param), shard, stage.tensorParallel, local.member,
+                             model_.graph.value(shard.param).type.shape()});
+    }
+    for (core::ValueId p : stageParams(model_.graph, stage))
+      if (!sliced.count(p)) replicatedInGroup_.emplace_back(p, stage.tensorParallel);
+  }
 }
 
 Executor::~Executor() {
@@ -253,6 +288,10 @@ bool delayGradAllreduce() { return delayGradAllreduceFlag; }
 
 void Executor::allreduceGrads() {
   TraceScope scope(trace_.get(), "allreduce", localStage(), -1);
+  for (const auto& [p, degree] : replicatedInGroup_) {  // Note [Tensor-parallel gradients]
+    const at::Tensor& t = params_.tensor(p);
+    if (t.grad().defined()) t.mutable_grad().div_(degree);
+  }
   gradientSync_.run(*backend_, params_);
 }
 

@@ -102,6 +102,16 @@ class Executor {
   void gatherGrads();
 
   const core::Deployment& deployment() const { return deployment_; }
+  // The parameters this rank holds in tensor-parallel slices (Note [Tensor-parallel
+  // parameters]), by state_dict name: how to cut a whole tensor into this rank's slice.
+  struct HeldSlice {
+    std::string name;
+    ParamShard shard;
+    int degree = 1;
+    int index = 0;
+    std::vector<int64_t> whole;  // the whole tensor's shape
+  };
+  const std::vector<HeldSlice>& heldSlices() const { return heldSlices_; }
   const ParamStorage& params() const { return params_; }
   // This rank's stage ids in pipeline order (several with virtual stages), empty when it holds
   // none; localStage() is the first, or -1.
@@ -139,6 +149,7 @@ class Executor {
   struct LocalStage {
     int id = -1;
     int replicaIndex = -1;
+    int member = 0;  // place in the replica's tensor-parallel group (Note [Tensor-parallel stages])
     std::unique_ptr<StageRunner> runner;
     std::vector<std::vector<at::Tensor>> outputs;  // per micro-batch
   };
@@ -152,6 +163,7 @@ class Executor {
   std::vector<at::Tensor> reduceLosses();
   void averageLossGradients(const std::vector<at::Tensor>& outputGrads);
   void finishBackward();
+  void shardParameters();  // Note [Tensor-parallel parameters]
   void endStepMemory();  // closes the step's memory window (Note [Measured memory])
   SampleRange myRows(const LocalStage& stage, int micro) const;
   at::Tensor allocateRows(core::ValueId value, int64_t rows) const;
@@ -171,6 +183,13 @@ class Executor {
   RowTransport transport_;
   std::optional<BatchLayout> layout_;
   std::optional<TransferPlan> plan_;
+  // Parameters a local tensor-parallel stage reads whole, with its degree: every member computes
+  // the same gradient, which allreduceGrads divides by the degree before summing over holders
+  // (Note [Tensor-parallel gradients] in gradient_sync.h).
+  std::vector<std::pair<core::ValueId, int>> replicatedInGroup_;
+  std::vector<HeldSlice> heldSlices_;
+  // Broadcasts the leader's output gradients of `stage` to its tensor-parallel group.
+  void shareOutputGradients(const LocalStage& stage, int micro, std::vector<at::Tensor>& grads);
   std::vector<double> lossSums_;       // per route: this rank's weighted loss pieces
   std::vector<double> lossGradients_;  // per route: averaged caller gradient of a loss
   std::unique_ptr<EventTrace> trace_;  // null unless tracing

@@ -110,6 +110,7 @@ void Executor::forwardMicro(LocalStage& stage, int micro) {
   for (size_t r = 0; r < deployment_.routes.size(); ++r) {
     const core::Route& route = deployment_.routes[r];
     if (routeKinds_[r] != RouteKind::Loss || route.producerStage != stage.id) continue;
+    if (stage.member != 0) continue;  // a tensor-parallel group's loss counts once
     lossSums_[r] += weight * outputs[outputIndex(stage, route.value)].item<double>();
   }
 }
@@ -121,7 +122,7 @@ void Executor::backwardMicro(LocalStage& stage, int micro) {
   EventTrace* trace = trace_.get();
   std::optional<TraceScope> receiving(std::in_place, trace, "recv_grad", stage.id, micro);
   for (const Transfer* t : plan_->outgoing(rank_, stage.id, micro)) {
-    if (!carriesGradient(t->route)) continue;
+    if (!carriesGradient(t->route) || !t->carriesGradient) continue;
     int index = outputIndex(stage, t->value);
     if (!grads[index].defined()) grads[index] = at::zeros_like(outputs[index]);
     at::Tensor part = allocateRows(t->value, t->rows.size());
@@ -135,6 +136,7 @@ void Executor::backwardMicro(LocalStage& stage, int micro) {
     int index = outputIndex(stage, route.value);
     grads[index] = at::full_like(outputs[index], lossGradients_[r] * weight);
   }
+  shareOutputGradients(stage, micro, grads);
   receiving.reset();
   std::unordered_map<core::ValueId, at::Tensor> inputGrads;
   {
@@ -143,10 +145,31 @@ void Executor::backwardMicro(LocalStage& stage, int micro) {
   }
   TraceScope sending(trace, "send_grad", stage.id, micro);
   for (const Transfer* t : plan_->incoming(rank_, stage.id, micro)) {
-    if (carriesGradient(t->route))
+    if (carriesGradient(t->route) && t->carriesGradient)
       transport_.send(inputGrads.at(t->value), rows.begin, *t, Direction::Gradient);
   }
   outputs.clear();
+}
+
+// The group's first member received the output gradients (Note [Tensor-parallel stages]); the
+// others back-propagate the same ones. Which outputs get one follows from the plan, the same on
+// every member.
+void Executor::shareOutputGradients(const LocalStage& stage, int micro,
+                                    std::vector<at::Tensor>& grads) {
+  const core::StageDeployment& deployed = deployment_.stages[stage.id];
+  if (deployed.tensorParallel <= 1) return;
+  const auto first = deployed.ranks.begin() + stage.replicaIndex * deployed.tensorParallel;
+  const comm::Group group(std::vector<int>(first, first + deployed.tensorParallel));
+  std::vector<bool> received(grads.size(), false);
+  for (const Transfer* t : plan_->outgoing(*first, stage.id, micro))
+    if (carriesGradient(t->route) && t->carriesGradient)
+      received[outputIndex(stage, t->value)] = true;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!received[i]) continue;
+    if (!grads[i].defined()) grads[i] = at::zeros_like(stage.outputs[micro][i]);
+    grads[i] = grads[i].contiguous();
+    backend_->broadcast(grads[i], *first, group);
+  }
 }
 
 std::vector<at::Tensor> Executor::receiveCallerOutputs() {

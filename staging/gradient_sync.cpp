@@ -1,5 +1,6 @@
 #include "staging/gradient_sync.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "staging/stage_runner.h"
+#include "staging/tensor_parallel.h"
 
 namespace autostage::staging {
 
@@ -17,16 +19,32 @@ std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
                                           const core::Deployment& deployment) {
   std::map<core::ValueId, std::set<int>> holders;
   std::map<core::ValueId, bool> allZero;
-  for (const core::StageDeployment& stage : deployment.stages)
+  // Note [Tensor-parallel gradients]: one holder set per place in a tensor-parallel group.
+  std::map<std::pair<core::ValueId, int>, std::set<int>> sliceHolders;
+  for (const core::StageDeployment& stage : deployment.stages) {
+    std::set<core::ValueId> sliced;
+    if (stage.tensorParallel > 1)
+      for (const ParamShard& s : shardStage(graph, stage.nodes, stage.tensorParallel, 0).shards)
+        sliced.insert(s.param);
     for (core::ValueId p : stageParams(graph, stage)) {
-      holders[p].insert(stage.ranks.begin(), stage.ranks.end());
       allZero.emplace(p, true).first->second &= stage.zero;
+      if (!sliced.count(p)) {
+        holders[p].insert(stage.ranks.begin(), stage.ranks.end());
+        continue;
+      }
+      for (size_t i = 0; i < stage.ranks.size(); ++i)
+        sliceHolders[{p, static_cast<int>(i % stage.tensorParallel)}].insert(stage.ranks[i]);
     }
-  std::map<std::pair<std::vector<int>, bool>, std::vector<core::ValueId>> byRanks;
-  for (const auto& [param, ranks] : holders) {
-    bool sharded = ranks.size() >= 2 && allZero[param];
-    byRanks[{std::vector<int>(ranks.begin(), ranks.end()), sharded}].push_back(param);
   }
+  std::map<std::pair<std::vector<int>, bool>, std::vector<core::ValueId>> byRanks;
+  auto add = [&](core::ValueId param, const std::set<int>& ranks) {
+    bool sharded = ranks.size() >= 2 && allZero[param];
+    auto& params = byRanks[{std::vector<int>(ranks.begin(), ranks.end()), sharded}];
+    if (std::find(params.begin(), params.end(), param) == params.end()) params.push_back(param);
+  };
+  for (const auto& [param, ranks] : holders) add(param, ranks);
+  for (const auto& [key, ranks] : sliceHolders) add(key.first, ranks);
+  for (auto& [key, params] : byRanks) std::sort(params.begin(), params.end());
   std::vector<GradientGroup> groups;
   for (auto& [key, params] : byRanks) groups.push_back({key.first, params, key.second});
   return groups;

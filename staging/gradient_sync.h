@@ -42,6 +42,16 @@
 // gatherParams() all-gathers each bucket's updated chunks into every member's parameters. Bytes
 // on the wire equal the allreduce's; optimizer state per member is 1/size of the set's.
 
+// Note [Tensor-parallel gradients]
+// A tensor-parallel stage (Note [Tensor-parallel stages] in tensor_parallel.h) holds each
+// sharded parameter in slices: member k of every replica group holds slice k. A slice is summed
+// over the members holding it (one holder set per place in the group), so slices never mix. A
+// parameter the stage reads whole (a LayerNorm's, a row-parallel bias) gets the same gradient
+// on every member of a group (their inputs and output gradients are the same), so its holder
+// set is every rank of the stage as usual, and each member divides its gradient by the degree
+// first (Executor::allreduceGrads): the sum then counts each replica once. The global norm
+// counts each slice once (the lowest rank of each slice's set) and each whole parameter once.
+
 #include <cstdint>
 #include <vector>
 

@@ -162,10 +162,11 @@ VerifiedDeployment verifyDeployment(const core::Graph& graph, core::Deployment d
                        "load_deployment)");
   }
   for (const core::StageDeployment& stage : d.stages) {
-    AUTOSTAGE_CHECK_AS(ConfigError, stage.tensorParallel == 1, "stage ", stage.name, " of the "
-                       "deployment is tensor-parallel (tp=", stage.tensorParallel, ": each "
-                       "replica on ", stage.tensorParallel, " ranks), which this build's runtime "
-                       "does not run yet; use a deployment planned with tensor_parallel=1, or plan "
+    AUTOSTAGE_CHECK_AS(ConfigError, stage.tensorParallel >= 1 && !stage.ranks.empty() &&
+                                        stage.ranks.size() % stage.tensorParallel == 0,
+                       "stage ", stage.name, " of the deployment has tensor-parallel degree ",
+                       stage.tensorParallel, " but ", stage.ranks.size(), " ranks, which do not "
+                       "form groups of that size; use a deployment planned by autostage, or plan "
                        "again (drop load_deployment)");
     AUTOSTAGE_CHECK_AS(ConfigError, fit.shardsOptimizer || !stage.zero, "stage ", stage.name,
                        " of the deployment splits its optimizer state over its replicas "

@@ -69,12 +69,38 @@ std::vector<core::ValueId> stageParams(const core::Graph& graph,
   return {params.begin(), params.end()};
 }
 
+// The stage's function: its nodes as they are, or for a tensor-parallel member the sharded
+// stage (Note [Tensor-parallel stages]) reading and producing the original values.
+torchscript::ExportedFunction StageRunner::makeFunction(const core::Graph& graph,
+                                                        const std::optional<TensorParallelMember>& tp) {
+  if (!tp || stage_.tensorParallel <= 1) return torchscript::exportSubgraph(graph, stage_.nodes);
+  group_ = std::make_unique<TensorParallelGroup>(tp->backend, tp->group);
+  ShardedStage sharded = shardStage(graph, stage_.nodes, stage_.tensorParallel, group_->handle());
+  shards_ = sharded.shards;
+  replicated_ = sharded.skipped;
+  std::vector<core::NodeId> all;
+  for (const core::Node& n : sharded.graph.nodes()) all.push_back(n.id);
+  torchscript::ExportedFunction function = torchscript::exportSubgraph(sharded.graph, all);
+  std::unordered_map<core::ValueId, core::ValueId> original;
+  for (size_t i = 0; i < sharded.inputs.size(); ++i)
+    original[sharded.graph.inputs()[i]] = sharded.inputs[i];
+  for (size_t i = 0; i < sharded.outputs.size(); ++i)
+    original[sharded.graph.outputs()[i]] = sharded.outputs[i];
+  auto map = [&](const std::vector<core::ValueId>& ids) {
+    std::vector<core::ValueId> out;
+    for (core::ValueId v : ids) out.push_back(original.at(v));
+    return out;
+  };
+  return function.rebind(map(function.inputs()), map(function.outputs()));
+}
+
 StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& stage,
                          const ParamStorage& params, std::vector<core::ValueId> gradientInputs,
-                         core::Precision precision, c10::DeviceType device)
+                         core::Precision precision, c10::DeviceType device,
+                         std::optional<TensorParallelMember> tensorParallel)
     : stage_(stage),
       params_(params),
-      function_(torchscript::exportSubgraph(graph, stage.nodes)),
+      function_(makeFunction(graph, tensorParallel)),
       gradientInputs_(std::move(gradientInputs)),
       precision_(precision),
       device_(device) {

@@ -35,12 +35,21 @@
 #include "frontend/torchscript/exporter.h"
 #include "staging/param_storage.h"
 #include "staging/rng_state.h"
+#include "staging/tensor_parallel.h"
+#include "staging/tensor_parallel_ops.h"
 
 namespace autostage::staging {
 
 // Graph parameter inputs (ParamStorage ids) that `stage` reads, including through its prelude.
 std::vector<core::ValueId> stageParams(const core::Graph& graph,
                                        const core::StageDeployment& stage);
+
+// A stage whose replicas are groups of ranks (Note [Tensor-parallel stages]): this rank's group.
+struct TensorParallelMember {
+  std::shared_ptr<comm::Backend> backend;
+  comm::Group group;  // the replica's ranks, ascending
+  int index = 0;      // this rank's place in the group
+};
 
 class StageRunner {
  public:
@@ -49,7 +58,13 @@ class StageRunner {
   StageRunner(const core::Graph& graph, const core::StageDeployment& stage,
               const ParamStorage& params, std::vector<core::ValueId> gradientInputs,
               core::Precision precision = core::Precision::Fp32,
-              c10::DeviceType device = c10::DeviceType::CPU);
+              c10::DeviceType device = c10::DeviceType::CPU,
+              std::optional<TensorParallelMember> tensorParallel = std::nullopt);
+
+  // The parameter slices this rank holds (empty unless the stage is tensor-parallel) and the
+  // patterns that stayed replicated (Note [Tensor-parallel stages]).
+  const std::vector<ParamShard>& shards() const { return shards_; }
+  const std::vector<std::string>& replicatedPatterns() const { return replicated_; }
 
   const core::StageDeployment& stage() const { return stage_; }
   // Routed values the stage reads (batch values from the feeder or other stages).
@@ -78,11 +93,16 @@ class StageRunner {
   std::vector<c10::Device> tensorDevices(
       const std::unordered_map<core::ValueId, at::Tensor>& inputs) const;
   std::vector<at::Tensor> run(const std::unordered_map<core::ValueId, at::Tensor>& inputs);
+  torchscript::ExportedFunction makeFunction(const core::Graph& graph,
+                                             const std::optional<TensorParallelMember>& tp);
   std::unordered_map<core::ValueId, at::Tensor> makeLeaves(
       const std::unordered_map<core::ValueId, at::Tensor>& inputs) const;
 
   core::StageDeployment stage_;
   const ParamStorage& params_;
+  std::unique_ptr<TensorParallelGroup> group_;  // before function_: the graph names its handle
+  std::vector<ParamShard> shards_;
+  std::vector<std::string> replicated_;
   torchscript::ExportedFunction function_;
   std::unique_ptr<torchscript::ExportedFunction> prelude_;
   std::vector<core::ValueId> routedInputs_;

@@ -14,6 +14,7 @@ struct Endpoint {
   int rank;
   int stage;
   SampleRange rows;
+  bool gradient = true;  // the group's first member (Note [Tensor-parallel stages])
 };
 
 std::vector<Endpoint> holders(const core::Deployment& dep, const core::Route& route,
@@ -29,7 +30,8 @@ std::vector<Endpoint> holders(const core::Deployment& dep, const core::Route& ro
   }
   const core::StageDeployment& stage = dep.stages.at(route.producerStage);
   for (int i = 0; i < stage.replicaCount(); ++i)
-    out.push_back({stage.ranks[i], stage.id, layout.replicaRows(micro, i, stage.replicaCount())});
+    out.push_back({stage.ranks[i * stage.tensorParallel], stage.id,
+                   layout.replicaRows(micro, i, stage.replicaCount())});
   return out;
 }
 
@@ -39,7 +41,9 @@ std::vector<Endpoint> needers(const core::Deployment& dep, const core::Route& ro
   for (int id : route.consumerStages) {
     const core::StageDeployment& stage = dep.stages.at(id);
     for (int i = 0; i < stage.replicaCount(); ++i)
-      out.push_back({stage.ranks[i], id, layout.replicaRows(micro, i, stage.replicaCount())});
+      for (int k = 0; k < stage.tensorParallel; ++k)
+        out.push_back({stage.ranks[i * stage.tensorParallel + k], id,
+                       layout.replicaRows(micro, i, stage.replicaCount()), k == 0});
   }
   if (route.graphOutput) {
     SampleRange mb = layout.microBatch(micro);
@@ -84,7 +88,8 @@ TransferPlan::TransferPlan(const core::Deployment& deployment, const BatchLayout
                              " micro-batches: too many for the message tag space (",
                              kMaxTag, "); plan with fewer stages or micro-batches");
           transfers_.push_back({static_cast<int>(r), route.value, m, src.rank, dst.rank,
-                                src.stage, dst.stage, rows, src.rows, dst.rows, tag});
+                                src.stage, dst.stage, rows, src.rows, dst.rows, tag,
+                                dst.gradient});
         }
       }
     }

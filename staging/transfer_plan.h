@@ -6,7 +6,9 @@
 // *needers* are the replicas of each consumer stage plus, for graph outputs, every rank for its
 // own rows (the caller). A transfer is sent for every holder/needer pair whose sample ranges
 // intersect (Note [Sample ranges]); sender and receiver may be the same rank (a local copy).
-// Gradients travel the same transfers in reverse. Pure data: no torch, no comm.
+// Gradients travel the same transfers in reverse. A tensor-parallel replica (a group of ranks)
+// holds its rows on its first member, which sends them; every member needs them, and the first
+// member alone sends gradients back. Pure data: no torch, no comm.
 
 #include <string>
 #include <vector>
@@ -28,6 +30,9 @@ struct Transfer {
   SampleRange srcRows;        // rows the sender holds (rows ⊆ srcRows)
   SampleRange dstRows;        // rows the receiver assembles (rows ⊆ dstRows)
   int tag = 0;                // forward tag; the gradient uses tag + 1
+  // False for a copy to a tensor-parallel member other than the first (Note [Tensor-parallel
+  // stages]): the group's first member alone sends the gradient back.
+  bool carriesGradient = true;
   bool toCaller() const { return dstStage < 0; }
   bool local() const { return srcRank == dstRank; }
 };

@@ -204,6 +204,9 @@ void bindStaging(py::module_& m) {
            })
       .def("state_dict", &Module::stateDict, Released(),
            "The whole model's state (key, tensor) on every rank. Collective.")
+      .def("slice_state", &Module::sliceState, py::arg("state"),
+           "The (key, tensor) pairs with the tensors this rank holds in tensor-parallel slices "
+           "cut to its slice.")
       .def("share_state", &Module::shareState, Released(),
            "Writes the current parameters and buffers into every rank's tensors. Collective.")
       .def(
@@ -220,6 +223,17 @@ void bindStaging(py::module_& m) {
       .def("unscale_grads", &Module::unscaleGradients, py::arg("scale"), Released(),
            "Divides the training deployment's gradients by scale; returns their global norm, "
            "not finite when any rank's gradients overflowed. Collective.")
+      .def(
+          "held_slices",
+          [](Module& mod) {
+            py::list out;
+            for (const staging::Executor::HeldSlice& s : mod.trainingExecutor().heldSlices())
+              out.append(py::make_tuple(s.name, s.shard.dim, s.shard.sections, s.degree, s.index,
+                                        s.whole));
+            return out;
+          },
+          "(name, dim, sections, degree, index, whole shape) of each parameter this rank holds "
+          "in tensor-parallel slices (Note [Tensor-parallel parameters]).")
       .def(
           "zero_shards",
           [](Module& mod) {

@@ -1,7 +1,16 @@
-"""Run under mpirun (see test_tensor_parallel.py): a job asking for tensor parallelism. The
-runtime runs stages of one rank per replica only, so tensor_parallel=2 is a ConfigError on every
-rank naming the option, and tensor_parallel=auto says so in the log and trains as plain PyTorch
-does: outputs and parameters after one SGD step (rtol 1e-6). Phase: `forced` or `auto`."""
+"""Run under mpirun (see test_tensor_parallel.py): training with tensor-parallel stages against
+plain PyTorch on the same data (the ranks' batches concatenated, gradients averaged as
+DistributedDataParallel does). Phases:
+  mlp      Linear-GELU-Linear with tensor_parallel=2 on 2 ranks, one SGD step;
+  block    a transformer block (4-head attention, then an MLP) with tensor_parallel=2, three Adam
+           steps; on 4 ranks that is 2 replicas of 2 ranks;
+  zero     the block with ZeRO-1 too (on 4 ranks: each slice's optimizer state split over the
+           two replicas);
+  auto     the MLP with tensor_parallel=auto: trains as plain PyTorch whatever the degree chosen.
+Each checks outputs and, after the steps, the gathered state_dict (rtol 1e-5), and that the
+sharded weights on this rank are slices of the whole (half the rows of the first linear). The
+block also checks Adam's gathered state (optimizer.state_dict(from_global=True)) and one more
+step after loading both state dicts back."""
 import sys
 
 import torch
@@ -12,37 +21,98 @@ from mpi_launch import finish
 phase = sys.argv[1]
 rank, world = autostage.get_rank(), autostage.get_world_size()
 failures = []
+
+
+class Block(torch.nn.Module):
+    def __init__(self, hidden=16, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.q, self.v, self.o = (torch.nn.Linear(hidden, hidden) for _ in range(3))
+        # Without a bias: the key bias's gradient is zero up to rounding (softmax ignores a
+        # constant added to every score of a query), which Adam would turn into steps of noise.
+        self.k = torch.nn.Linear(hidden, hidden, bias=False)
+        self.up, self.down = torch.nn.Linear(hidden, 32), torch.nn.Linear(32, hidden)
+        self.norm = torch.nn.LayerNorm(hidden)
+
+    def heads_of(self, x):
+        b, s, h = x.shape
+        return x.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)
+
+    def forward(self, x):
+        q, k, v = self.heads_of(self.q(x)), self.heads_of(self.k(x)), self.heads_of(self.v(x))
+        att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
+        x = x + self.o(att.transpose(1, 2).reshape(x.shape))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
 torch.manual_seed(3)
-model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-reference.load_state_dict(model.state_dict())
-x = torch.randn(4 * world, 8, generator=torch.Generator().manual_seed(5))
-local = x[4 * rank:4 * (rank + 1)]
-if phase == "forced":
-    wrapped = autostage.Module(model, tensor_parallel=2)
-    try:
-        wrapped(local)
-        failures.append("tensor_parallel=2 trained")
-    except autostage.ConfigError as e:
-        if "tensor_parallel=2" not in str(e) or "runtime does not run" not in str(e):
-            failures.append(f"unclear error: {e}")
+if phase in ("block", "zero"):
+    make = Block
+    x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
+    steps, degree, first = 3, 2, "q.weight"
 else:
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    wrapped = autostage.Module(model, optimizer, tensor_parallel="auto")
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(4 * world, 8, generator=torch.Generator().manual_seed(5))
+    steps, degree, first = 1, (2 if phase == "mlp" else "auto"), "0.weight"
+model = make()
+reference = make()
+reference.load_state_dict(model.state_dict())
+rows = x.shape[0] // world
+local = x[rows * rank:rows * (rank + 1)]
+
+
+def optimizer_of(params):
+    return torch.optim.Adam(params, lr=0.01) if make is Block else torch.optim.SGD(params, lr=0.1)
+
+
+optimizer = optimizer_of(model.parameters())
+options = {"zero": 1} if phase == "zero" else {}
+wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
+ref_optimizer = optimizer_of(reference.parameters())
+for step in range(steps):
     out = wrapped(local)
-    out.sum().backward()
+    out.pow(2).sum().backward()
     optimizer.step()
-    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    optimizer.zero_grad()
     expected = reference(x)
-    # The ranks' gradients are averaged, as DistributedDataParallel does.
-    (expected.sum() / world).backward()
+    (expected.pow(2).sum() / world).backward()
     ref_optimizer.step()
-    if not torch.allclose(out, expected[4 * rank:4 * (rank + 1)], rtol=1e-6, atol=1e-7):
-        failures.append("outputs differ from plain PyTorch")
-    state = wrapped.state_dict()  # gathered from the stages' ranks
+    ref_optimizer.zero_grad()
+    if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], rtol=1e-5, atol=1e-6):
+        failures.append(f"step {step}: outputs differ from plain PyTorch")
+state = wrapped.state_dict()  # gathered from the stages' ranks and their slices
+for key, want in reference.state_dict().items():
+    got = state.get(key)
+    if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+        failures.append(f"{key} after {steps} steps differs from plain PyTorch")
+if make is Block:
+    # Adam's state gathered from the slices, loaded back (with the model's whole state) and
+    # stepped once more: still plain PyTorch's.
+    global_state = optimizer.state_dict(from_global=True)
+    want_state = ref_optimizer.state_dict()["state"]
+    for index, entry in want_state.items():
+        for key, value in entry.items():
+            got = global_state["state"].get(index, {}).get(key)
+            if got is None or not torch.allclose(torch.as_tensor(got), torch.as_tensor(value),
+                                                 rtol=1e-5, atol=1e-7):
+                failures.append(f"optimizer state {index}.{key} differs from plain PyTorch")
+    wrapped.load_state_dict(state)
+    optimizer.load_state_dict(global_state, from_global=True)
+    out = wrapped(local)
+    out.pow(2).sum().backward()
+    optimizer.step()
+    expected = reference(x)
+    (expected.pow(2).sum() / world).backward()
+    ref_optimizer.step()
+    if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], rtol=1e-5, atol=1e-6):
+        failures.append("outputs after loading the state differ from plain PyTorch")
     for key, want in reference.state_dict().items():
-        got = [v for k, v in state.items() if k == key or k.endswith("." + key)]
-        if len(got) != 1 or not torch.allclose(got[0], want, rtol=1e-6, atol=1e-7):
-            failures.append(f"{key} after one SGD step differs from plain PyTorch")
+        if not torch.allclose(wrapped.state_dict()[key], want, rtol=1e-5, atol=1e-6):
+            failures.append(f"{key} after loading and a step differs from plain PyTorch")
+whole = dict(reference.named_parameters())[first].shape
+held = dict(model.named_parameters())[first].shape
+if phase != "auto" and held[0] * degree != whole[0]:
+    failures.append(f"{first} is held whole ({tuple(held)}), not in slices of {degree}")
 print(f"rank {rank}: tensor_parallel {phase} checked; {len(failures)} failures", flush=True)
 finish(rank, failures)

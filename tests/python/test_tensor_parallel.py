@@ -1,6 +1,6 @@
 """Tensor-parallel plans (issue 30): the planner chooses a degree per stage for synthetic specs and
 graphs (`autostage plan`, `whatif`, `show`, the partition log), refuses what it cannot place, and
-a training job, whose runtime runs one rank per replica, refuses a forced degree on every rank."""
+training jobs run them (Note [Tensor-parallel stages] in staging/tensor_parallel.h)."""
 import json
 import os
 import shutil
@@ -107,13 +107,16 @@ def test_whatif_reports_the_degrees():
 
 
 @needs_mpirun
-@pytest.mark.parametrize("phase", ["forced", "auto"])
-def test_a_training_job_runs_degree_one(phase):
-    log = run_driver("tensor_parallel_job.py", phase, ranks=2)
-    for rank in range(2):
+@pytest.mark.parametrize("phase,ranks",
+                         [("mlp", 2), ("block", 2), ("block", 4), ("zero", 4), ("auto", 2)])
+def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
+    log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
+    for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
-    if phase == "auto":
-        assert "tensor_parallel=auto: this build's runtime runs stages of one rank" in log, log
+    if phase != "auto":
+        assert " tp=2 " in log, log  # the partition log's stages
+    if phase == "zero":
+        assert " repl=2 tp=2 zero=1 " in log, log
 
 
 class _Block(torch.nn.Module):

@@ -131,5 +131,36 @@ TEST_CASE("skipped routes get no transfers", "[staging]") {
   for (const Transfer& t : plan.transfers()) CHECK(t.route != 2);
 }
 
+TEST_CASE("a tensor-parallel stage: its first members send, every member receives, the first "
+          "sends gradients back", "[staging]") {
+  // Stage 0 on ranks {0,1}; stage 1 tensor-parallel: 2 replicas of 2 ranks, {2,3} and {4,5}.
+  core::Deployment d;
+  d.worldSize = 6;
+  d.microBatchCount = 2;
+  d.stages = {{0, "STAGE_0", {0}, {0, 1}}, {1, "STAGE_1", {1}, {2, 3, 4, 5}}};
+  d.stages[1].tensorParallel = 2;
+  d.routes = {{0, core::kFeederStage, {0}, false, false},
+              {5, 0, {1}, false, true},
+              {9, 1, {}, true, true}};
+  BatchLayout layout(2, 6, 2);  // B = 12, micro-batches of 6 rows, 3 per replica
+  TransferPlan plan(d, layout);
+  for (int m = 0; m < 2; ++m) {
+    for (int member = 0; member < 2; ++member) {
+      checkEveryRowArrivesOnce(plan, 1, 1, 2 + member, m, layout.replicaRows(m, 0, 2));
+      checkEveryRowArrivesOnce(plan, 1, 1, 4 + member, m, layout.replicaRows(m, 1, 2));
+    }
+    for (int rank = 0; rank < 6; ++rank)
+      checkEveryRowArrivesOnce(plan, 2, -1, rank, m, layout.rankRows(rank).intersect(layout.microBatch(m)));
+  }
+  for (const Transfer& t : plan.transfers()) {
+    INFO(plan.toString());
+    if (t.srcStage == 1) CHECK((t.srcRank == 2 || t.srcRank == 4));  // the groups' first members
+    if (t.dstStage == 1) CHECK(t.carriesGradient == (t.dstRank == 2 || t.dstRank == 4));
+    if (t.dstStage != 1) CHECK(t.carriesGradient);
+  }
+  CHECK(plan.outgoing(3, 1, 0).empty());
+  CHECK(plan.outgoing(5, 1, 1).empty());
+}
+
 }  // namespace
 }  // namespace autostage::staging

@@ -85,12 +85,16 @@ class Module(torch.nn.Module):
         # Note [ZeRO-1 optimizer] (optimizer.py): {id(shard): (shard, param, offset, length)}.
         self._shards = {}
         self._sharded_params = []  # every sharded parameter this rank holds (zero_grad)
+        # Note [Tensor-parallel optimizer state] (optimizer.py): {id(param): (dim, sections,
+        # degree, index, whole shape)} of the parameters this rank holds in slices.
+        self._slices = {}
         self._grad_scaler = None  # autostage.GradScaler(self): train_step seeds with its scale
         if optimizer is not None:
             owner = weakref.ref(self)
             patch_optimizer(optimizer, self._all_params,
                             lambda: owner() is not None and owner().ready,
-                            lambda: owner()._shards if owner() is not None else {})
+                            lambda: owner()._shards if owner() is not None else {},
+                            lambda: owner()._slices if owner() is not None else {})
         install_abort_hook()
 
     @property
@@ -137,6 +141,10 @@ class Module(torch.nn.Module):
         model), before or after deployment: the deployed stages share the model's tensors, so
         each rank's stages see the new values. Call it on every rank with the same dict. A dict
         that does not fit the model (key or shape) raises FormatError and changes nothing."""
+        if self.ready and isinstance(state_dict, dict):  # Note [Tensor-parallel parameters]
+            tensors = {k: v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
+            sliced = dict(self._impl.slice_state(list(tensors.items())))
+            state_dict = type(state_dict)((k, sliced.get(k, v)) for k, v in state_dict.items())
         return load_state_dict_checked(self.model, state_dict, strict=strict)
 
     def allreduce_grads(self):
@@ -366,6 +374,10 @@ class Module(torch.nn.Module):
 
     def _keep_local_parameters(self):
         local = {p.data_ptr() for p in self._impl.parameters()}
+        named = dict(self.model.named_parameters())
+        self._slices = {id(named[name]): (dim, sections, degree, index, tuple(whole))
+                        for name, dim, sections, degree, index, whole in self._impl.held_slices()
+                        if name in named}
         self._selected = local
         pieces = self._impl.zero_shards()
         sharded = self._impl.zero_stage

@@ -31,6 +31,7 @@ together (and cuts them out again when loading), so it has PyTorch's layout what
 deployment, the rank count or ZeRO.
 """
 
+import math
 import types
 
 import torch
@@ -114,27 +115,64 @@ def _decode(name, tensor):
         value = None
     else:
         value = _SCALAR_TYPES[tag][0](tensor.item())
-    offset = int(piece.split("+")[0]) if piece else -1
+    if piece.startswith("tp"):  # a tensor-parallel slice: (member, degree, dim, sections, ZeRO)
+        tp, _, zero = piece[2:].partition("|")
+        offset = (*(int(f) for f in tp.split(":")), int(zero.split("+")[0]) if zero else -1)
+    else:
+        offset = int(piece.split("+")[0]) if piece else -1
     return int(index), int(order), key, offset, value
 
 
-def _assemble(pieces, param):
-    """One state value of `param` from the (offset, value) pieces of its shards: an elementwise
-    state (a 1-d tensor per piece) is put back together in the parameter's shape; a scalar one
-    (e.g. Adam's step, equal on every replica) is taken from the first piece."""
+# Note [Tensor-parallel optimizer state]
+# A parameter held in tensor-parallel slices (Note [Tensor-parallel parameters] in
+# staging/executor.cpp) has its elementwise state in the same slices on each member of its group.
+# The global state dict gathers every member's slice (the piece names the member, the degree,
+# the dimension and its sections) and joins them as the parameter's slices are joined; loading
+# cuts this rank's slice out of the whole state again. Scalar state (Adam's step) is the same on
+# every member.
+def _join_slices(values, dim, sections):
+    per = values[0].shape[dim] // sections
+    return torch.cat([v.narrow(dim, k * per, per) for k in range(sections) for v in values], dim)
+
+
+def _cut_slice(whole, dim, sections, degree, index):
+    part = whole.shape[dim] // sections
+    width = part // degree
+    return torch.cat([whole.narrow(dim, k * part + index * width, width)
+                      for k in range(sections)], dim).clone()
+
+
+def _assemble(pieces, shape):
+    """One state value of a parameter of `shape` from the (offset, value) pieces of its shards:
+    an elementwise state (a 1-d tensor per piece) is put back together in the parameter's shape;
+    a scalar one (e.g. Adam's step, equal on every replica) is taken from the first piece.
+    Tensor-parallel slices are joined, each first put together from its ZeRO-1 pieces (Note
+    [Tensor-parallel optimizer state])."""
     offset, first = pieces[0]
+    if isinstance(offset, tuple):
+        _, degree, dim, sections, _ = offset
+        slice_shape = list(shape)
+        slice_shape[dim] //= degree
+        members = {}
+        for (member, *_, zero), value in pieces:
+            members.setdefault(member, []).append((zero, value))
+        if sorted(members) != list(range(degree)):
+            raise _autostage.InternalError(f"tensor-parallel slices {sorted(members)} of {degree}")
+        values = [_assemble(members[m], slice_shape) for m in range(degree)]
+        return _join_slices(values, dim, sections)
     if offset < 0 or not isinstance(first, torch.Tensor) or first.dim() != 1:
         return first
-    whole = torch.zeros(param.numel(), dtype=first.dtype, device=first.device)
+    whole = torch.zeros(math.prod(shape), dtype=first.dtype, device=first.device)
     for offset, value in pieces:
         whole[offset:offset + value.numel()] = value
-    return whole.view(param.shape)
+    return whole.view(shape)
 
 
-def global_state_dict(local, current_groups, all_groups, shards=None):
+def global_state_dict(local, current_groups, all_groups, shards=None, slices=None):
     """The global state dict from PyTorch's `local` one (collective). `shards`: Note [ZeRO-1
-    optimizer]."""
-    shards = shards or {}
+    optimizer]; `slices`: {id(param): (dim, sections, degree, index, whole shape)}, Note
+    [Tensor-parallel optimizer state]."""
+    shards, slices = shards or {}, slices or {}
     _, local_index = _packed_indices(current_groups)
     global_packed, global_index = _packed_indices(all_groups)
     by_local = {local_index[id(p)]: p for params in current_groups for p in params}
@@ -145,15 +183,25 @@ def global_state_dict(local, current_groups, all_groups, shards=None):
             _, p, offset, length = shards[id(p)]
             piece = f"{offset}+{length}"
         g = global_index[id(p)]
-        owned += [_encode(g, order, key, value, piece)
-                  for order, (key, value) in enumerate(entry.items())]
+        spec = slices.get(id(p))
+        for order, (key, value) in enumerate(entry.items()):
+            elementwise = isinstance(value, torch.Tensor) and (
+                value.shape == p.shape if not piece else value.dim() == 1)
+            if spec is not None and elementwise:
+                dim, sections, degree, member, _ = spec
+                where = f"tp{member}:{degree}:{dim}:{sections}" + (f"|{piece}" if piece else "")
+                owned.append(_encode(g, order, key, value, where))
+            else:
+                owned.append(_encode(g, order, key, value, piece))
     entries = sorted((_decode(name, t) for name, t in _autostage._gather_from_owners(owned)),
                      key=lambda e: e[:4])
     params = {global_index[id(p)]: p for group in all_groups for p in group}
     pieces = {}
     for index, order, key, offset, value in entries:
         pieces.setdefault(index, {}).setdefault(key, []).append((offset, value))
-    state = {index: {key: _assemble(values, params[index]) for key, values in keys.items()}
+    whole = {global_index[id(p)]: (slices[id(p)][4] if id(p) in slices else tuple(p.shape))
+             for group in all_groups for p in group}
+    state = {index: {key: _assemble(values, whole[index]) for key, values in keys.items()}
              for index, keys in pieces.items()}
     groups = []
     for group, indices in zip(local["param_groups"], global_packed):
@@ -170,11 +218,12 @@ def _cut(entry, param, offset, length):
     return {key: piece(value) for key, value in entry.items()}
 
 
-def local_state_dict(state_dict, current_groups, all_groups, shards=None):
+def local_state_dict(state_dict, current_groups, all_groups, shards=None, slices=None):
     """This rank's share of a global state dict, in PyTorch's layout for `current_groups`, after
     checking that the dict was saved for the same groups (raises ConfigError naming the
-    difference). `shards`: Note [ZeRO-1 optimizer]."""
-    shards = shards or {}
+    difference). `shards`: Note [ZeRO-1 optimizer]; `slices`: Note [Tensor-parallel optimizer
+    state]."""
+    shards, slices = shards or {}, slices or {}
     saved_groups = state_dict["param_groups"]
     if len(saved_groups) != len(all_groups):
         raise _autostage.ConfigError(
@@ -194,27 +243,31 @@ def local_state_dict(state_dict, current_groups, all_groups, shards=None):
     state = {}
     for params in current_groups:
         for p in params:
-            if id(p) in shards:
-                _, param, offset, length = shards[id(p)]
-                saved = saved_index[id(param)]
-                if state_dict["state"].get(saved):
-                    state[local_index[id(p)]] = _cut(state_dict["state"][saved], param, offset,
-                                                     length)
-                continue
-            saved = saved_index[id(p)]
+            param = shards[id(p)][1] if id(p) in shards else p
             # An empty entry is no state (reading optimizer.state[p] of a parameter that has
             # none adds one; LibTorch 1.13's Adam.__setstate__ fails on it): left out.
-            if state_dict["state"].get(saved):
-                state[local_index[id(p)]] = state_dict["state"][saved]
+            entry = state_dict["state"].get(saved_index[id(param)])
+            if entry and id(param) in slices:  # Note [Tensor-parallel optimizer state]
+                dim, sections, degree, member, whole = slices[id(param)]
+                entry = {key: (_cut_slice(value, dim, sections, degree, member)
+                               if isinstance(value, torch.Tensor) and tuple(value.shape) == whole
+                               else value)
+                         for key, value in entry.items()}
+            if entry and id(p) in shards:
+                _, param, offset, length = shards[id(p)]
+                entry = _cut(entry, param, offset, length)
+            if entry:
+                state[local_index[id(p)]] = entry
     groups = [dict(saved, params=indices) for saved, indices in zip(saved_groups, local_packed)]
     return {"state": state, "param_groups": groups}
 
 
-def patch_optimizer(optimizer, all_groups, deployed, shards=dict):
+def patch_optimizer(optimizer, all_groups, deployed, shards=dict, slices=dict):
     """Adds the from_global flag to the instance's state_dict/load_state_dict. `all_groups`: the
     full parameter list of each group (before filtering); `deployed()`: whether the groups are
     filtered to this rank's parameters now; `shards()`: the current {id(shard): (shard,
-    parameter, offset, length)} (Note [ZeRO-1 optimizer]; empty without ZeRO-1)."""
+    parameter, offset, length)} (Note [ZeRO-1 optimizer]; empty without ZeRO-1); `slices()`:
+    Note [Tensor-parallel optimizer state]."""
     if getattr(optimizer, "_autostage_patched", False):
         return
     plain_state_dict = optimizer.state_dict
@@ -227,13 +280,13 @@ def patch_optimizer(optimizer, all_groups, deployed, shards=dict):
         local = plain_state_dict()
         if not from_global or not deployed():
             return local
-        return global_state_dict(local, current_groups(), all_groups, shards())
+        return global_state_dict(local, current_groups(), all_groups, shards(), slices())
 
     def load_state_dict(state_dict, from_global=False):
         if not from_global:
             return plain_load_state_dict(state_dict)
         return plain_load_state_dict(local_state_dict(state_dict, current_groups(), all_groups,
-                                                      shards()))
+                                                      shards(), slices()))
 
     optimizer.state_dict = state_dict
     optimizer.load_state_dict = load_state_dict

@@ -1,0 +1,698 @@
+// Rewriting a stage for one member of a tensor-parallel group; Note [Tensor-parallel stages].
+#include "staging/tensor_parallel.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "core/error.h"
+#include "decomposer/tensor_parallel_patterns.h"
+
+namespace autostage::staging {
+namespace {
+
+using core::Graph;
+using core::NodeId;
+using core::ValueId;
+using decomposer::baseKind;
+
+// A value split over the group: dimension `dim` is `outer` repetitions of a block of `size`
+// indices, each block cut into `degree` contiguous slices; a member holds slice j of every block.
+struct Split {
+  int dim = 0;
+  int64_t size = 0;
+  NodeId origin = core::kNoNode;  // the column-parallel linear it comes from
+};
+
+// A size argument rewritten: entry -> value (entry -1: the argument is one int).
+using Rewrite = std::map<int, int64_t>;
+
+struct PatternPlan {
+  std::map<ValueId, Split> split;
+  std::map<std::pair<NodeId, int>, Rewrite> rewrites;  // (node, input index)
+  std::map<ValueId, ParamShard> params;
+  std::map<ValueId, NodeId> paramOrigin;  // a column linear's own weight/bias: sections follow it
+  std::map<NodeId, int> sections;         // column linear -> parts (fused projection)
+  std::set<NodeId> columns;
+  NodeId row = core::kNoNode;
+};
+
+struct Failure {
+  std::string reason;
+};
+
+bool is(const core::Node& n, std::initializer_list<const char*> kinds) {
+  const std::string base = baseKind(n.kind);
+  for (const char* k : kinds)
+    if (base == k) return true;
+  return false;
+}
+
+std::optional<int64_t> constantInt(const Graph& g, ValueId v) {
+  const NodeId p = g.producer(v);
+  if (p == core::kNoNode || g.node(p).kind != "prim::Constant") return std::nullopt;
+  const core::Attribute* a = g.node(p).findAttribute("value");
+  if (a == nullptr || !std::holds_alternative<int64_t>(a->value)) return std::nullopt;
+  return std::get<int64_t>(a->value);
+}
+
+// A None argument (TorchScript's NoneType constant; torch.export's constant without a value).
+bool isNone(const Graph& g, ValueId v) {
+  if (g.value(v).type.kind() == core::TypeKind::None) return true;
+  const NodeId p = g.producer(v);
+  return p != core::kNoNode && g.node(p).kind == "prim::Constant" && !g.value(v).type.isTensor() &&
+         g.node(p).findAttribute("value") == nullptr;
+}
+
+// The entries of an int-list argument: constants, or nullopt where computed at run time.
+std::optional<std::vector<std::optional<int64_t>>> listEntries(const Graph& g, ValueId v) {
+  const NodeId p = g.producer(v);
+  if (p == core::kNoNode) return std::nullopt;
+  const core::Node& node = g.node(p);
+  std::vector<std::optional<int64_t>> out;
+  if (node.kind == "prim::ListConstruct") {
+    for (ValueId e : node.inputs) out.push_back(constantInt(g, e));
+    return out;
+  }
+  if (node.kind == "prim::Constant") {
+    const core::Attribute* a = node.findAttribute("value");
+    if (a == nullptr || !std::holds_alternative<std::vector<int64_t>>(a->value)) return std::nullopt;
+    for (int64_t e : std::get<std::vector<int64_t>>(a->value)) out.push_back(e);
+    return out;
+  }
+  return std::nullopt;
+}
+
+const std::vector<int64_t>& shapeOf(const Graph& g, ValueId v) {
+  const core::Type& t = g.value(v).type;
+  if (!t.isTensor() || !t.shapeKnown())
+    throw Failure{"value " + g.value(v).name + " has no recorded shape"};
+  return t.shape();
+}
+
+int64_t product(const std::vector<int64_t>& s, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to; ++i) p *= s[i];
+  return p;
+}
+
+int normDim(int64_t d, size_t rank) { return static_cast<int>(d < 0 ? d + static_cast<int64_t>(rank) : d); }
+
+class Planner {
+ public:
+  Planner(const Graph& g, const std::set<NodeId>& stage, int degree)
+      : g_(g), stage_(stage), degree_(degree) {}
+
+  PatternPlan plan(const decomposer::ShardPattern& pattern) {
+    PatternPlan p;
+    pattern_ = std::set<NodeId>(pattern.nodes.begin(), pattern.nodes.end());
+    p.row = pattern.rowLinear;
+    for (NodeId n : pattern.nodes)
+      if (n != pattern.rowLinear && decomposer::isLinearNode(g_, n)) p.columns.insert(n);
+    if (p.columns.empty()) throw Failure{"no column-parallel linear"};
+    for (NodeId n : pattern.nodes) {
+      if (p.columns.count(n)) column(p, n);
+      else if (n == p.row) row(p, n);
+      else follow(p, n);
+    }
+    for (auto& [param, origin] : p.paramOrigin) p.params[param].sections = p.sections.count(origin) ? p.sections[origin] : 1;
+    return p;
+  }
+
+ private:
+  // A parameter sliced along `dim`: a graph input read by nothing but the pattern (through
+  // aten::t nodes whose readers are in the pattern).
+  void shardParam(PatternPlan& p, ValueId param, int dim, int sections) {
+    if (g_.producer(param) != core::kNoNode || g_.value(param).cls != core::ValueClass::Param)
+      throw Failure{"value " + g_.value(param).name + " is not a parameter of the model"};
+    for (NodeId c : g_.consumers(param)) {
+      if (pattern_.count(c)) continue;
+      const core::Node& n = g_.node(c);
+      bool viaTranspose = is(n, {"aten::t"}) && stage_.count(c);
+      for (NodeId cc : viaTranspose ? g_.consumers(n.outputs.at(0)) : std::vector<NodeId>{})
+        if (!pattern_.count(cc)) viaTranspose = false;
+      if (!viaTranspose)
+        throw Failure{"parameter " + g_.value(param).name + " is also read by " +
+                      core::nodeLabel(g_, c)};
+    }
+    const std::vector<int64_t>& s = shapeOf(g_, param);
+    if (s.at(dim) % (static_cast<int64_t>(sections) * degree_) != 0)
+      throw Failure{"parameter " + g_.value(param).name + " has " + std::to_string(s[dim]) +
+                    " rows/columns, not divisible by " + std::to_string(sections * degree_)};
+    auto [it, added] = p.params.emplace(param, ParamShard{param, dim, sections});
+    if (!added && (it->second.dim != dim))
+      throw Failure{"parameter " + g_.value(param).name + " is split two ways"};
+  }
+
+  // The weight of a linear node and the dimension of it that holds `outputSide` (true: the
+  // output features) in storage order. Through aten::t, the graph input behind it.
+  std::pair<ValueId, int> weightOf(NodeId n, bool outputSide) {
+    const core::Node& node = g_.node(n);
+    if (is(node, {"aten::linear"})) return {node.inputs.at(1), outputSide ? 0 : 1};
+    ValueId w = is(node, {"aten::addmm"}) ? node.inputs.at(2) : node.inputs.at(1);
+    if (g_.value(w).cls != core::ValueClass::Param)
+      throw Failure{core::nodeLabel(g_, n) + " has no parameter as its second operand"};
+    const NodeId t = g_.producer(w);
+    if (t == core::kNoNode) return {w, outputSide ? 1 : 0};  // [in, out]
+    if (is(g_.node(t), {"aten::t"}) && g_.producer(g_.node(t).inputs.at(0)) == core::kNoNode)
+      return {g_.node(t).inputs.at(0), outputSide ? 0 : 1};
+    throw Failure{core::nodeLabel(g_, n) + " reads its weight through " + core::nodeLabel(g_, t)};
+  }
+
+  void requireOnes(NodeId n, std::initializer_list<int> inputs) {
+    for (int i : inputs) {
+      std::optional<int64_t> c = constantInt(g_, g_.node(n).inputs.at(i));
+      if (!c || *c != 1) throw Failure{core::nodeLabel(g_, n) + " scales by beta/alpha other than 1"};
+    }
+  }
+
+  void column(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    auto [w, dim] = weightOf(n, true);
+    shardParam(p, w, dim, 1);
+    p.paramOrigin[w] = n;
+    if (is(node, {"aten::linear"}) && !isNone(g_, node.inputs.at(2))) {
+      shardParam(p, node.inputs.at(2), 0, 1);
+      p.paramOrigin[node.inputs.at(2)] = n;
+    }
+    if (is(node, {"aten::addmm"})) {
+      requireOnes(n, {3, 4});
+      const ValueId b = node.inputs.at(0);
+      if (shapeOf(g_, b).size() != 1) throw Failure{core::nodeLabel(g_, n) + " adds a bias that is not 1-D"};
+      shardParam(p, b, 0, 1);
+      p.paramOrigin[b] = n;
+    }
+    const ValueId out = node.outputs.at(0);
+    const std::vector<int64_t>& s = shapeOf(g_, out);
+    if (s.back() % degree_ != 0)
+      throw Failure{core::nodeLabel(g_, n) + " has " + std::to_string(s.back()) +
+                    " output features, not divisible by " + std::to_string(degree_)};
+    p.split[out] = Split{static_cast<int>(s.size()) - 1, s.back(), n};
+  }
+
+  void row(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    const ValueId x = decomposer::linearActivation(g_, n);
+    auto it = p.split.find(x);
+    const std::vector<int64_t>& s = shapeOf(g_, x);
+    if (it == p.split.end() || it->second.dim != static_cast<int>(s.size()) - 1 ||
+        it->second.size != s.back())
+      throw Failure{"the input of " + core::nodeLabel(g_, n) + " is not split along its features"};
+    auto [w, dim] = weightOf(n, false);
+    shardParam(p, w, dim, 1);
+    if (is(node, {"aten::addmm"})) requireOnes(n, {3, 4});
+  }
+
+  // The split `in` (of a value of rank `inRank`) seen in an output of rank `outRank` whose
+  // dimensions line up from the right (broadcasting).
+  static Split aligned(const Split& in, size_t inRank, size_t outRank) {
+    Split out = in;
+    out.dim = in.dim + static_cast<int>(outRank) - static_cast<int>(inRank);
+    return out;
+  }
+
+  // Joins the splits of a node's tensor operands, aligned to an output of rank `rank`; operands
+  // that are not split must broadcast over the split dimension, or be parameters sliced too.
+  Split joinOperands(PatternPlan& p, NodeId n, const std::vector<int>& operands, size_t rank) {
+    const core::Node& node = g_.node(n);
+    std::optional<Split> joined;
+    for (int i : operands) {
+      const ValueId v = node.inputs.at(i);
+      auto it = p.split.find(v);
+      if (it == p.split.end()) continue;
+      Split s = aligned(it->second, shapeOf(g_, v).size(), rank);
+      if (joined && (joined->dim != s.dim || joined->size != s.size))
+        throw Failure{core::nodeLabel(g_, n) + " combines tensors split differently"};
+      joined = s;
+    }
+    if (!joined) throw Failure{core::nodeLabel(g_, n) + " reads no split tensor"};
+    for (int i : operands) {
+      const ValueId v = node.inputs.at(i);
+      if (p.split.count(v) || !g_.value(v).type.isTensor()) continue;
+      const std::vector<int64_t>& s = shapeOf(g_, v);
+      const int d = joined->dim - static_cast<int>(rank - s.size());
+      if (d < 0 || s[d] == 1) continue;  // broadcast over the split dimension
+      if (g_.value(v).cls == core::ValueClass::Param && s[d] % joined->size == 0) {
+        shardParam(p, v, d, static_cast<int>(s[d] / joined->size));
+        continue;
+      }
+      throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name +
+                    ", which is not split, across the split dimension"};
+    }
+    return *joined;
+  }
+
+  const Split& splitOf(const PatternPlan& p, NodeId n, ValueId v) {
+    auto it = p.split.find(v);
+    if (it == p.split.end())
+      throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name + ", which is not split"};
+    return it->second;
+  }
+
+  void setOutputs(PatternPlan& p, NodeId n, const Split& s) {
+    for (ValueId out : g_.node(n).outputs)
+      if (g_.value(out).type.isTensor() || g_.value(out).type.kind() == core::TypeKind::List)
+        p.split[out] = s;
+  }
+
+  void notAlong(NodeId n, const Split& s, int64_t dim, size_t rank) {
+    if (normDim(dim, rank) == s.dim)
+      throw Failure{core::nodeLabel(g_, n) + " works along the split dimension"};
+  }
+
+  int64_t intInput(NodeId n, int i) {
+    std::optional<int64_t> c = constantInt(g_, g_.node(n).inputs.at(i));
+    if (!c) throw Failure{core::nodeLabel(g_, n) + " takes a dimension computed at run time"};
+    return *c;
+  }
+
+  // A view or reshape: where the split lands in the output, and its size there rewritten.
+  void view(PatternPlan& p, NodeId n, const Split& in, int sizesInput) {
+    const core::Node& node = g_.node(n);
+    const std::vector<int64_t>& is = shapeOf(g_, node.inputs.at(0));
+    const std::vector<int64_t>& os = shapeOf(g_, node.outputs.at(0));
+    const int64_t stride = product(is, in.dim + 1, is.size());
+    const int64_t outer = product(is, 0, is.size()) / (in.size * stride);
+    for (size_t k = 0; k < os.size(); ++k) {
+      const int64_t strideK = product(os, k + 1, os.size());
+      const int64_t block = in.size * stride;
+      if ((block / degree_) % strideK != 0 || (os[k] * strideK) % block != 0) continue;
+      if (product(os, 0, k) * (os[k] * strideK / block) != outer) continue;
+      Split out{static_cast<int>(k), block / strideK, in.origin};
+      if (out.size % degree_ != 0) continue;
+      rewriteSizes(p, n, sizesInput, static_cast<int>(k), node.outputs.at(0));
+      setOutputs(p, n, out);
+      return;
+    }
+    throw Failure{core::nodeLabel(g_, n) + " mixes the split dimension with another"};
+  }
+
+  // The sizes (int-list input `i` of `n`) of an output of recorded shape `os` split at `k`:
+  // entry k becomes os[k] / degree; -1 and other constants stay. A size computed at run time may
+  // read a sharded tensor's size (GPT-2's `x.size(-1) // heads`), so in a batch-major output each
+  // one but the batch's becomes its recorded constant; elsewhere the pattern stays replicated.
+  void rewriteSizes(PatternPlan& p, NodeId n, int i, int k, ValueId out) {
+    const std::vector<int64_t>& os = shapeOf(g_, out);
+    const ValueId list = g_.node(n).inputs.at(i);
+    auto entries = listEntries(g_, list);
+    if (!entries || entries->size() != os.size())
+      throw Failure{core::nodeLabel(g_, n) + " takes its sizes as one value computed at run time"};
+    const NodeId producer = g_.producer(list);
+    if (g_.node(producer).kind == "prim::ListConstruct" && !stage_.count(producer))
+      throw Failure{core::nodeLabel(g_, n) + " takes sizes built in another stage"};
+    const core::Value& value = g_.value(out);
+    const bool batchMajor = value.cls == core::ValueClass::Batch && !value.type.notBatchMajor();
+    if (batchMajor && k == 0) throw Failure{core::nodeLabel(g_, n) + " splits the batch dimension"};
+    Rewrite& rewrite = p.rewrites[{n, i}];
+    for (size_t j = 0; j < os.size(); ++j) {
+      const std::optional<int64_t> e = (*entries)[j];
+      if (e && *e == -1) continue;
+      const int64_t want = static_cast<int>(j) == k ? os[j] / degree_ : os[j];
+      if (e) {
+        if (*e != os[j])
+          throw Failure{core::nodeLabel(g_, n) + " has a size that does not match its recorded shape"};
+        if (want != *e) rewrite[static_cast<int>(j)] = want;
+      } else if (batchMajor && j > 0) {
+        rewrite[static_cast<int>(j)] = want;
+      } else if (!batchMajor || static_cast<int>(j) == k) {
+        throw Failure{core::nodeLabel(g_, n) + " takes a size computed at run time"};
+      }
+    }
+  }
+
+  void splitParts(PatternPlan& p, NodeId n, const Split& in) {
+    const core::Node& node = g_.node(n);
+    const size_t rank = shapeOf(g_, node.inputs.at(0)).size();
+    const int64_t dim = intInput(n, 2);
+    std::vector<Split> parts;
+    if (normDim(dim, rank) != in.dim) {  // split along another dimension: every part as split
+      setOutputs(p, n, in);
+      return;
+    }
+    // A fused projection: each part is one projection, sliced on its own.
+    if (p.sections.count(in.origin) || in.size != shapeOf(g_, node.inputs.at(0))[in.dim])
+      throw Failure{core::nodeLabel(g_, n) + " splits a tensor already cut in parts"};
+    std::vector<int64_t> sizes;
+    if (is(node, {"aten::chunk"})) {
+      const int64_t k = intInput(n, 1);
+      if (k <= 0 || in.size % k != 0) throw Failure{core::nodeLabel(g_, n) + " makes unequal chunks"};
+      sizes.assign(k, in.size / k);
+    } else if (is(node, {"aten::split_with_sizes"})) {
+      auto entries = listEntries(g_, node.inputs.at(1));
+      if (!entries) throw Failure{core::nodeLabel(g_, n) + " takes sizes computed at run time"};
+      for (size_t k = 0; k < entries->size(); ++k) {
+        if (!(*entries)[k]) throw Failure{core::nodeLabel(g_, n) + " takes sizes computed at run time"};
+        sizes.push_back(*(*entries)[k]);
+        p.rewrites[{n, 1}][static_cast<int>(k)] = sizes.back() / degree_;
+      }
+    } else {
+      const int64_t size = intInput(n, 1);
+      if (size <= 0 || in.size % size != 0) throw Failure{core::nodeLabel(g_, n) + " makes unequal parts"};
+      sizes.assign(in.size / size, size);
+      p.rewrites[{n, 1}][-1] = size / degree_;
+    }
+    for (int64_t s : sizes)
+      if (s != sizes.front() || s % degree_ != 0)
+        throw Failure{core::nodeLabel(g_, n) + " makes parts of " + std::to_string(s) +
+                      ", unequal or not divisible by " + std::to_string(degree_)};
+    p.sections[in.origin] = static_cast<int>(sizes.size());
+    setOutputs(p, n, Split{in.dim, sizes.front(), in.origin});
+  }
+
+  void follow(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    std::vector<int> tensors;
+    for (size_t i = 0; i < node.inputs.size(); ++i)
+      if (g_.value(node.inputs[i]).type.isTensor()) tensors.push_back(static_cast<int>(i));
+    if (is(node, {"prim::ListConstruct"})) {
+      std::optional<Split> s;
+      for (ValueId v : node.inputs) {
+        auto it = p.split.find(v);
+        if (it == p.split.end() || (s && (s->dim != it->second.dim || s->size != it->second.size)))
+          throw Failure{core::nodeLabel(g_, n) + " lists tensors split differently"};
+        s = it->second;
+      }
+      if (s) setOutputs(p, n, *s);
+      return;
+    }
+    if (is(node, {"prim::ListUnpack"})) {
+      setOutputs(p, n, splitOf(p, n, node.inputs.at(0)));
+      return;
+    }
+    if (is(node, {"aten::cat"})) {
+      const Split& s = splitOf(p, n, node.inputs.at(0));
+      notAlong(n, s, intInput(n, 1), shapeOf(g_, node.outputs.at(0)).size());
+      setOutputs(p, n, s);
+      return;
+    }
+    const ValueId in0 = node.inputs.at(0);
+    const size_t outRank = shapeOf(g_, node.outputs.at(0)).size();
+    if (is(node, {"aten::split", "aten::split_with_sizes", "aten::chunk"})) {
+      splitParts(p, n, splitOf(p, n, in0));
+      return;
+    }
+    if (is(node, {"aten::view", "aten::reshape", "aten::_unsafe_view"})) {
+      view(p, n, splitOf(p, n, in0), 1);
+      return;
+    }
+    if (is(node, {"aten::permute"})) {
+      const Split& s = splitOf(p, n, in0);
+      auto dims = listEntries(g_, node.inputs.at(1));
+      if (!dims) throw Failure{core::nodeLabel(g_, n) + " permutes by dimensions computed at run time"};
+      for (size_t k = 0; k < dims->size(); ++k)
+        if ((*dims)[k] && normDim(*(*dims)[k], outRank) == s.dim) {
+          setOutputs(p, n, Split{static_cast<int>(k), s.size, s.origin});
+          return;
+        }
+      throw Failure{core::nodeLabel(g_, n) + " permutes by dimensions computed at run time"};
+    }
+    if (is(node, {"aten::transpose"})) {
+      Split s = splitOf(p, n, in0);
+      const int a = normDim(intInput(n, 1), outRank), b = normDim(intInput(n, 2), outRank);
+      if (s.dim == a) s.dim = b;
+      else if (s.dim == b) s.dim = a;
+      setOutputs(p, n, s);
+      return;
+    }
+    if (is(node, {"aten::unsqueeze"})) {
+      Split s = splitOf(p, n, in0);
+      if (normDim(intInput(n, 1), outRank) <= s.dim) ++s.dim;
+      setOutputs(p, n, s);
+      return;
+    }
+    if (is(node, {"aten::squeeze"})) {
+      Split s = splitOf(p, n, in0);
+      const size_t inRank = shapeOf(g_, in0).size();
+      if (node.inputs.size() < 2 || inRank != outRank + 1)
+        throw Failure{core::nodeLabel(g_, n) + " squeezes dimensions not named"};
+      const int d = normDim(intInput(n, 1), inRank);
+      notAlong(n, s, d, inRank);
+      if (d < s.dim) --s.dim;
+      setOutputs(p, n, s);
+      return;
+    }
+    if (is(node, {"aten::expand"})) {
+      const Split s = aligned(splitOf(p, n, in0), shapeOf(g_, in0).size(), outRank);
+      rewriteSizes(p, n, 1, s.dim, node.outputs.at(0));
+      setOutputs(p, n, s);
+      return;
+    }
+    if (is(node, {"aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::slice"})) {
+      const Split& s = splitOf(p, n, in0);
+      notAlong(n, s, intInput(n, 1), outRank);
+      setOutputs(p, n, s);
+      return;
+    }
+    if (is(node, {"aten::matmul", "aten::bmm"})) {
+      matmul(p, n, {0, 1}, outRank);
+      return;
+    }
+    if (is(node, {"aten::baddbmm"})) {  // the added input is a mask
+      matmul(p, n, {1, 2}, outRank);
+      setOutputs(p, n, joinOperands(p, n, {0, 1, 2}, outRank));
+      return;
+    }
+    if (is(node, {"aten::scaled_dot_product_attention"})) {
+      const Split s = joinOperands(p, n, {0, 1, 2}, outRank);
+      if (s.dim >= static_cast<int>(outRank) - 2)
+        throw Failure{core::nodeLabel(g_, n) + " is split along its sequence or head features"};
+      if (node.inputs.size() > 3 && g_.value(node.inputs[3]).type.isTensor())
+        joinOperands(p, n, {0, 3}, outRank);
+      setOutputs(p, n, s);
+      return;
+    }
+    if (is(node, {"aten::type_as", "aten::to", "aten::_to_copy", "aten::contiguous",
+                  "aten::clone", "aten::dropout", "aten::neg", "aten::gelu", "aten::relu",
+                  "aten::silu", "aten::tanh", "aten::sigmoid", "aten::erf", "aten::exp",
+                  "aten::sqrt", "aten::rsqrt"})) {
+      setOutputs(p, n, aligned(splitOf(p, n, in0), shapeOf(g_, in0).size(), outRank));
+      return;
+    }
+    if (is(node, {"aten::add", "aten::sub", "aten::mul", "aten::div", "aten::pow",
+                  "aten::masked_fill", "aten::where"})) {
+      setOutputs(p, n, joinOperands(p, n, tensors, outRank));
+      return;
+    }
+    throw Failure{core::nodeLabel(g_, n) + ": its operator is not followed by the sharding"};
+  }
+
+  // A batched matmul of split operands: the split must be a batch dimension.
+  Split matmul(PatternPlan& p, NodeId n, const std::vector<int>& operands, size_t outRank) {
+    const Split s = joinOperands(p, n, operands, outRank);
+    if (s.dim >= static_cast<int>(outRank) - 2)
+      throw Failure{core::nodeLabel(g_, n) + " multiplies along the split dimension"};
+    setOutputs(p, n, s);
+    return s;
+  }
+
+  const Graph& g_;
+  const std::set<NodeId>& stage_;
+  int degree_;
+  std::set<NodeId> pattern_;
+};
+
+// Builds the member's stage graph: the stage's nodes in order, with each plan's rewrites.
+class Builder {
+ public:
+  Builder(const Graph& g, bool exportKinds, int64_t group)
+      : g_(g), exportKinds_(exportKinds), group_(group), out_(g.name() + ".tp") {}
+
+  ValueId input(ValueId v, const core::Type& type) {
+    const core::Value& value = g_.value(v);
+    const ValueId n = out_.addInput(value.name, type, value.cls);
+    map_[v] = n;
+    return n;
+  }
+
+  ValueId intConstant(int64_t value) {
+    const NodeId c = out_.addNode("prim::Constant", {}, {core::Type::scalar(core::TypeKind::Int)},
+                                  {core::Attribute{"value", value}});
+    return out_.node(c).outputs.at(0);
+  }
+
+  ValueId noneConstant() {
+    const NodeId c = out_.addNode("prim::Constant", {}, {core::Type::scalar(core::TypeKind::None)});
+    return out_.node(c).outputs.at(0);
+  }
+
+  std::string kind(const char* name) const {
+    return std::string("autostage::") + name + (exportKinds_ ? ".default" : "");
+  }
+
+  // The list input rewritten: a new list whose entries in `rewrite` are new constants.
+  ValueId rewriteList(ValueId list, const Rewrite& rewrite) {
+    const core::Node& producer = g_.node(g_.producer(list));
+    if (rewrite.count(-1)) return intConstant(rewrite.at(-1));
+    if (producer.kind == "prim::Constant") {
+      std::vector<int64_t> values = std::get<std::vector<int64_t>>(producer.findAttribute("value")->value);
+      for (auto [k, v] : rewrite) values[k] = v;
+      const NodeId c = out_.addNode("prim::Constant", {}, {g_.value(list).type},
+                                    {core::Attribute{"value", values}});
+      return out_.node(c).outputs.at(0);
+    }
+    std::vector<ValueId> elements;
+    for (size_t k = 0; k < producer.inputs.size(); ++k) {
+      auto it = rewrite.find(static_cast<int>(k));
+      elements.push_back(it != rewrite.end() ? intConstant(it->second) : map_.at(producer.inputs[k]));
+    }
+    const NodeId c = out_.addNode("prim::ListConstruct", elements, {g_.value(list).type});
+    return out_.node(c).outputs.at(0);
+  }
+
+  void node(NodeId n, const PatternPlan* plan,
+            const std::map<ValueId, core::Type>& splitTypes) {
+    const core::Node& node = g_.node(n);
+    std::vector<ValueId> inputs;
+    for (size_t i = 0; i < node.inputs.size(); ++i) {
+      const ValueId v = node.inputs[i];
+      const Rewrite* rewrite = nullptr;
+      if (plan) {
+        auto it = plan->rewrites.find({n, static_cast<int>(i)});
+        if (it != plan->rewrites.end() && !it->second.empty()) rewrite = &it->second;
+      }
+      inputs.push_back(rewrite ? rewriteList(v, *rewrite) : map_.at(v));
+    }
+    if (plan && plan->columns.count(n)) {  // the activation through tp_copy, once per value
+      const ValueId x = decomposer::linearActivation(g_, n);
+      for (size_t i = 0; i < node.inputs.size(); ++i)
+        if (node.inputs[i] == x) inputs[i] = copyOf(x);
+    }
+    ValueId bias = -1;
+    std::string op = node.kind;
+    if (plan && plan->row == n) {  // the bias after the all-reduce
+      if (decomposer::baseKind(op) == "aten::linear" && !isNone(g_, node.inputs.at(2))) {
+        bias = inputs[2];
+        inputs[2] = noneConstant();
+      } else if (decomposer::baseKind(op) == "aten::addmm") {
+        bias = inputs[0];
+        inputs = {inputs[1], inputs[2]};
+        op = exportKinds_ ? "aten::mm.default" : "aten::mm";
+      }
+    }
+    std::vector<core::Type> types;
+    for (ValueId v : node.outputs) {
+      auto it = splitTypes.find(v);
+      types.push_back(it != splitTypes.end() ? it->second : g_.value(v).type);
+    }
+    std::vector<std::string> names;
+    for (ValueId v : node.outputs) names.push_back(g_.value(v).name);
+    const NodeId created = out_.addNode(op, inputs, types, node.attributes, node.scope, names);
+    if (!node.body.empty()) out_.setBody(created, node.body);
+    for (size_t i = 0; i < node.outputs.size(); ++i) map_[node.outputs[i]] = out_.node(created).outputs[i];
+    if (plan && plan->row == n) {
+      const ValueId y = out_.node(created).outputs.at(0);
+      const ValueId b = bias >= 0 ? bias : noneConstant();
+      const NodeId reduce = out_.addNode(kind("tp_reduce"), {y, b, intConstant(group_)},
+                                         {g_.value(node.outputs.at(0)).type}, {}, node.scope);
+      map_[node.outputs.at(0)] = out_.node(reduce).outputs.at(0);
+    }
+  }
+
+  ValueId copyOf(ValueId x) {
+    auto it = copies_.find(x);
+    if (it != copies_.end()) return it->second;
+    const NodeId c = out_.addNode(kind("tp_copy"), {map_.at(x), intConstant(group_)},
+                                  {g_.value(x).type}, {}, "");
+    return copies_[x] = out_.node(c).outputs.at(0);
+  }
+
+  void output(ValueId v) { out_.addOutput(map_.at(v)); }
+  Graph take() { return std::move(out_); }
+
+ private:
+  const Graph& g_;
+  bool exportKinds_;
+  int64_t group_;
+  Graph out_;
+  std::map<ValueId, ValueId> map_;
+  std::map<ValueId, ValueId> copies_;
+};
+
+// `type` with dimension `dim` divided by `degree` (shapes the front ends record).
+core::Type dividedType(const core::Type& type, int dim, int degree) {
+  if (!type.isTensor() || !type.shapeKnown()) return type;
+  std::vector<int64_t> shape = type.shape();
+  if (dim < static_cast<int>(shape.size()) && shape[dim] > 0) shape[dim] /= degree;
+  return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
+}
+
+}  // namespace
+
+ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, int degree,
+                        int64_t group) {
+  AUTOSTAGE_CHECK_AS(ConfigError, degree >= 1, "tensor-parallel degree ", degree, " is not positive");
+  ShardedStage result;
+  const std::set<NodeId> stage(nodes.begin(), nodes.end());
+  std::map<NodeId, const PatternPlan*> planOf;
+  std::vector<PatternPlan> plans;
+  if (degree > 1) {
+    std::vector<decomposer::ShardPattern> patterns = decomposer::findShardPatterns(graph);
+    plans.reserve(patterns.size());
+    for (const decomposer::ShardPattern& pattern : patterns) {
+      const bool inside = std::all_of(pattern.nodes.begin(), pattern.nodes.end(),
+                                      [&](NodeId n) { return stage.count(n) != 0; });
+      if (!inside) continue;
+      if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::None) {
+        result.skipped.push_back(std::string("the vocabulary ") +
+                                 (pattern.vocabulary == decomposer::ShardPattern::Vocabulary::Embedding
+                                      ? "embedding"
+                                      : "head") +
+                                 " at " + core::nodeLabel(graph, pattern.nodes.front()) +
+                                 " stays replicated: the runtime does not split vocabularies yet "
+                                 "(the plan counted it split)");
+        continue;
+      }
+      try {
+        plans.push_back(Planner(graph, stage, degree).plan(pattern));
+      } catch (const Failure& f) {
+        result.skipped.push_back(std::string(pattern.attention ? "attention" : "MLP") +
+                                 " ending at " + core::nodeLabel(graph, pattern.rowLinear) +
+                                 " stays replicated: " + f.reason);
+        continue;
+      } catch (const std::out_of_range&) {  // an operator with fewer operands than its schema
+        result.skipped.push_back(std::string(pattern.attention ? "attention" : "MLP") +
+                                 " ending at " + core::nodeLabel(graph, pattern.rowLinear) +
+                                 " stays replicated: an operator has unexpected operands");
+        continue;
+      }
+      for (NodeId n : pattern.nodes) planOf[n] = &plans.back();
+    }
+  }
+  result.sharded = static_cast<int>(plans.size());
+
+  std::map<ValueId, core::Type> splitTypes;
+  std::map<ValueId, ParamShard> shards;
+  for (const PatternPlan& p : plans) {
+    for (const auto& [v, s] : p.split)
+      if (graph.value(v).type.isTensor()) splitTypes[v] = dividedType(graph.value(v).type, s.dim, degree);
+    for (const auto& [v, s] : p.params) shards[v] = s;
+  }
+
+  const bool exportKinds = std::any_of(graph.nodes().begin(), graph.nodes().end(), [](const core::Node& n) {
+    return n.kind.find('.') != std::string::npos && n.kind.rfind("prim::", 0) != 0 &&
+           n.kind.rfind("_operator::", 0) != 0;
+  });
+  Builder builder(graph, exportKinds, group);
+  const core::Boundary boundary = graph.boundary(nodes);
+  for (ValueId v : boundary.inputs) {
+    auto s = shards.find(v);
+    builder.input(v, s == shards.end() ? graph.value(v).type
+                                       : dividedType(graph.value(v).type, s->second.dim, degree));
+    result.inputs.push_back(v);
+  }
+  for (NodeId n : nodes) {
+    auto it = planOf.find(n);
+    builder.node(n, it == planOf.end() ? nullptr : it->second, splitTypes);
+  }
+  for (ValueId v : boundary.outputs) {
+    builder.output(v);
+    result.outputs.push_back(v);
+  }
+  result.graph = builder.take();
+  for (const auto& [v, s] : shards) result.shards.push_back(s);
+  return result;
+}
+
+}  // namespace autostage::staging

@@ -1,0 +1,59 @@
+#pragma once
+// A tensor-parallel stage: the stage's nodes rewritten for one member of a group of `degree`
+// ranks (Megatron's layout), and the parameter slices each member holds. Torch-free; the
+// collectives are the operators of staging/tensor_parallel_ops.h.
+//
+// Note [Tensor-parallel stages]
+// Every attention and MLP pattern (Note [Tensor-parallel patterns] in
+// decomposer/tensor_parallel_patterns.h) whose nodes the stage holds is sharded:
+//  - its column-parallel linear nodes (Q/K/V, the MLP's first linear and a gated sibling) read
+//    `autostage::tp_copy(x)` (identity forward, all-reduce of the gradient backward), one per
+//    activation, and hold rows [j n/t, (j+1) n/t) of their weight's output dimension (and bias);
+//    a fused projection later split in k parts holds that slice of each part;
+//  - the split dimension is followed through the pattern's nodes (element-wise, views, permutes,
+//    transposes, matmuls, softmax, sdpa, slices, cat, unsqueeze, expand, split); a view's or an
+//    expand's size and a split's sizes at that dimension become 1/t when they are constants (-1
+//    and sizes read from the sharded tensors stay as they are); an element-wise parameter of the
+//    split extent (a separate bias) is sliced too;
+//  - the row-parallel linear holds columns [j n/t, (j+1) n/t) of its weight's input dimension,
+//    runs without its bias and its output goes through `autostage::tp_reduce(y, bias)`
+//    (all-reduce sum forward then the bias, identity backward).
+// Outside the patterns every node runs as it is, replicated over the group: the inputs of every
+// member are the same, so are its outputs and the gradients it sends back. A pattern the
+// propagation cannot follow (a head-specific mask from outside, a view that mixes the split
+// dimension with another, a size computed from an unsharded tensor) stays replicated, never
+// guessed, and is named by `skipped`. Vocabulary patterns run replicated (their rows are planned
+// split; the runtime does not split them yet).
+
+#include <string>
+#include <vector>
+
+#include "core/ir/graph.h"
+
+namespace autostage::staging {
+
+// Parameter `param` is held in slices: dimension `dim` holds `sections` equal parts (1, or the
+// parts of a fused projection), each cut into `degree` equal slices; member j holds slice j of
+// each part, concatenated.
+struct ParamShard {
+  core::ValueId param = -1;
+  int dim = 0;
+  int sections = 1;
+};
+
+struct ShardedStage {
+  core::Graph graph;                   // the stage for one member (the same for every member)
+  std::vector<core::ValueId> inputs;   // graph.inputs()[i] stands for original value inputs[i]
+  std::vector<core::ValueId> outputs;  // graph.outputs()[i] stands for original value outputs[i]
+  std::vector<ParamShard> shards;      // ascending param
+  int sharded = 0;                     // patterns sharded
+  std::vector<std::string> skipped;    // one line per pattern left replicated, with the reason
+};
+
+// The stage of `graph` holding `nodes` (sorted, convex) for a group of `degree` ranks whose
+// collectives use group handle `group` (tensorParallelGroup's). Its inputs and outputs are the
+// stage's boundary (core::Graph::boundary), in order.
+ShardedStage shardStage(const core::Graph& graph, const std::vector<core::NodeId>& nodes,
+                        int degree, int64_t group);
+
+}  // namespace autostage::staging
