@@ -258,6 +258,18 @@ ShardPattern matchVocabularyHead(const Graph& g, NodeId head) {
 // dimension, a split into three or more tensors (aten::split / split_with_sizes / chunk with a
 // tensor per output, or a list unpacked by prim::ListUnpack). Returns n, the views and the split
 // (and its unpack), the nodes the attention region starts from; empty when it does not match.
+// `n` adds a 1-D parameter of `v`'s last dimension to `v` (a linear's bias written apart, as
+// TorchScript traces `x @ w.t() + b`).
+bool addsBias(const Graph& g, NodeId n, ValueId v) {
+  const core::Node& node = g.node(n);
+  if (!oneOf(node.kind, {"aten::add"}) || node.inputs.size() < 2) return false;
+  const ValueId other = node.inputs[0] == v ? node.inputs[1] : node.inputs[0];
+  const core::Type &bias = g.value(other).type, &value = g.value(v).type;
+  return g.value(other).cls == core::ValueClass::Param && bias.isTensor() && bias.shapeKnown() &&
+         value.isTensor() && value.shapeKnown() && bias.shape().size() == 1 &&
+         !value.shape().empty() && bias.shape()[0] == value.shape().back();
+}
+
 std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
   std::vector<NodeId> start{n};
   NodeId at = n;
@@ -265,7 +277,7 @@ std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
     const std::vector<NodeId> consumers = tensorConsumers(g, g.node(at).outputs.at(0));
     if (consumers.size() != 1 || anyGraphOutput(g, at)) return {};
     const NodeId c = consumers[0];
-    if (keepsLastDimension(g, c)) {
+    if (keepsLastDimension(g, c) || addsBias(g, c, g.node(at).outputs.at(0))) {
       start.push_back(at = c);
       continue;
     }

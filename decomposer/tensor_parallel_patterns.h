@@ -18,7 +18,7 @@
 //     position factor (add, mul, masked_fill, where, the attention's mask argument). A fused
 //     projection counts as Q, K and V: one linear node whose output is split three ways
 //     (aten::split, split_with_sizes or chunk, unpacked by prim::ListUnpack on TorchScript),
-//     through views keeping the last dimension (GPT-2's c_attn).
+//     through views keeping the last dimension (GPT-2's c_attn) and the add of its bias.
 //   MLP: a linear node (column-parallel) whose output reaches one second linear node
 //     (row-parallel) through element-wise nodes (activations such as GPT-2's tanh GELU written
 //     out, bias adds, dtype casts, dropout) and views keeping the last dimension (GPT-2's Conv1D

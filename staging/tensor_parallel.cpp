@@ -117,7 +117,8 @@ class Planner {
       else if (n == p.row) row(p, n);
       else follow(p, n);
     }
-    for (auto& [param, origin] : p.paramOrigin) p.params[param].sections = p.sections.count(origin) ? p.sections[origin] : 1;
+    for (const auto& [param, origin] : p.paramOrigin)
+      if (p.sections.count(origin)) p.params[param].sections = p.sections[origin];
     return p;
   }
 
@@ -236,6 +237,10 @@ class Planner {
       if (d < 0 || s[d] == 1) continue;  // broadcast over the split dimension
       if (g_.value(v).cls == core::ValueClass::Param && s[d] % joined->size == 0) {
         shardParam(p, v, d, static_cast<int>(s[d] / joined->size));
+        // A bias added to a fused projection's whole output is cut in its parts, as the
+        // projection is (sections set once its split is seen).
+        const std::vector<int64_t>& width = shapeOf(g_, g_.node(joined->origin).outputs.at(0));
+        if (s[d] == joined->size && joined->size == width.back()) p.paramOrigin[v] = joined->origin;
         continue;
       }
       throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name +
@@ -388,11 +393,11 @@ class Planner {
       return;
     }
     const ValueId in0 = node.inputs.at(0);
-    const size_t outRank = shapeOf(g_, node.outputs.at(0)).size();
-    if (is(node, {"aten::split", "aten::split_with_sizes", "aten::chunk"})) {
+    if (is(node, {"aten::split", "aten::split_with_sizes", "aten::chunk"})) {  // list outputs
       splitParts(p, n, splitOf(p, n, in0));
       return;
     }
+    const size_t outRank = shapeOf(g_, node.outputs.at(0)).size();
     if (is(node, {"aten::view", "aten::reshape", "aten::_unsafe_view"})) {
       view(p, n, splitOf(p, n, in0), 1);
       return;

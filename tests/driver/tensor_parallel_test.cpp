@@ -54,6 +54,29 @@ def forward(self, x, y):
   return m;
 }
 
+// The same block with one fused Q/K/V projection (GPT-2's c_attn) split three ways; its bias
+// is a separate add on the fused output.
+torch::jit::Module makeFusedBlock() {
+  torch::jit::Module m("FusedBlock");
+  m.register_module("qkv", makeLinear(16, 48));
+  m.register_module("o", makeLinear(16, 16));
+  m.register_module("up", makeLinear(16, 32));
+  m.register_module("down", makeLinear(32, 16));
+  m.define(R"(
+def forward(self, x, y):
+    q, k, v = self.qkv.forward(x).split(16, dim=2)
+    q = q.view(-1, 4, 4, 4).transpose(1, 2)
+    k = k.view(-1, 4, 4, 4).transpose(1, 2)
+    v = v.view(-1, 4, 4, 4).transpose(1, 2)
+    att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 2.0, dim=-1)
+    o = torch.matmul(att, v).transpose(1, 2).reshape(-1, 4, 16)
+    h = x + self.o.forward(o)
+    h = h + self.down.forward(torch.tanh(self.up.forward(h)))
+    return torch.mean((h - y) * (h - y))
+)");
+  return m;
+}
+
 struct RankResult {
   double loss = 0;
   std::map<std::string, at::Tensor> state;   // gathered after the step
@@ -63,9 +86,9 @@ struct RankResult {
 
 // `stages`: each stage's ranks and its degree; the block's nodes are cut evenly by count.
 void runCase(const std::vector<std::vector<int>>& ranks, int degree, int world,
-             bool recompute = false) {
+             bool recompute = false, torch::jit::Module (*make)() = makeBlock) {
   torch::manual_seed(41);
-  torch::jit::Module ref = makeBlock();
+  torch::jit::Module ref = make();
   at::Tensor x = torch::randn({world * kLocal, 4, 16});
   at::Tensor y = torch::randn({world * kLocal, 4, 16});
   at::Tensor refLoss = ref.forward({x, y}).toTensor();
@@ -75,7 +98,7 @@ void runCase(const std::vector<std::vector<int>>& ranks, int degree, int world,
     refParams[p.name] = (p.value - kLr * p.value.grad()).detach();
 
   std::vector<torch::jit::Module> copies;
-  for (int r = 0; r < world; ++r) torch::manual_seed(41), copies.push_back(makeBlock());
+  for (int r = 0; r < world; ++r) torch::manual_seed(41), copies.push_back(make());
   std::vector<RankResult> results(world);
   testing::rethrowFirst(comm::runThreadRanks(world, [&](comm::ThreadBackend& backend) {
     const int rank = backend.rank();
@@ -115,7 +138,7 @@ void runCase(const std::vector<std::vector<int>>& ranks, int degree, int world,
   bool anySliced = false;
   for (int r = 0; r < world; ++r)
     for (const auto& [name, whole] : std::map<std::string, std::vector<int64_t>>{
-             {"q.weight", {16, 16}}, {"up.weight", {32, 16}}})
+             {"q.weight", {16, 16}}, {"qkv.weight", {48, 16}}, {"up.weight", {32, 16}}})
       if (results[r].localShapes.count(name))
         anySliced = anySliced ||
                     results[r].localShapes.at(name) == std::vector<int64_t>{whole[0] / degree, 16};
@@ -129,8 +152,9 @@ TEST_CASE("the block's attention and MLP shard for a tensor-parallel member", "[
   std::vector<core::NodeId> all;
   for (const core::Node& n : model.graph.nodes()) all.push_back(n.id);
   ShardedStage stage = shardStage(model.graph, all, 2, 7);
-  INFO(stage.graph.toString());
-  for (const std::string& s : stage.skipped) INFO(s);
+  std::string skipped;
+  for (const std::string& s : stage.skipped) skipped += s + "\n";
+  INFO(skipped);
   CHECK(stage.sharded == 2);
   CHECK(stage.skipped.empty());
   // q, k, v, o, up, down weights; q, k, v, up biases (o's and down's stay whole).
@@ -153,6 +177,25 @@ TEST_CASE("tensor-parallel stages train as the plain module: tp=2, with replicas
   runCase({{0, 1, 2, 3}}, 2, 4);     // one stage, 2 replicas of tp=2
   runCase({{0, 1}, {2, 3}}, 2, 4);   // 2 stages of tp=2 (a pattern cut by the stages stays whole)
   runCase({{0, 1}}, 2, 2, /*recompute=*/true);  // the all-reduces run again in the re-run
+  runCase({{0, 1}}, 2, 2, false, makeFusedBlock);  // each of Q, K, V's thirds cut in halves
+}
+
+TEST_CASE("a fused Q/K/V projection is cut per part, its bias too", "[staging]") {
+  torchscript::ImportedModel model = torchscript::importModule(
+      makeFusedBlock(), {torch::randn({4, 4, 16}), torch::randn({4, 4, 16})});
+  std::vector<core::NodeId> all;
+  for (const core::Node& n : model.graph.nodes()) all.push_back(n.id);
+  ShardedStage stage = shardStage(model.graph, all, 2, 7);
+  std::string skipped;
+  for (const std::string& s : stage.skipped) skipped += s + "\n";
+  std::string found;
+  for (const auto& pt : decomposer::findShardPatterns(model.graph))
+    found += (pt.attention ? "attention " : "mlp ") + std::to_string(pt.nodes.size()) + "\n";
+  INFO(skipped << found);
+  CHECK(stage.sharded == 2);
+  int fused = 0;
+  for (const ParamShard& s : stage.shards) fused += s.sections == 3;
+  CHECK(fused == 2);  // qkv.weight and qkv.bias
 }
 
 }  // namespace

@@ -119,6 +119,19 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert " repl=2 tp=2 zero=1 " in log, log
 
 
+@needs_mpirun
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_transformers_model_trains_tensor_parallel(name):
+    pytest.importorskip("transformers")
+    from autostage.export import available
+    if not available():
+        pytest.skip("torch.export training IR needs PyTorch 2.5+")
+    log = run_driver("tensor_parallel_hf_job.py", name, ranks=2)
+    for rank in range(2):
+        assert f"rank {rank}: tensor_parallel {name} checked; 0 failures" in log, log
+    assert "stays replicated" not in log, log  # every attention and MLP is split
+
+
 class _Block(torch.nn.Module):
     """A Llama-shaped layer written in torch: attention with separate Q, K, V projections and
     rotary-style position factors, and a gated MLP (silu(gate(x)) * up(x) -> down)."""

@@ -1,0 +1,66 @@
+"""Run under mpirun on 2 ranks (see test_tensor_parallel.py; PyTorch 2.x with transformers):
+a transformers model captured with torch.export, trained with tensor_parallel=2 against the
+plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict after
+them (rtol 1e-4), and that its attention and MLP weights are held in halves. Model: `gpt2`
+(a fused QKV Conv1D, addmm, split three ways) or `llama` (rotary embeddings, 4 heads over 2 K/V
+heads, a gated MLP). Dropout is off; vocabularies are small (no vocabulary split)."""
+import sys
+
+import torch
+import transformers
+
+import autostage
+from mpi_launch import finish
+
+name = sys.argv[1]
+rank, world = autostage.get_rank(), autostage.get_world_size()
+failures = []
+vocab = 512
+
+
+def make():
+    torch.manual_seed(7)
+    if name == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=vocab,
+                                         n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0)
+        return transformers.GPT2LMHeadModel(config), "transformer.h.0.attn.c_attn.weight", 1
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      vocab_size=vocab, max_position_embeddings=32)
+    return transformers.LlamaForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
+
+
+model, sliced, dim = make()
+reference, _, _ = make()
+reference.load_state_dict(model.state_dict())
+model.train()
+reference.train()
+ids = torch.randint(0, vocab, (2 * world, 8), generator=torch.Generator().manual_seed(3))
+local = ids[2 * rank:2 * (rank + 1)]
+optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+wrapped = autostage.Module(model, optimizer, tensor_parallel=2)
+for step in range(2):
+    loss = wrapped(input_ids=local, labels=local, use_cache=False)["loss"]
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    want = reference(input_ids=ids, labels=ids, use_cache=False).loss
+    want.backward()
+    ref_optimizer.step()
+    ref_optimizer.zero_grad()
+    if not torch.allclose(loss.detach(), want.detach(), rtol=1e-4, atol=1e-5):
+        failures.append(f"step {step}: loss {loss.item()} but plain PyTorch {want.item()}")
+state = wrapped.state_dict()
+for key, value in reference.state_dict().items():
+    got = state.get(key)
+    if got is None or got.shape != value.shape or not torch.allclose(got, value, rtol=1e-4,
+                                                                      atol=1e-5):
+        failures.append(f"{key} after 2 steps differs from plain PyTorch")
+held = dict(model.named_parameters())[sliced].shape
+whole = dict(reference.named_parameters())[sliced].shape
+if held[dim] * 2 != whole[dim]:
+    failures.append(f"{sliced} is held as {tuple(held)}, not in halves of {tuple(whole)}")
+print(f"rank {rank}: tensor_parallel {name} checked; {len(failures)} failures", flush=True)
+finish(rank, failures)
