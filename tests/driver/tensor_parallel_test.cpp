@@ -18,20 +18,24 @@ namespace {
 
 using namespace staging;
 using testing::allClose;
+using testing::makeLinear;
 
 constexpr int64_t kLocal = 4;
 constexpr double kLr = 0.1;
 
-torch::jit::Module makeLinear(int64_t in, int64_t out) {
-  torch::jit::Module m("Linear");
-  m.register_parameter("weight", (torch::randn({out, in}) * 0.3).requires_grad_(), false);
-  m.register_parameter("bias", (torch::randn({out}) * 0.1).requires_grad_(), false);
-  m.define(R"(
-def forward(self, x):
-    return torch.matmul(x, self.weight.t()) + self.bias
-)");
-  return m;
-}
+// Attention over q, k, v (each [N, 4, 16]: 4 heads of 4 features) with the output projection
+// `o`, then a residual tanh MLP; the loss against y. Shared by both blocks.
+constexpr const char* kAttendAndMlp = R"(
+def attend(self, q, k, v, x, y):
+    q = q.view(-1, 4, 4, 4).transpose(1, 2)
+    k = k.view(-1, 4, 4, 4).transpose(1, 2)
+    v = v.view(-1, 4, 4, 4).transpose(1, 2)
+    att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 2.0, dim=-1)
+    o = torch.matmul(att, v).transpose(1, 2).reshape(-1, 4, 16)
+    h = x + self.o.forward(o)
+    h = h + self.down.forward(torch.tanh(self.up.forward(h)))
+    return torch.mean((h - y) * (h - y))
+)";
 
 // x [N, 4, 16]: sequence 4, 4 heads of 4 features (the view's sizes are all 4: only the head
 // count may be halved), then a tanh MLP of 32 features.
@@ -40,16 +44,10 @@ torch::jit::Module makeBlock() {
   for (const char* name : {"q", "k", "v", "o"}) m.register_module(name, makeLinear(16, 16));
   m.register_module("up", makeLinear(16, 32));
   m.register_module("down", makeLinear(32, 16));
+  m.define(kAttendAndMlp);
   m.define(R"(
 def forward(self, x, y):
-    q = self.q.forward(x).view(-1, 4, 4, 4).transpose(1, 2)
-    k = self.k.forward(x).view(-1, 4, 4, 4).transpose(1, 2)
-    v = self.v.forward(x).view(-1, 4, 4, 4).transpose(1, 2)
-    att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 2.0, dim=-1)
-    o = torch.matmul(att, v).transpose(1, 2).reshape(-1, 4, 16)
-    h = x + self.o.forward(o)
-    h = h + self.down.forward(torch.tanh(self.up.forward(h)))
-    return torch.mean((h - y) * (h - y))
+    return self.attend(self.q.forward(x), self.k.forward(x), self.v.forward(x), x, y)
 )");
   return m;
 }
@@ -62,17 +60,11 @@ torch::jit::Module makeFusedBlock() {
   m.register_module("o", makeLinear(16, 16));
   m.register_module("up", makeLinear(16, 32));
   m.register_module("down", makeLinear(32, 16));
+  m.define(kAttendAndMlp);
   m.define(R"(
 def forward(self, x, y):
     q, k, v = self.qkv.forward(x).split(16, dim=2)
-    q = q.view(-1, 4, 4, 4).transpose(1, 2)
-    k = k.view(-1, 4, 4, 4).transpose(1, 2)
-    v = v.view(-1, 4, 4, 4).transpose(1, 2)
-    att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 2.0, dim=-1)
-    o = torch.matmul(att, v).transpose(1, 2).reshape(-1, 4, 16)
-    h = x + self.o.forward(o)
-    h = h + self.down.forward(torch.tanh(self.up.forward(h)))
-    return torch.mean((h - y) * (h - y))
+    return self.attend(q, k, v, x, y)
 )");
   return m;
 }

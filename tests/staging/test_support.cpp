@@ -4,7 +4,6 @@
 #include <stdexcept>
 
 namespace autostage::staging::testing {
-namespace {
 
 torch::jit::Module makeLinear(int64_t in, int64_t out) {
   torch::jit::Module m("Linear");
@@ -16,6 +15,8 @@ def forward(self, x):
 )");
   return m;
 }
+
+namespace {
 
 void addMlpLayers(torch::jit::Module& m) {
   m.register_module("fc1", makeLinear(8, 16));

@@ -16,6 +16,9 @@
 
 namespace autostage::staging::testing {
 
+// A linear layer traced as TorchScript writes nn.Linear by hand: matmul(x, weight.t()) + bias
+// (weight ~ 0.4 N(0,1), bias ~ 0.1 N(0,1)).
+torch::jit::Module makeLinear(int64_t in, int64_t out);
 // x[N,8] -> fc1(8,16) -> tanh -> fc2(16,16) -> relu -> fc3(16,4): returns [N,4].
 torch::jit::Module makeMlp();
 // forward(x, y) returns mse_loss(mlp(x), y) (mean over the batch): a model returning its loss.
