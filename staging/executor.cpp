@@ -115,7 +115,7 @@ void Executor::shardParameters() {
                              model_.graph.value(shard.param).type.shape()});
     }
     for (core::ValueId p : stageParams(model_.graph, stage))
-      if (!sliced.count(p)) replicatedInGroup_.emplace_back(p, stage.tensorParallel);
+      if (!sliced.count(p)) replicatedInGroup_.emplace(p, stage.tensorParallel);
   }
 }
 

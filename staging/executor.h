@@ -13,6 +13,7 @@
 // once) and piece p receives  mean_gradient * n_p / B. Scalar outputs that are not means (sums,
 // counts) are therefore rescaled too: return per-sample values instead when that matters.
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -186,7 +187,7 @@ class Executor {
   // Parameters a local tensor-parallel stage reads whole, with its degree: every member computes
   // the same gradient, which allreduceGrads divides by the degree before summing over holders
   // (Note [Tensor-parallel gradients] in gradient_sync.h).
-  std::vector<std::pair<core::ValueId, int>> replicatedInGroup_;
+  std::map<core::ValueId, int> replicatedInGroup_;  // once per parameter (virtual stages)
   std::vector<HeldSlice> heldSlices_;
   // Broadcasts the leader's output gradients of `stage` to its tensor-parallel group.
   void shareOutputGradients(const LocalStage& stage, int micro, std::vector<at::Tensor>& grads);
