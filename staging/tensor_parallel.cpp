@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "decomposer/tensor_parallel_patterns.h"
+#include "frontend/export/interpreter.h"
 
 namespace autostage::staging {
 namespace {
@@ -331,7 +332,6 @@ class Planner {
     const core::Node& node = g_.node(n);
     const size_t rank = shapeOf(g_, node.inputs.at(0)).size();
     const int64_t dim = intInput(n, 2);
-    std::vector<Split> parts;
     if (normDim(dim, rank) != in.dim) {  // split along another dimension: every part as split
       setOutputs(p, n, in);
       return;
@@ -675,11 +675,7 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
     for (const auto& [v, s] : p.params) shards[v] = s;
   }
 
-  const bool exportKinds = std::any_of(graph.nodes().begin(), graph.nodes().end(), [](const core::Node& n) {
-    return n.kind.find('.') != std::string::npos && n.kind.rfind("prim::", 0) != 0 &&
-           n.kind.rfind("_operator::", 0) != 0;
-  });
-  Builder builder(graph, exportKinds, group);
+  Builder builder(graph, exportfe::isExportGraph(graph), group);
   const core::Boundary boundary = graph.boundary(nodes);
   for (ValueId v : boundary.inputs) {
     auto s = shards.find(v);
