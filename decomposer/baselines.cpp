@@ -14,12 +14,13 @@ namespace {
 
 using Cuts = std::vector<std::pair<int, int>>;
 
-// Evaluates `cuts` with equal replica counts over every micro-batch count, schedule and recompute
-// flag; keeps the fastest feasible plan in `best`.
-void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestSeconds) {
+// Evaluates `cuts` with equal replica counts of `t` ranks each (the tensor-parallel degree, the
+// same in every stage) over every micro-batch count, schedule and recompute flag; keeps the
+// fastest feasible plan in `best`.
+void tryCuts(const CostModel& model, const Cuts& cuts, int t, Plan& best, double& bestSeconds) {
   const PlanRequest& request = model.request();
   const int stages = static_cast<int>(cuts.size());
-  const int replicas = request.devices / stages;
+  const int replicas = request.devices / (stages * t);
   if (replicas < 1) return;
   for (int microBatches : request.options.microBatchCandidates()) {
     int r = static_cast<int>(std::min<int64_t>(replicas, request.batchSize / microBatches));
@@ -35,7 +36,7 @@ void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestS
         plan.schedule = schedule;
         for (int s = 0; s < stages; ++s)
           plan.stages.push_back(
-              {cuts[s].first, cuts[s].second, r, s * r, recompute, zero && r > 1});
+              {cuts[s].first, cuts[s].second, r, s * r * t, recompute, zero && r > 1, t});
         // Chosen by the searched closed form, like the DP (Note [Search objective and reported
         // estimate] in cost_model.h); the reported estimate is computed for the choice only.
         PlanEvaluation e = evaluatePlanWith(model, plan, true);
@@ -48,8 +49,8 @@ void tryCuts(const CostModel& model, const Cuts& cuts, Plan& best, double& bestS
   }
 }
 
-// The fastest plan over the stage counts by the closed form, with decomposer and searchSeconds
-// set; nullopt when none fits.
+// The fastest plan over the stage counts and the tensor-parallel degrees option tensor_parallel
+// allows, by the closed form, with decomposer and searchSeconds set; nullopt when none fits.
 template <typename MakeCuts>
 std::optional<Plan> fastestOverStageCounts(const CostModel& model, const std::string& name,
                                            MakeCuts makeCuts) {
@@ -59,7 +60,13 @@ std::optional<Plan> fastestOverStageCounts(const CostModel& model, const std::st
   if (request.options.partitionNum > 0) lo = hi = request.options.partitionNum;
   Plan best;
   double bestSeconds = std::numeric_limits<double>::infinity();
-  for (int stages = lo; stages <= hi; ++stages) tryCuts(model, makeCuts(stages), best, bestSeconds);
+  // With nothing to shard, a degree > 1 only gives a replica more ranks to run the same work.
+  std::vector<int> degrees{1};
+  if (!request.shardable.empty() || request.options.tensorParallel != "auto")
+    degrees = request.options.tensorParallelCandidates(request.devicesPerNode);
+  for (int t : degrees)
+    for (int stages = lo; stages <= hi; ++stages)
+      tryCuts(model, makeCuts(stages), t, best, bestSeconds);
   if (bestSeconds == std::numeric_limits<double>::infinity()) return std::nullopt;
   best.decomposer = name;
   best.searchSeconds = bestSeconds;

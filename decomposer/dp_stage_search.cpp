@@ -430,14 +430,12 @@ class SuffixSearch {
 
 // The best baseline plan, moved onto the DP's rank layout (ending at the last rank), as the first
 // incumbent: the search then only keeps partial plans that can beat it.
-// The baselines run every stage at tensor-parallel degree 1, so a forced degree > 1 has no seeds.
 Best seedFromBaselines(const PlanRequest& request, const CostModel& model) {
   Best best;
-  if (request.options.tensorParallelCandidates(request.devicesPerNode).front() != 1) return best;
   for (Plan& plan : seedBaselines(request)) {
     int rank = request.devices;
-    for (const StagePlan& s : plan.stages) rank -= s.replicaCount;
-    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.replicaCount;
+    for (const StagePlan& s : plan.stages) rank -= s.rankCount();
+    for (StagePlan& s : plan.stages) s.firstRank = rank, rank += s.rankCount();
     PlanEvaluation e = evaluatePlanWith(model, plan, true);
     if (e.feasible) best.offer(e.searchSeconds, plan);
   }

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "decomposer/baselines.h"
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_stage_search.h"
 #include "plan_quality.h"
@@ -255,6 +256,46 @@ TEST_CASE("tensor_parallel option: values, candidates and node fit", "[decompose
                       Catch::Contains("tensor_parallel=4") && Catch::Contains("2 devices"));
   options.tensorParallel = "3";
   REQUIRE_THROWS_WITH(options.validate(), Catch::Contains("tensor_parallel='3'"));
+}
+
+TEST_CASE("the baselines plan the forced tensor-parallel degree, with replicas of its ranks",
+          "[decomposer]") {
+  PlanRequest request = oneLayer();
+  request.options.tensorParallel = "2";
+  request.options.zero = "1";
+  for (const char* name : {"data_parallel", "uniform", "param_balanced"}) {
+    INFO(name);
+    request.options.decomposer = name;
+    const Plan plan = planStages(request);
+    int rank = 0;
+    for (const StagePlan& s : plan.stages) {
+      CHECK(s.tensorParallel == 2);
+      CHECK(s.firstRank == rank);
+      CHECK(s.zero == (s.replicaCount > 1));
+      rank += s.rankCount();
+    }
+    CHECK(rank <= request.devices);
+    REQUIRE(evaluatePlan(request, plan).feasible);
+  }
+  // One stage over the 4 devices: 2 replicas of 2 ranks, the optimizer state split over them.
+  request.options.decomposer = "data_parallel";
+  const Plan plan = planStages(request);
+  REQUIRE(plan.stages.size() == 1);
+  CHECK(plan.stages[0].replicaCount == 2);
+  CHECK(plan.stages[0].zero);
+  // auto: the baselines choose among the degrees as the DP does.
+  request.options.tensorParallel = "auto";
+  request.options.zero = "auto";
+  // A layer's parameters, gradients and Adam state (4e8 bytes) fit only when split.
+  request.deviceMemory = 3.3e8;
+  for (const char* name : {"uniform", "param_balanced"}) {
+    INFO(name);
+    request.options.decomposer = name;
+    for (const StagePlan& s : planStages(request).stages) CHECK(s.tensorParallel > 1);
+    request.options.tensorParallel = "1";
+    REQUIRE_THROWS_AS(planStages(request), PlanError);
+    request.options.tensorParallel = "auto";
+  }
 }
 
 TEST_CASE("the evaluator refuses tensor-parallel stages it cannot place", "[decomposer]") {

@@ -67,7 +67,11 @@ def optimizer_of(params):
 
 
 optimizer = optimizer_of(model.parameters())
-options = {"zero": 1} if phase == "zero" else {}
+# The planner may leave ranks idle for so small a block (its all-reduces cost more than the
+# replicas save); data_parallel keeps the shape these phases check: replicas of `degree` ranks.
+options = {"decomposer": "data_parallel"} if make is Block else {}
+if phase == "zero":
+    options["zero"] = 1
 wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
 ref_optimizer = optimizer_of(reference.parameters())
 for step in range(steps):
