@@ -163,17 +163,7 @@ std::vector<at::Tensor> agreeOnCall(comm::Backend& backend, const std::vector<c1
       problem = comm::StepStatus::fromCurrentException();
     }
   }
-  // Each rank's description of its call is the first line of what it sends.
-  std::vector<std::string> gathered =
-      comm::agreeAndGather(backend, step, problem, how + "\n" + summary);
-  std::vector<std::string> hows;
-  for (std::string& text : gathered) {
-    size_t end = text.find('\n');
-    hows.push_back(text.substr(0, end));
-    text.erase(0, end == std::string::npos ? text.size() : end + 1);
-  }
-  checkCalledAlike(hows);
-  checkSameAcrossRanks(gathered);
+  checkSameAcrossRanks(agreeOnHow(backend, step, problem, how, summary));
   return tensors;
 }
 
@@ -405,6 +395,7 @@ std::vector<std::pair<std::string, at::Tensor>> Module::namedParameters() const 
 std::vector<std::pair<std::string, at::Tensor>> Module::stateDict() {
   AUTOSTAGE_CHECK(executor_ != nullptr, "state_dict of a module that is not deployed yet: the "
                   "module's own state_dict is current until its first forward call");
+  agreeOnHow(*backend_, "state_dict", {}, "state_dict()", "");  // Note [Calls in different modes]
   return gatherState(*model_, executor_->deployment(), *backend_);
 }
 

@@ -104,7 +104,10 @@ void checkSameAcrossRanks(const std::vector<std::string>& summaries) {
 // deployments (a collective hand-over) while the others run the step's collectives, and each
 // side would fail with a confusing message from mismatched data. The call agreement gathers each
 // rank's `how` ("forward, eval mode, no_grad") and every rank raises this error from the same
-// gathered list, ranks with the same answer grouped: "ranks 0,2,3: ...; rank 1: ...".
+// gathered list, ranks with the same answer grouped: "ranks 0,2,3: ...; rank 1: ...". The
+// other collective calls of a module open with the same exchange (agreeOnHow): state_dict()
+// and the optimizer's gathered state_dict; a rank in one of them while the others step gets
+// this error, not a parse of the others' data.
 void checkCalledAlike(const std::vector<std::string>& hows) {
   if (std::all_of(hows.begin(), hows.end(), [&](const std::string& h) { return h == hows[0]; }))
     return;
@@ -123,6 +126,22 @@ void checkCalledAlike(const std::vector<std::string>& hows) {
   comm::throwAgreed("Error", "ranks called the module differently (" + list.str() +
                                  "); call model.train() or model.eval(), and torch.no_grad(), "
                                  "alike on every rank, and the same method");
+}
+
+std::vector<std::string> agreeOnHow(comm::Backend& backend, const std::string& step,
+                                    const comm::StepStatus& problem, const std::string& how,
+                                    const std::string& payload) {
+  AUTOSTAGE_INTERNAL_ASSERT(how.find('\n') == std::string::npos, "a call's description '", how,
+                            "' spans lines");
+  std::vector<std::string> gathered = comm::agreeAndGather(backend, step, problem, how + "\n" + payload);
+  std::vector<std::string> hows;
+  for (std::string& text : gathered) {
+    const size_t end = text.find('\n');
+    hows.push_back(text.substr(0, end));
+    text.erase(0, end == std::string::npos ? text.size() : end + 1);
+  }
+  checkCalledAlike(hows);
+  return gathered;
 }
 
 }  // namespace autostage::staging

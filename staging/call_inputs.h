@@ -8,6 +8,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include "comm/agreement.h"
+
 namespace autostage::staging {
 
 // The inputs as tensors; throws UnsupportedError naming the first that is not one.
@@ -31,5 +33,14 @@ void checkSameAcrossRanks(const std::vector<std::string>& summaries);
 // Every rank must call the module alike (Note [Calls in different modes]): from every rank's
 // description of its call, raises the same error on every rank when they differ.
 void checkCalledAlike(const std::vector<std::string>& hows);
+
+// The one exchange of a collective call of the module (a step, state_dict(), the optimizer's
+// gathered state_dict): a `problem` found on any rank, `how` each rank calls (one line, as
+// checkCalledAlike reads it) and a `payload` per rank, returned in rank order. Raises the same
+// error on every rank when a rank had a problem or the ranks called differently, so a rank in
+// another call than the others fails with the calls named instead of with their data.
+std::vector<std::string> agreeOnHow(comm::Backend& backend, const std::string& step,
+                                    const comm::StepStatus& problem, const std::string& how,
+                                    const std::string& payload);
 
 }  // namespace autostage::staging

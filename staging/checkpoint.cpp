@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "staging/call_inputs.h"
 #include "staging/stage_runner.h"
 #include "staging/tensor_parallel.h"
 #include "staging/tensor_parallel_ops.h"
@@ -166,12 +167,18 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
   core::logger("Module")->debug("shared {} tensors from their holders", sources.size());
 }
 
-NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned) {
+NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned,
+                              const std::string& how) {
   at::NoGradGuard noGrad;
-  std::vector<std::string> descriptions{describeOwned(owned)};
-  if (backend.worldSize() > 1)
-    descriptions = backend.allGatherBytes(descriptions[0], backend.world());
-  const std::map<std::string, TensorMeta> metas = collectOwners(descriptions);
+  comm::StepStatus problem;
+  std::string description;
+  try {
+    description = describeOwned(owned);
+  } catch (...) {
+    problem = comm::StepStatus::fromCurrentException();
+  }
+  const std::map<std::string, TensorMeta> metas =
+      collectOwners(agreeOnHow(backend, how, problem, how, description));
   std::map<std::string, at::Tensor> mine(owned.begin(), owned.end());
   NamedTensors gathered;
   for (const auto& [name, meta] : metas) {

@@ -46,7 +46,8 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
 
 // Every rank's owned tensors, one per name, on every rank, sorted by name (Note [Gathering from
 // owners]), on the backend's tensorDevice(). Names must not contain tabs or newlines. Collective
-// over the world.
-NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned);
+// over the world, for the call `how` names (every rank must be in it: agreeOnHow).
+NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned,
+                              const std::string& how = "gathering tensors");
 
 }  // namespace autostage::staging

@@ -312,9 +312,13 @@ void bindStaging(py::module_& m) {
   m.def("_last_agreed_error", &comm::lastAgreedError);
   m.def(
       "_gather_from_owners",
-      [](const staging::NamedTensors& owned) { return staging::gatherFromOwners(world(), owned); },
-      py::arg("owned"), Released(),
-      "Collective: every rank's owned (name, tensor) pairs, one per name, sorted by name.");
+      [](const staging::NamedTensors& owned, const std::string& how) {
+        return staging::gatherFromOwners(world(), owned, how);
+      },
+      py::arg("owned"), py::arg("how"), Released(),
+      "Collective: every rank's owned (name, tensor) pairs, one per name, sorted by name; `how` "
+      "names the call (the same on every rank, or every rank raises an error naming each "
+      "rank's call).");
   m.def(
       "_log_info",
       [](const std::string& component, const std::string& message) {

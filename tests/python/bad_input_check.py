@@ -174,6 +174,9 @@ def main_cases(one_rank_deployment, results_dir):
         with torch.set_grad_enabled(rank != 2):
             m(x, s)
     run_case("no_grad_on_rank2", no_grad_on_rank2)
+    run_case("state_dict_on_rank1", lambda: m.state_dict() if rank == 1 else m(x, s))
+    run_case("optimizer_state_on_rank0",
+             lambda: optimizer.state_dict(from_global=True) if rank == 0 else m(x, s))
 
     def train_step():
         optimizer.zero_grad()

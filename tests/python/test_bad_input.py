@@ -59,6 +59,12 @@ EXPECTED = {
         "every rank, and the same method"]),
     "no_grad_on_rank2": ("Error", [
         "(ranks 0,1,3: forward, train mode; rank 2: forward, train mode, no_grad)"]),
+    "state_dict_on_rank1": ("Error", [
+        "ranks called the module differently (ranks 0,2,3: forward, train mode; rank 1: "
+        "state_dict())"]),
+    "optimizer_state_on_rank0": ("Error", [
+        "ranks called the module differently (rank 0: optimizer.state_dict(from_global=True); "
+        "ranks 1,2,3: forward, train mode)"]),
     "usable_after_errors": ("OK", []),
     "checkpoint_other_shapes": ("FormatError", [
         "loading the checkpoint failed on ranks 0,1,2,3: the checkpoint does not fit SeqNet: "

@@ -193,8 +193,8 @@ def global_state_dict(local, current_groups, all_groups, shards=None, slices=Non
                 owned.append(_encode(g, order, key, value, where))
             else:
                 owned.append(_encode(g, order, key, value, piece))
-    entries = sorted((_decode(name, t) for name, t in _autostage._gather_from_owners(owned)),
-                     key=lambda e: e[:4])
+    gathered = _autostage._gather_from_owners(owned, "optimizer.state_dict(from_global=True)")
+    entries = sorted((_decode(name, t) for name, t in gathered), key=lambda e: e[:4])
     params = {global_index[id(p)]: p for group in all_groups for p in group}
     pieces = {}
     for index, order, key, offset, value in entries:
