@@ -74,7 +74,7 @@ std::vector<core::ValueId> stageParams(const core::Graph& graph,
 torchscript::ExportedFunction StageRunner::makeFunction(const core::Graph& graph,
                                                         const std::optional<TensorParallelMember>& tp) {
   if (!tp || stage_.tensorParallel <= 1) return torchscript::exportSubgraph(graph, stage_.nodes);
-  group_ = std::make_unique<TensorParallelGroup>(tp->backend, tp->group);
+  group_ = std::make_unique<TensorParallelGroup>(tp->backend, tp->group, tp->index);
   ShardedStage sharded = shardStage(graph, stage_.nodes, stage_.tensorParallel, group_->handle());
   shards_ = sharded.shards;
   replicated_ = sharded.skipped;
@@ -182,6 +182,7 @@ std::vector<at::Tensor> StageRunner::forward(
   std::vector<at::Tensor> outputs;
   if (stage_.recompute) {
     saved.rngStates = saveRngStates(rngDevices(tensorDevices(saved.inputs)));
+    if (group_) saved.groupDraws = group_->draws();  // Note [Tensor-parallel dropout]
     at::NoGradGuard noGrad;
     outputs = run(saved.inputs);
   } else {
@@ -209,10 +210,13 @@ std::unordered_map<core::ValueId, at::Tensor> StageRunner::backward(
     buffers = params_.buffers();
     for (const at::Tensor& b : buffers) kept.push_back(b.clone());
     RngStates current = swapRngStates(*saved.rngStates);  // Note [Recompute RNG state]
+    const uint64_t draws = group_ ? group_->draws() : 0;
+    if (group_) group_->setDraws(saved.groupDraws);  // Note [Tensor-parallel dropout]
     {
       at::AutoGradMode grad(true);
       saved.outputs = run(saved.inputs);
     }
+    if (group_) group_->setDraws(draws);
     swapRngStates(current);
   }
   AUTOSTAGE_INTERNAL_ASSERT(outputGrads.size() == saved.outputs.size(), "stage ", stage_.name,

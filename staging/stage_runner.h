@@ -13,9 +13,10 @@
 // A recompute stage runs its forward without autograd, keeps only its routed inputs and the RNG
 // states (the CPU's and, for tensors on CUDA, their devices': Note [Recompute RNG state] in
 // staging/rng_state.h), and in backward restores those states, re-runs the forward with
-// autograd and back-propagates; dropout masks therefore match. The stage's buffers are restored after the
-// re-run, so in-place buffer updates (BatchNorm running statistics, num_batches_tracked) happen
-// once per micro-batch, as without recompute.
+// autograd and back-propagates; dropout masks therefore match (a tensor-parallel stage's too:
+// Note [Tensor-parallel dropout] in staging/tensor_parallel_ops.h). The stage's buffers are
+// restored after the re-run, so in-place buffer updates (BatchNorm running statistics,
+// num_batches_tracked) happen once per micro-batch, as without recompute.
 //
 // With a mixed precision (core/precision.h) every run of the stage's functions -- forward and a
 // recompute stage's re-run alike -- happens inside its own autocast region (Note [Autocast
@@ -88,6 +89,7 @@ class StageRunner {
     std::unordered_map<core::ValueId, at::Tensor> inputs;  // leaves (recompute: detached)
     std::vector<at::Tensor> outputs;                        // with autograd history
     std::optional<RngStates> rngStates;                     // recompute stages only
+    uint64_t groupDraws = 0;  // recompute tensor-parallel stages: the group's stream
   };
   // The devices of the stage's routed `inputs` and of the parameters it reads.
   std::vector<c10::Device> tensorDevices(

@@ -501,8 +501,10 @@ class Planner {
 // Builds the member's stage graph: the stage's nodes in order, with each plan's rewrites.
 class Builder {
  public:
-  Builder(const Graph& g, bool exportKinds, int64_t group)
-      : g_(g), exportKinds_(exportKinds), group_(group), out_(g.name() + ".tp") {}
+  // `dropouts`: rewrite every dropout to tp_dropout (a group of more than one rank).
+  Builder(const Graph& g, bool exportKinds, int64_t group, bool dropouts)
+      : g_(g), exportKinds_(exportKinds), dropouts_(dropouts), group_(group),
+        out_(g.name() + ".tp") {}
 
   ValueId input(ValueId v, const core::Type& type) {
     const core::Value& value = g_.value(v);
@@ -583,7 +585,15 @@ class Builder {
     }
     std::vector<std::string> names;
     for (ValueId v : node.outputs) names.push_back(g_.value(v).name);
-    const NodeId created = out_.addNode(op, inputs, types, node.attributes, node.scope, names);
+    std::vector<core::Attribute> attributes = node.attributes;
+    if (dropouts_ && is(node, {"aten::dropout"}) && inputs.size() == 3) {
+      // Note [Tensor-parallel dropout]: the group's masks, the member's own where split.
+      op = kind("tp_dropout");
+      inputs.push_back(intConstant(splitTypes.count(node.inputs[0]) ? 1 : 0));
+      inputs.push_back(intConstant(group_));
+      attributes.clear();
+    }
+    const NodeId created = out_.addNode(op, inputs, types, attributes, node.scope, names);
     if (!node.body.empty()) out_.setBody(created, node.body);
     for (size_t i = 0; i < node.outputs.size(); ++i) map_[node.outputs[i]] = out_.node(created).outputs[i];
     if (plan && plan->row == n) {
@@ -609,11 +619,22 @@ class Builder {
  private:
   const Graph& g_;
   bool exportKinds_;
+  bool dropouts_;
   int64_t group_;
   Graph out_;
   std::map<ValueId, ValueId> map_;
   std::map<ValueId, ValueId> copies_;
 };
+
+// A random operator other than the dropout the rewrite turns into tp_dropout.
+bool drawsOwnRandom(const core::Node& n) {
+  return is(n, {"aten::rand", "aten::randn", "aten::rand_like", "aten::randn_like", "aten::randint",
+                "aten::randint_like", "aten::bernoulli", "aten::bernoulli_", "aten::normal",
+                "aten::normal_", "aten::uniform_", "aten::multinomial", "aten::randperm",
+                "aten::dropout_", "aten::native_dropout", "aten::feature_dropout",
+                "aten::feature_dropout_", "aten::alpha_dropout", "aten::feature_alpha_dropout"}) ||
+         (is(n, {"aten::dropout"}) && n.inputs.size() != 3);
+}
 
 // `type` with dimension `dim` divided by `degree` (shapes the front ends record).
 core::Type dividedType(const core::Type& type, int dim, int degree) {
@@ -675,7 +696,7 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
     for (const auto& [v, s] : p.params) shards[v] = s;
   }
 
-  Builder builder(graph, exportfe::isExportGraph(graph), group);
+  Builder builder(graph, exportfe::isExportGraph(graph), group, degree > 1);
   const core::Boundary boundary = graph.boundary(nodes);
   for (ValueId v : boundary.inputs) {
     auto s = shards.find(v);
@@ -686,6 +707,10 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
   for (NodeId n : nodes) {
     auto it = planOf.find(n);
     builder.node(n, it == planOf.end() ? nullptr : it->second, splitTypes);
+    if (degree > 1 && drawsOwnRandom(graph.node(n)))
+      result.skipped.push_back(core::nodeLabel(graph, n) + " draws from each rank's own random "
+                               "generator, not the group's: the members' copies of its output "
+                               "may differ (Note [Tensor-parallel dropout])");
   }
   for (ValueId v : boundary.outputs) {
     builder.output(v);

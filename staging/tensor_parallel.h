@@ -23,7 +23,8 @@
 // propagation cannot follow (a head-specific mask from outside, a view that mixes the split
 // dimension with another, a size computed from an unsharded tensor) stays replicated, never
 // guessed, and is named by `skipped`. Vocabulary patterns run replicated (their rows are planned
-// split; the runtime does not split them yet).
+// split; the runtime does not split them yet). Every dropout becomes `autostage::tp_dropout`, which
+// draws the group's masks (Note [Tensor-parallel dropout] in staging/tensor_parallel_ops.h).
 
 #include <string>
 #include <vector>
@@ -47,7 +48,9 @@ struct ShardedStage {
   std::vector<core::ValueId> outputs;  // graph.outputs()[i] stands for original value outputs[i]
   std::vector<ParamShard> shards;      // ascending param
   int sharded = 0;                     // patterns sharded
-  std::vector<std::string> skipped;    // one line per pattern left replicated, with the reason
+  // One line per pattern left replicated, with the reason, and per random operator that draws
+  // from the rank's own generator (Note [Tensor-parallel dropout] in tensor_parallel_ops.h).
+  std::vector<std::string> skipped;
 };
 
 // The stage of `graph` holding `nodes` (sorted, convex) for a group of `degree` ranks whose

@@ -2,7 +2,9 @@
 // staging/tensor_parallel.h): a transformer block (attention with 4 heads and an MLP) trained
 // with one stage of tp=2 (also recomputed), with tp=2 x 2 replicas, and as 2 stages of tp=2,
 // against the plain module on the same data: the loss, the gathered state after an SGD step on
-// every rank's own (sliced) parameters, and that the sharded parameters are really slices.
+// every rank's own (sliced) parameters, and that the sharded parameters are really slices; and
+// its dropouts drawing the group's masks (Note [Tensor-parallel dropout]).
+#include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/torch.h>
 
 #include "catch_torch.h"
@@ -11,6 +13,7 @@
 #include "decomposer/tensor_parallel_patterns.h"
 #include "driver/module.h"
 #include "staging/tensor_parallel.h"
+#include "staging/tensor_parallel_ops.h"
 #include "test_support.h"
 
 namespace autostage::driver {
@@ -188,6 +191,195 @@ TEST_CASE("a fused Q/K/V projection is cut per part, its bias too", "[staging]")
   int fused = 0;
   for (const ParamShard& s : stage.shards) fused += s.sections == 3;
   CHECK(fused == 2);  // qkv.weight and qkv.bias
+}
+
+// TorchScript's names for code defined here: torch (aten) and autostage (this project's operators).
+struct AutostageOps : torch::jit::Resolver {
+  std::shared_ptr<torch::jit::SugaredValue> resolveValue(const std::string& name,
+                                                         torch::jit::GraphFunction& f,
+                                                         const torch::jit::SourceRange& loc) override {
+    if (name == "autostage") return std::make_shared<torch::jit::BuiltinModule>("autostage");
+    return torch::jit::nativeResolver()->resolveValue(name, f, loc);
+  }
+};
+
+// The block with dropouts: on its input and on the residual after attention (replicated over
+// a group), and with `attentionDropout` on the attention probabilities (split by heads). The
+// reference (`reference`) draws its dropouts with tp_dropout from the group handle it is given.
+torch::jit::Module makeDropoutBlock(bool reference, bool attentionDropout = false) {
+  torch::jit::Module m("DropoutBlock");
+  for (const char* name : {"q", "k", "v", "o"}) m.register_module(name, makeLinear(16, 16));
+  m.register_module("up", makeLinear(16, 32));
+  m.register_module("down", makeLinear(32, 16));
+  std::string code = R"(
+def forward(self, x, y, GROUP):
+    x = DROP(x, 0.25, True)
+    q = self.q.forward(x).view(-1, 4, 4, 4).transpose(1, 2)
+    k = self.k.forward(x).view(-1, 4, 4, 4).transpose(1, 2)
+    v = self.v.forward(x).view(-1, 4, 4, 4).transpose(1, 2)
+    att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 2.0, dim=-1)
+    ATTENTION
+    o = torch.matmul(att, v).transpose(1, 2).reshape(-1, 4, 16)
+    h = DROP(x + self.o.forward(o), 0.25, True)
+    h = h + self.down.forward(torch.tanh(self.up.forward(h)))
+    return torch.mean((h - y) * (h - y))
+)";
+  auto replace = [&](const std::string& from, const std::string& to) {
+    for (size_t at = code.find(from); at != std::string::npos; at = code.find(from, at + to.size()))
+      code.replace(at, from.size(), to);
+  };
+  replace("ATTENTION", attentionDropout ? "att = torch.dropout(att, 0.5, True)" : "");
+  replace(", GROUP", reference ? ", group: int" : "");
+  replace("DROP(", reference ? "autostage.tp_dropout(" : "torch.dropout(");
+  replace(", True)", reference ? ", True, 0, group)" : ", True)");
+  m.define(code, std::make_shared<AutostageOps>());
+  return m;
+}
+
+struct DropoutRun {
+  std::vector<double> losses;              // per rank
+  std::map<std::string, at::Tensor> state;  // rank 0's, gathered after the step
+};
+
+// One stage of tp=2 on 2 thread ranks, one micro-batch of all 8 rows: a forward, backward and
+// SGD step of the dropout block.
+DropoutRun runDropoutBlock(const at::Tensor& x, const at::Tensor& y, bool attentionDropout,
+                           bool recompute) {
+  std::vector<torch::jit::Module> copies;
+  for (int r = 0; r < 2; ++r) torch::manual_seed(41), copies.push_back(makeDropoutBlock(false, attentionDropout));
+  DropoutRun run;
+  run.losses.resize(2);
+  testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& backend) {
+    const int rank = backend.rank();
+    ModuleOptions options;
+    options.backend = testing::borrow(backend);
+    options.planner = [&](const PlanningInput& in) {
+      core::Deployment d = testing::makeDeployment(in.model.graph, {{0, 1}}, in.worldSize, 1,
+                                                   "gpipe", {recompute});
+      d.stages[0].tensorParallel = 2;
+      return d;
+    };
+    Module module(copies[rank], options);
+    at::Tensor loss = module.forward({x.narrow(0, rank * kLocal, kLocal),
+                                      y.narrow(0, rank * kLocal, kLocal)})[0];
+    loss.backward();
+    run.losses[rank] = loss.item<double>();
+    {
+      at::NoGradGuard noGrad;
+      for (const auto& [name, t] : module.namedParameters()) t.sub_(kLr * t.grad());
+    }
+    for (const auto& [name, t] : module.stateDict())  // gathered: a collective
+      if (rank == 0) run.state[name] = t;
+  }));
+  return run;
+}
+
+TEST_CASE("tp_dropout: the group's masks, the member's own where split", "[staging]") {
+  at::set_num_threads(1);
+  torch::manual_seed(7);
+  const at::Tensor x = torch::randn({64, 64});
+  std::vector<std::map<std::string, at::Tensor>> drawn(2);
+  testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& backend) {
+    const int rank = backend.rank();
+    TensorParallelGroup group(testing::borrow(backend), comm::Group({0, 1}), rank);
+    CHECK(group.seed() == 7);  // the first member's torch.initial_seed()
+    auto op = c10::Dispatcher::singleton()
+                  .findSchemaOrThrow("autostage::tp_dropout", "")
+                  .typed<at::Tensor(const at::Tensor&, double, bool, int64_t, int64_t)>();
+    std::map<std::string, at::Tensor>& mine = drawn[rank];
+    mine["replicated"] = op.call(x, 0.25, true, 0, group.handle());
+    mine["split"] = op.call(x, 0.25, true, 1, group.handle());
+    mine["next"] = op.call(x, 0.25, true, 0, group.handle());
+    CHECK(group.draws() == 3);
+    group.setDraws(1);  // what a recompute stage's re-run does
+    mine["split again"] = op.call(x, 0.25, true, 1, group.handle());
+    mine["eval"] = op.call(x, 0.25, false, 0, group.handle());
+    CHECK(group.draws() == 2);  // eval draws nothing
+    at::Tensor leaf = x.clone().requires_grad_(true);
+    op.call(leaf, 0.25, true, 1, group.handle()).sum().backward();
+    mine["grad"] = leaf.grad();
+    mine["grad mask"] = op.call(x, 0.25, true, 1, (group.setDraws(2), group.handle()));
+  }));
+  const auto& a = drawn[0];
+  const auto& b = drawn[1];
+  CHECK(torch::equal(a.at("replicated"), b.at("replicated")));  // the same elements dropped
+  CHECK_FALSE(torch::equal(a.at("split"), b.at("split")));       // each member's own
+  CHECK_FALSE(torch::equal(a.at("replicated"), a.at("next")));   // a new mask per draw
+  CHECK(torch::equal(a.at("split"), a.at("split again")));
+  CHECK(torch::equal(a.at("eval"), x));
+  for (const auto* d : {&a, &b}) {
+    // Kept elements scaled by 1 / (1 - p), as torch.dropout; about 3/4 of 4,096 kept.
+    const at::Tensor kept = d->at("replicated") != 0;
+    CHECK(torch::allclose(d->at("replicated").masked_select(kept), x.masked_select(kept) / 0.75));
+    const double share = kept.to(at::kDouble).mean().item<double>();
+    CHECK(share > 0.70);
+    CHECK(share < 0.80);
+    // The gradient is the mask: 1 / (1 - p) where kept, 0 where dropped.
+    const at::Tensor mask = d->at("grad mask") != 0;
+    CHECK(torch::allclose(d->at("grad"), mask.to(at::kFloat) / 0.75));
+  }
+}
+
+TEST_CASE("a tensor-parallel stage's dropouts draw the group's masks", "[staging]") {
+  at::set_num_threads(1);
+  torch::manual_seed(41);
+  const at::Tensor x = torch::randn({2 * kLocal, 4, 16});
+  const at::Tensor y = torch::randn({2 * kLocal, 4, 16});
+
+  // Replicated dropouts: tp=2 trains exactly as the plain block drawing the same stream (the
+  // first member's seed, one draw per dropout in the graph's order), also recomputed. A member
+  // drawing other masks would feed its slices other activations: the sums would differ.
+  torch::manual_seed(41);
+  torch::jit::Module ref = makeDropoutBlock(true);
+  at::Tensor refLoss;
+  testing::rethrowFirst(comm::runThreadRanks(1, [&](comm::ThreadBackend& backend) {
+    TensorParallelGroup group(testing::borrow(backend), comm::Group({0}), 0);
+    refLoss = ref.forward({x, y, group.handle()}).toTensor();
+    refLoss.backward();
+  }));
+  std::map<std::string, at::Tensor> refState;
+  for (const auto& p : ref.named_parameters())
+    refState[p.name] = (p.value - kLr * p.value.grad()).detach();
+  for (bool recompute : {false, true}) {
+    INFO("recompute " << recompute);
+    torch::manual_seed(41);
+    DropoutRun run = runDropoutBlock(x, y, false, recompute);
+    for (double loss : run.losses) CHECK(std::abs(loss - refLoss.item<double>()) <= 1e-5);
+    for (const auto& [name, want] : refState) {
+      INFO("parameter " << name);
+      REQUIRE(run.state.count(name));
+      CHECK(allClose(run.state.at(name), want, 1e-5, 1e-6));
+    }
+  }
+
+  // Split by heads, the attention's dropout draws each member's own mask; a recompute stage's
+  // re-run draws them again: the same loss and step as without recompute.
+  torch::manual_seed(41);
+  DropoutRun plain = runDropoutBlock(x, y, true, false);
+  torch::manual_seed(41);
+  DropoutRun recomputed = runDropoutBlock(x, y, true, true);
+  CHECK(plain.losses[0] == recomputed.losses[0]);
+  CHECK(std::abs(plain.losses[0] - refLoss.item<double>()) > 1e-6);  // the attention dropped
+  for (const auto& [name, want] : plain.state) {
+    INFO("parameter " << name);
+    CHECK(allClose(recomputed.state.at(name), want, 1e-6, 1e-7));
+  }
+
+  // The rewrite: three dropouts, the attention's split.
+  torchscript::ImportedModel model =
+      torchscript::importModule(makeDropoutBlock(false, true), {x, y});
+  std::vector<core::NodeId> all;
+  for (const core::Node& n : model.graph.nodes()) all.push_back(n.id);
+  ShardedStage stage = shardStage(model.graph, all, 2, 7);
+  std::vector<int64_t> splits;
+  for (const core::Node& n : stage.graph.nodes()) {
+    CHECK(n.kind != "aten::dropout");
+    if (n.kind != "autostage::tp_dropout") continue;
+    const core::Node& flag = stage.graph.node(stage.graph.producer(n.inputs.at(3)));
+    splits.push_back(std::get<int64_t>(flag.findAttribute("value")->value));
+  }
+  CHECK(splits == std::vector<int64_t>{0, 1, 0});
+  CHECK(stage.sharded == 2);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@ a transformers model captured with torch.export, trained with tensor_parallel=2 
 plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict after
 them (rtol 1e-4), and that its attention and MLP weights are held in halves. Model: `gpt2`
 (a fused QKV Conv1D, addmm, split three ways) or `llama` (rotary embeddings, 4 heads over 2 K/V
-heads, a gated MLP). Dropout is off; vocabularies are small (no vocabulary split)."""
+heads, a gated MLP). Dropout is off; vocabularies are small (no vocabulary split).
+`gpt2-dropout`: GPT-2 with its dropouts on (0.1), the masks drawn from the group's stream (Note
+[Tensor-parallel dropout]), which plain PyTorch does not draw: each step's loss within 5% of
+plain PyTorch's, whose dropouts draw masks of their own, and the state within 5% too."""
 import sys
 
 import torch
@@ -20,10 +23,11 @@ vocab = 512
 
 def make():
     torch.manual_seed(7)
-    if name == "gpt2":
+    if name.startswith("gpt2"):
+        p = 0.1 if name == "gpt2-dropout" else 0.0
         config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=vocab,
-                                         n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
-                                         attn_pdrop=0.0)
+                                         n_positions=32, resid_pdrop=p, embd_pdrop=p,
+                                         attn_pdrop=p)
         return transformers.GPT2LMHeadModel(config), "transformer.h.0.attn.c_attn.weight", 1
     config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                                       num_attention_heads=4, num_key_value_heads=2,
@@ -41,6 +45,7 @@ local = ids[2 * rank:2 * (rank + 1)]
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
 wrapped = autostage.Module(model, optimizer, tensor_parallel=2)
+rtol, atol = (5e-2, 1e-2) if name == "gpt2-dropout" else (1e-4, 1e-5)
 for step in range(2):
     loss = wrapped(input_ids=local, labels=local, use_cache=False)["loss"]
     loss.backward()
@@ -50,13 +55,13 @@ for step in range(2):
     want.backward()
     ref_optimizer.step()
     ref_optimizer.zero_grad()
-    if not torch.allclose(loss.detach(), want.detach(), rtol=1e-4, atol=1e-5):
+    if not torch.allclose(loss.detach(), want.detach(), rtol=rtol, atol=atol):
         failures.append(f"step {step}: loss {loss.item()} but plain PyTorch {want.item()}")
 state = wrapped.state_dict()
 for key, value in reference.state_dict().items():
     got = state.get(key)
-    if got is None or got.shape != value.shape or not torch.allclose(got, value, rtol=1e-4,
-                                                                      atol=1e-5):
+    if got is None or got.shape != value.shape or not torch.allclose(got, value, rtol=rtol,
+                                                                      atol=atol):
         failures.append(f"{key} after 2 steps differs from plain PyTorch")
 held = dict(model.named_parameters())[sliced].shape
 whole = dict(reference.named_parameters())[sliced].shape

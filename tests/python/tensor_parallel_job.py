@@ -4,9 +4,13 @@ DistributedDataParallel does). Phases:
   mlp      Linear-GELU-Linear with tensor_parallel=2 on 2 ranks, one SGD step;
   block    a transformer block (4-head attention, then an MLP) with tensor_parallel=2, three Adam
            steps; on 4 ranks that is 2 replicas of 2 ranks;
+  block4   the block with tensor_parallel=4 on 4 ranks (one head per rank);
   zero     the block with ZeRO-1 too (on 4 ranks: each slice's optimizer state split over the
            two replicas);
-  auto     the MLP with tensor_parallel=auto: trains as plain PyTorch whatever the degree chosen.
+  auto     the MLP with tensor_parallel=auto: trains as plain PyTorch whatever the degree chosen;
+  resume   (after `block CHECKPOINT`, which saves its gathered state there after its 3 steps)
+           loads that checkpoint without tensor parallelism, on however many ranks it runs,
+           and steps once more beside plain PyTorch loaded from the same file.
 Each checks outputs and, after the steps, the gathered state_dict (rtol 1e-5), and that the
 sharded weights on this rank are slices of the whole (half the rows of the first linear). The
 block also checks Adam's gathered state (optimizer.state_dict(from_global=True)) and one more
@@ -19,6 +23,7 @@ import autostage
 from mpi_launch import finish
 
 phase = sys.argv[1]
+checkpoint = sys.argv[2] if len(sys.argv) > 2 else None
 rank, world = autostage.get_rank(), autostage.get_world_size()
 failures = []
 
@@ -46,10 +51,10 @@ class Block(torch.nn.Module):
 
 
 torch.manual_seed(3)
-if phase in ("block", "zero"):
+if phase in ("block", "block4", "zero", "resume"):
     make = Block
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
-    steps, degree, first = 3, 2, "q.weight"
+    steps, degree, first = 3, {"block4": 4, "resume": 1}.get(phase, 2), "q.weight"
 else:
     def make():
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
@@ -74,6 +79,14 @@ if phase == "zero":
     options["zero"] = 1
 wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
 ref_optimizer = optimizer_of(reference.parameters())
+if phase == "resume":
+    # The checkpoint of a tensor_parallel=2 job: whole tensors under the original keys.
+    saved = torch.load(checkpoint)
+    wrapped.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"], from_global=True)
+    reference.load_state_dict(saved["reference"])
+    ref_optimizer.load_state_dict(saved["ref_optimizer"])
+    steps = 1
 for step in range(steps):
     out = wrapped(local)
     out.pow(2).sum().backward()
@@ -90,7 +103,13 @@ for key, want in reference.state_dict().items():
     got = state.get(key)
     if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
         failures.append(f"{key} after {steps} steps differs from plain PyTorch")
-if make is Block:
+if make is Block and phase != "resume":
+    if checkpoint is not None:
+        global_state = optimizer.state_dict(from_global=True)  # on every rank: a collective
+        if rank == 0:
+            torch.save({"model": state, "optimizer": global_state,
+                        "reference": reference.state_dict(),
+                        "ref_optimizer": ref_optimizer.state_dict()}, checkpoint)
     # Adam's state gathered from the slices, loaded back (with the model's whole state) and
     # stepped once more: still plain PyTorch's.
     global_state = optimizer.state_dict(from_global=True)
@@ -116,7 +135,7 @@ if make is Block:
             failures.append(f"{key} after loading and a step differs from plain PyTorch")
 whole = dict(reference.named_parameters())[first].shape
 held = dict(model.named_parameters())[first].shape
-if phase != "auto" and held[0] * degree != whole[0]:
+if phase not in ("auto", "resume") and held[0] * degree != whole[0]:
     failures.append(f"{first} is held whole ({tuple(held)}), not in slices of {degree}")
 print(f"rank {rank}: tensor_parallel {phase} checked; {len(failures)} failures", flush=True)
 finish(rank, failures)

@@ -108,19 +108,29 @@ def test_whatif_reports_the_degrees():
 
 @needs_mpirun
 @pytest.mark.parametrize("phase,ranks",
-                         [("mlp", 2), ("block", 2), ("block", 4), ("zero", 4), ("auto", 2)])
+                         [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
+                          ("auto", 2)])
 def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
     log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
     if phase != "auto":
-        assert " tp=2 " in log, log  # the partition log's stages
+        assert (" tp=4 " if phase == "block4" else " tp=2 ") in log, log  # the partition log
     if phase == "zero":
         assert " repl=2 tp=2 zero=1 " in log, log
 
 
 @needs_mpirun
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
+    checkpoint = tmp_path / "block.pt"
+    run_driver("tensor_parallel_job.py", "block", checkpoint, ranks=2)
+    assert checkpoint.exists()
+    log = run_driver("tensor_parallel_job.py", "resume", checkpoint, ranks=1)
+    assert "rank 0: tensor_parallel resume checked; 0 failures" in log, log
+
+
+@needs_mpirun
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gpt2-dropout"])
 def test_a_transformers_model_trains_tensor_parallel(name):
     pytest.importorskip("transformers")
     from autostage.export import available
@@ -130,6 +140,7 @@ def test_a_transformers_model_trains_tensor_parallel(name):
     for rank in range(2):
         assert f"rank {rank}: tensor_parallel {name} checked; 0 failures" in log, log
     assert "stays replicated" not in log, log  # every attention and MLP is split
+    assert "own random generator" not in log, log  # every dropout draws the group's masks
 
 
 class _Block(torch.nn.Module):
