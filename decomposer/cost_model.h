@@ -88,7 +88,8 @@
 // {1}, and then the request carries no spans and the search is the one without tensor
 // parallelism). A stage of degree t starts at a rank that is a multiple of t (dividing the
 // devices per node), so each replica's t ranks share a node (evaluatePlan refuses other
-// layouts). Interleaved plans, the baselines and the deployment stay at degree 1 for now.
+// layouts). Interleaved plans stay at degree 1 for now; the baselines (data_parallel, uniform,
+// param_balanced) give every stage the same degree, the fastest the option allows.
 
 #include <algorithm>
 #include <cstdint>

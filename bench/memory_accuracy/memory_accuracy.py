@@ -1,10 +1,12 @@
 """Predicted vs measured peak memory per rank (and with --time, step time) of the tutorial, the
 transformer example and torchvision resnet18 under forced plans: 1-4 stages, 1-8 micro-batches,
-gpipe and 1F1B, recompute on/off, fp32 and bf16, on 1-4 ranks. Prints figures; never passes or
+gpipe and 1F1B, recompute on/off, fp32 and bf16, ZeRO-1, interleaving, tensor-parallel stages,
+on 1-4 ranks. Prints figures; never passes or
 fails (issue 15's target: every measured peak within +-15% of its prediction and never above the
 usable memory the plan was made for).
 
-    /usr/bin/python3 bench/memory_accuracy/memory_accuracy.py [--time] [--only MODEL] [--json]
+    /usr/bin/python3 bench/memory_accuracy/memory_accuracy.py [--time] [--only MODEL]
+        [--match OPTION] [--json]
 
 Each configuration runs bench/memory_accuracy/run_plan.py under mpirun (OMP_NUM_THREADS=1,
 oversubscribed). gpipe plans train through forward()/backward(), 1F1B plans through train_step
@@ -45,6 +47,16 @@ CONFIGS = [
                        "virtual_stages=2"),
     ("transformer", 4, "partition_num=2 pipeline_num=4 schedule=1f1b recompute=never zero=1 "
                        "virtual_stages=1"),
+    # Issue 30: tensor-parallel stages (attention and MLP split over 2 ranks), alone, in 2
+    # stages, with 2 replicas and ZeRO-1, recomputed.
+    ("transformer", 2, "partition_num=1 pipeline_num=1 schedule=gpipe recompute=never "
+                       "tensor_parallel=2"),
+    ("transformer", 4, "partition_num=2 pipeline_num=4 schedule=gpipe recompute=never "
+                       "tensor_parallel=2"),
+    ("transformer", 4, "partition_num=1 pipeline_num=2 schedule=gpipe recompute=never "
+                       "tensor_parallel=2 zero=1 decomposer=data_parallel"),
+    ("transformer", 2, "partition_num=1 pipeline_num=2 schedule=1f1b recompute=always "
+                       "tensor_parallel=2"),
 ]
 
 
@@ -80,14 +92,18 @@ def mib(value):
 
 
 def plan_text(r):
+    degrees = r.get("tensor_parallel", [1])
     return (f"{r['stages']}st x{'/'.join(map(str, r['replicas']))} m{r['micro_batches']} "
-            f"{r['schedule']}{' rc' if any(r['recompute']) else ''}")
+            f"{r['schedule']}{' rc' if any(r['recompute']) else ''}"
+            f"{' z' if any(r['zero']) else ''}"
+            f"{' tp' + '/'.join(map(str, degrees)) if max(degrees) > 1 else ''}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time", action="store_true", help="also print step times")
     parser.add_argument("--only", help="run one model's configurations")
+    parser.add_argument("--match", help="run the configurations whose options contain this")
     parser.add_argument("--json", action="store_true", help="print the records as JSON too")
     args = parser.parse_args()
     print(f"{'model':<12}{'ranks':>5}  {'plan':<24}{'precision':<10}{'rank':>4}{'stage':>6}"
@@ -95,7 +111,7 @@ def main():
           + (f"{'pred ms':>9}{'meas ms':>9}" if args.time else ""))
     errors, above, everything = [], [], []
     for model, ranks, options in CONFIGS:
-        if args.only and model != args.only:
+        if (args.only and model != args.only) or (args.match and args.match not in options):
             continue
         precision = "bf16" if "precision=bf16" in options else "fp32"
         for r in run(model, ranks, options):

@@ -89,7 +89,8 @@ def main():
     stage = memory["stage"] if memory else -1
     record = {
         "rank": rank, "memory": memory, "stages": len(info["stages"]),
-        "replicas": [len(s["ranks"]) for s in info["stages"]],
+        "replicas": [len(s["ranks"]) // s["tensor_parallel"] for s in info["stages"]],
+        "tensor_parallel": [s["tensor_parallel"] for s in info["stages"]],
         "micro_batches": info["micro_batches"], "schedule": info["schedule"],
         "virtual_stages": info.get("virtual_stages", 1),
         "recompute": [s["recompute"] for s in info["stages"]],

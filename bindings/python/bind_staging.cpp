@@ -83,6 +83,7 @@ py::dict deploymentInfo(const core::Deployment& d) {
     entry["ranks"] = stage.ranks;
     entry["recompute"] = stage.recompute;
     entry["zero"] = stage.zero;
+    entry["tensor_parallel"] = stage.tensorParallel;
     entry["node_count"] = stage.nodes.size();
     entry["forward_seconds"] = stage.forwardSeconds;
     entry["backward_seconds"] = stage.backwardSeconds;
