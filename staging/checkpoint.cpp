@@ -100,7 +100,7 @@ std::map<core::ValueId, SlicedParam> slicedParams(const core::Graph& graph,
   std::map<core::ValueId, SlicedParam> out;
   for (const core::StageDeployment& stage : deployment.stages) {
     if (stage.tensorParallel <= 1) continue;
-    for (const ParamShard& shard : shardStage(graph, stage.nodes, stage.tensorParallel, 0).shards)
+    for (const ParamShard& shard : shardedParameters(graph, stage.nodes, stage.tensorParallel))
       out[shard.param] = SlicedParam{shard, stage.tensorParallel,
                                      std::vector<int>(stage.ranks.begin(),
                                                       stage.ranks.begin() + stage.tensorParallel)};

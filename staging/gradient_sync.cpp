@@ -24,7 +24,7 @@ std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
   for (const core::StageDeployment& stage : deployment.stages) {
     std::set<core::ValueId> sliced;
     if (stage.tensorParallel > 1)
-      for (const ParamShard& s : shardStage(graph, stage.nodes, stage.tensorParallel, 0).shards)
+      for (const ParamShard& s : shardedParameters(graph, stage.nodes, stage.tensorParallel))
         sliced.insert(s.param);
     for (core::ValueId p : stageParams(graph, stage)) {
       allZero.emplace(p, true).first->second &= stage.zero;

@@ -38,6 +38,7 @@ struct PatternPlan {
   std::map<NodeId, int> sections;         // column linear -> parts (fused projection)
   std::set<NodeId> columns;
   NodeId row = core::kNoNode;
+  std::vector<NodeId> nodes;  // the pattern's
 };
 
 struct Failure {
@@ -644,57 +645,81 @@ core::Type dividedType(const core::Type& type, int dim, int degree) {
   return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
 }
 
-}  // namespace
-
-ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, int degree,
-                        int64_t group) {
+// The plans of the patterns the stage holding `nodes` shards at `degree`; what stays replicated
+// goes to `skipped`.
+std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<NodeId>& nodes,
+                                      int degree, std::vector<std::string>& skipped) {
   AUTOSTAGE_CHECK_AS(ConfigError, degree >= 1, "tensor-parallel degree ", degree, " is not positive");
-  ShardedStage result;
   const std::set<NodeId> stage(nodes.begin(), nodes.end());
-  std::map<NodeId, const PatternPlan*> planOf;
   std::vector<PatternPlan> plans;
   if (degree > 1) {
     std::vector<decomposer::ShardPattern> patterns = decomposer::findShardPatterns(graph);
-    plans.reserve(patterns.size());
     for (const decomposer::ShardPattern& pattern : patterns) {
       const bool inside = std::all_of(pattern.nodes.begin(), pattern.nodes.end(),
                                       [&](NodeId n) { return stage.count(n) != 0; });
       if (!inside) continue;
       if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::None) {
-        result.skipped.push_back(std::string("the vocabulary ") +
-                                 (pattern.vocabulary == decomposer::ShardPattern::Vocabulary::Embedding
-                                      ? "embedding"
-                                      : "head") +
-                                 " at " + core::nodeLabel(graph, pattern.nodes.front()) +
-                                 " stays replicated: the runtime does not split vocabularies yet "
-                                 "(the plan counted it split)");
+        skipped.push_back(std::string("the vocabulary ") +
+                          (pattern.vocabulary == decomposer::ShardPattern::Vocabulary::Embedding
+                               ? "embedding"
+                               : "head") +
+                          " at " + core::nodeLabel(graph, pattern.nodes.front()) +
+                          " stays replicated: the runtime does not split vocabularies yet "
+                          "(the plan counted it split)");
         continue;
       }
       try {
         plans.push_back(Planner(graph, stage, degree).plan(pattern));
+        plans.back().nodes = pattern.nodes;
       } catch (const Failure& f) {
-        result.skipped.push_back(std::string(pattern.attention ? "attention" : "MLP") +
-                                 " ending at " + core::nodeLabel(graph, pattern.rowLinear) +
-                                 " stays replicated: " + f.reason);
+        skipped.push_back(std::string(pattern.attention ? "attention" : "MLP") + " ending at " +
+                          core::nodeLabel(graph, pattern.rowLinear) + " stays replicated: " +
+                          f.reason);
         continue;
       } catch (const std::out_of_range&) {  // an operator with fewer operands than its schema
-        result.skipped.push_back(std::string(pattern.attention ? "attention" : "MLP") +
-                                 " ending at " + core::nodeLabel(graph, pattern.rowLinear) +
-                                 " stays replicated: an operator has unexpected operands");
+        skipped.push_back(std::string(pattern.attention ? "attention" : "MLP") + " ending at " +
+                          core::nodeLabel(graph, pattern.rowLinear) +
+                          " stays replicated: an operator has unexpected operands");
         continue;
       }
-      for (NodeId n : pattern.nodes) planOf[n] = &plans.back();
     }
   }
+  return plans;
+}
+
+// The parameter slices `plans` give, ascending parameter.
+std::vector<ParamShard> shardsOf(const std::vector<PatternPlan>& plans) {
+  std::map<ValueId, ParamShard> shards;
+  for (const PatternPlan& p : plans)
+    for (const auto& [v, s] : p.params) shards[v] = s;
+  std::vector<ParamShard> out;
+  for (const auto& [v, s] : shards) out.push_back(s);
+  return out;
+}
+
+}  // namespace
+
+std::vector<ParamShard> shardedParameters(const Graph& graph, const std::vector<NodeId>& nodes,
+                                          int degree) {
+  std::vector<std::string> skipped;
+  return shardsOf(planPatterns(graph, nodes, degree, skipped));
+}
+
+ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, int degree,
+                        int64_t group) {
+  ShardedStage result;
+  const std::vector<PatternPlan> plans = planPatterns(graph, nodes, degree, result.skipped);
+  std::map<NodeId, const PatternPlan*> planOf;
+  for (const PatternPlan& p : plans)
+    for (NodeId n : p.nodes) planOf[n] = &p;
   result.sharded = static_cast<int>(plans.size());
 
   std::map<ValueId, core::Type> splitTypes;
-  std::map<ValueId, ParamShard> shards;
-  for (const PatternPlan& p : plans) {
+  for (const PatternPlan& p : plans)
     for (const auto& [v, s] : p.split)
       if (graph.value(v).type.isTensor()) splitTypes[v] = dividedType(graph.value(v).type, s.dim, degree);
-    for (const auto& [v, s] : p.params) shards[v] = s;
-  }
+  std::map<ValueId, ParamShard> shards;
+  for (const ParamShard& s : shardsOf(plans)) shards[s.param] = s;
 
   Builder builder(graph, exportfe::isExportGraph(graph), group, degree > 1);
   const core::Boundary boundary = graph.boundary(nodes);
@@ -717,7 +742,7 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
     result.outputs.push_back(v);
   }
   result.graph = builder.take();
-  for (const auto& [v, s] : shards) result.shards.push_back(s);
+  result.shards = shardsOf(plans);
   return result;
 }
 

@@ -59,4 +59,8 @@ struct ShardedStage {
 ShardedStage shardStage(const core::Graph& graph, const std::vector<core::NodeId>& nodes,
                         int degree, int64_t group);
 
+// shardStage's `shards` alone: the parameter slices, without building the member's graph.
+std::vector<ParamShard> shardedParameters(const core::Graph& graph,
+                                          const std::vector<core::NodeId>& nodes, int degree);
+
 }  // namespace autostage::staging

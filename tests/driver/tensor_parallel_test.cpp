@@ -154,6 +154,10 @@ TEST_CASE("the block's attention and MLP shard for a tensor-parallel member", "[
   CHECK(stage.skipped.empty());
   // q, k, v, o, up, down weights; q, k, v, up biases (o's and down's stay whole).
   CHECK(stage.shards.size() == 10);
+  std::vector<core::ValueId> planned, built;  // the plan-only pass finds the same slices
+  for (const ParamShard& s : shardedParameters(model.graph, all, 2)) planned.push_back(s.param);
+  for (const ParamShard& s : stage.shards) built.push_back(s.param);
+  CHECK(planned == built);
   int copies = 0, reduces = 0;
   for (const core::Node& n : stage.graph.nodes()) {
     copies += n.kind == "autostage::tp_copy";
