@@ -38,6 +38,7 @@ struct PatternPlan {
   std::map<NodeId, int> sections;         // column linear -> parts (fused projection)
   std::set<NodeId> columns;
   NodeId row = core::kNoNode;
+  NodeId embedding = core::kNoNode;  // a vocabulary embedding, run as tp_embedding
   std::vector<NodeId> nodes;  // the pattern's
 };
 
@@ -587,6 +588,12 @@ class Builder {
     std::vector<std::string> names;
     for (ValueId v : node.outputs) names.push_back(g_.value(v).name);
     std::vector<core::Attribute> attributes = node.attributes;
+    if (plan && plan->embedding == n) {  // this member's rows, then the all-reduce
+      op = kind("tp_embedding");
+      const int64_t padding = inputs.size() > 2 ? *constantInt(g_, node.inputs[2]) : -1;
+      inputs = {inputs[0], inputs[1], intConstant(padding), intConstant(group_)};
+      attributes.clear();
+    }
     if (dropouts_ && is(node, {"aten::dropout"}) && inputs.size() == 3) {
       // Note [Tensor-parallel dropout]: the group's masks, the member's own where split.
       op = kind("tp_dropout");
@@ -645,6 +652,26 @@ core::Type dividedType(const core::Type& type, int dim, int degree) {
   return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
 }
 
+// Why the vocabulary embedding `n` cannot be split over `degree` ranks (empty: it can): its
+// weight must be read by it alone (a table tied to an LM head stays whole), its rows must divide
+// by the degree, and it must not scale gradients by frequency or make them sparse.
+std::string vocabularyEmbeddingProblem(const Graph& graph, NodeId n, int degree) {
+  const core::Node& node = graph.node(n);
+  const ValueId weight = node.inputs.at(0);
+  for (NodeId c : graph.consumers(weight))
+    if (c != n) return "its weight is also read by " + core::nodeLabel(graph, c);
+  const core::Type& type = graph.value(weight).type;
+  if (!type.shapeKnown() || type.shape().empty() || type.shape()[0] % degree != 0)
+    return "its rows do not divide by " + std::to_string(degree);
+  for (size_t i = 3; i < node.inputs.size(); ++i) {  // scale_grad_by_freq, sparse
+    const std::optional<int64_t> flag = constantInt(graph, node.inputs[i]);
+    if (!flag.has_value() || *flag != 0) return "it scales gradients by frequency or is sparse";
+  }
+  if (node.inputs.size() > 2 && !constantInt(graph, node.inputs[2]).has_value())
+    return "its padding index is not a constant";
+  return "";
+}
+
 // The plans of the patterns the stage holding `nodes` shards at `degree`; what stays replicated
 // goes to `skipped`.
 std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<NodeId>& nodes,
@@ -658,14 +685,27 @@ std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<Node
       const bool inside = std::all_of(pattern.nodes.begin(), pattern.nodes.end(),
                                       [&](NodeId n) { return stage.count(n) != 0; });
       if (!inside) continue;
+      if (pattern.vocabulary == decomposer::ShardPattern::Vocabulary::Embedding) {
+        const std::string why = vocabularyEmbeddingProblem(graph, pattern.nodes.front(), degree);
+        if (!why.empty()) {
+          skipped.push_back("the vocabulary embedding at " +
+                            core::nodeLabel(graph, pattern.nodes.front()) +
+                            " stays replicated: " + why);
+          continue;
+        }
+        PatternPlan plan;
+        plan.embedding = pattern.nodes.front();
+        plan.nodes = pattern.nodes;
+        const ValueId weight = graph.node(plan.embedding).inputs.at(0);
+        plan.params[weight] = ParamShard{weight, 0, 1};
+        plans.push_back(std::move(plan));
+        continue;
+      }
       if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::None) {
         skipped.push_back(std::string("the vocabulary ") +
-                          (pattern.vocabulary == decomposer::ShardPattern::Vocabulary::Embedding
-                               ? "embedding"
-                               : "head") +
-                          " at " + core::nodeLabel(graph, pattern.nodes.front()) +
-                          " stays replicated: the runtime does not split vocabularies yet "
-                          "(the plan counted it split)");
+                          "head at " + core::nodeLabel(graph, pattern.nodes.front()) +
+                          " stays replicated: the runtime does not split LM heads yet (the "
+                          "plan counted it split)");
         continue;
       }
       try {

@@ -22,8 +22,10 @@
 // member are the same, so are its outputs and the gradients it sends back. A pattern the
 // propagation cannot follow (a head-specific mask from outside, a view that mixes the split
 // dimension with another, a size computed from an unsharded tensor) stays replicated, never
-// guessed, and is named by `skipped`. Vocabulary patterns run replicated (their rows are planned
-// split; the runtime does not split them yet). Every dropout becomes `autostage::tp_dropout`, which
+// guessed, and is named by `skipped`. A vocabulary embedding whose table nothing else reads
+// (not tied to an LM head) runs as `autostage::tp_embedding`: each member holds 1/t of the rows
+// (Megatron's VocabParallelEmbedding). LM heads run replicated (planned split; the runtime does
+// not split them yet). Every dropout becomes `autostage::tp_dropout`, which
 // draws the group's masks (Note [Tensor-parallel dropout] in staging/tensor_parallel_ops.h).
 
 #include <string>

@@ -114,6 +114,20 @@ class ReduceFromGroup : public torch::autograd::Function<ReduceFromGroup> {
 
 at::Tensor tpCopy(const at::Tensor& x, int64_t group) { return CopyToGroup::apply(x, group); }
 
+// Megatron's vocabulary-parallel embedding: this member holds rows [m rows, (m + 1) rows) of the
+// table; ids outside them read zeros, and the all-reduce sums each id's one row.
+at::Tensor tpEmbedding(const at::Tensor& weight, const at::Tensor& indices, int64_t padding,
+                       int64_t group) {
+  const int64_t rows = weight.size(0);
+  const int64_t start = registered(group)->member * rows;
+  const at::Tensor local = indices - start;
+  const at::Tensor inside = local.ge(0).logical_and(local.lt(rows));
+  const int64_t localPadding = padding >= start && padding < start + rows ? padding - start : -1;
+  at::Tensor out = at::embedding(weight, local.masked_fill(inside.logical_not(), 0), localPadding);
+  out = out * inside.unsqueeze(-1).to(out.scalar_type());
+  return ReduceFromGroup::apply(out, group);
+}
+
 // Note [Tensor-parallel dropout]; scaled as torch's dropout: kept elements divided by 1 - p.
 at::Tensor tpDropout(const at::Tensor& x, double p, bool train, int64_t split, int64_t group) {
   AUTOSTAGE_CHECK_AS(ConfigError, p >= 0 && p <= 1, "dropout probability ", p,
@@ -142,12 +156,14 @@ TORCH_LIBRARY(autostage, m) {
   m.def("tp_copy(Tensor x, int group) -> Tensor");
   m.def("tp_reduce(Tensor x, Tensor? bias, int group) -> Tensor");
   m.def("tp_dropout(Tensor x, float p, bool train, int split, int group) -> Tensor");
+  m.def("tp_embedding(Tensor weight, Tensor indices, int padding_idx, int group) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(autostage, CompositeImplicitAutograd, m) {
   m.impl("tp_copy", tpCopy);
   m.impl("tp_reduce", tpReduce);
   m.impl("tp_dropout", tpDropout);
+  m.impl("tp_embedding", tpEmbedding);
 }
 
 TensorParallelGroup::TensorParallelGroup(std::shared_ptr<comm::Backend> backend, comm::Group group,

@@ -5,6 +5,9 @@
 //   autostage::tp_copy(Tensor x, int group) -> Tensor           identity; backward all-reduces
 //   autostage::tp_reduce(Tensor x, Tensor? bias, int group) -> Tensor
 //                                                  all-reduce (sum) then + bias; backward identity
+//   autostage::tp_embedding(Tensor weight, Tensor indices, int padding_idx, int group) -> Tensor
+//                    the member's rows of a vocabulary table (ids elsewhere read zeros), summed
+//                    over the group (all-reduce forward, identity backward)
 //   autostage::tp_dropout(Tensor x, float p, bool train, int split, int group) -> Tensor
 //                                 dropout with the group's masks (Note [Tensor-parallel dropout])
 // `group` is a handle from TensorParallelGroup: the comm backend, the group's ranks, this rank's

@@ -278,6 +278,102 @@ DropoutRun runDropoutBlock(const at::Tensor& x, const at::Tensor& y, bool attent
   return run;
 }
 
+// A vocabulary of 16,384 rows (decomposer::kVocabularyRows) embedded, then a residual tanh MLP;
+// the loss against y.
+// With `tied`, the table also scores h against every row (as a tied LM head would).
+torch::jit::Module makeVocabularyModel(bool tied = false) {
+  torch::jit::Module m("Vocabulary");
+  m.register_parameter("table", (torch::randn({16384, 8}) * 0.1).requires_grad_(), false);
+  m.register_module("up", makeLinear(8, 16));
+  m.register_module("down", makeLinear(16, 8));
+  m.define(std::string(R"(
+def forward(self, ids, y):
+    h = torch.embedding(self.table, ids, 3)
+    h = h + self.down.forward(torch.tanh(self.up.forward(h)))
+    return torch.mean((h - y) * (h - y)))") +
+           (tied ? " + torch.mean(torch.matmul(h, self.table.t()))\n" : "\n"));
+  return m;
+}
+
+TEST_CASE("a vocabulary embedding is split by rows over the group", "[staging]") {
+  at::set_num_threads(1);
+  torch::manual_seed(41);
+  // Ids in both halves of the table, and the padding row 3 (no gradient).
+  at::Tensor ids = torch::randint(0, 16384, {2 * kLocal, 4}, torch::kLong);
+  ids.index_put_({0, 0}, 3);
+  ids.index_put_({1, 2}, 8192);
+  const at::Tensor y = torch::randn({2 * kLocal, 4, 8});
+  torch::manual_seed(41);
+  torch::jit::Module ref = makeVocabularyModel();
+  at::Tensor refLoss = ref.forward({ids, y}).toTensor();
+  refLoss.backward();
+  std::map<std::string, at::Tensor> refState;
+  for (const auto& p : ref.named_parameters())
+    refState[p.name] = (p.value - kLr * p.value.grad()).detach();
+
+  std::vector<torch::jit::Module> copies;
+  for (int r = 0; r < 2; ++r) torch::manual_seed(41), copies.push_back(makeVocabularyModel());
+  std::vector<double> losses(2);
+  std::vector<std::vector<int64_t>> tableShapes(2);
+  std::map<std::string, at::Tensor> state;
+  testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& backend) {
+    const int rank = backend.rank();
+    ModuleOptions options;
+    options.backend = testing::borrow(backend);
+    options.planner = [&](const PlanningInput& in) {
+      core::Deployment d = testing::makeDeployment(in.model.graph, {{0, 1}}, in.worldSize, 2);
+      d.stages[0].tensorParallel = 2;
+      return d;
+    };
+    Module module(copies[rank], options);
+    at::Tensor loss = module.forward({ids.narrow(0, rank * kLocal, kLocal),
+                                      y.narrow(0, rank * kLocal, kLocal)})[0];
+    loss.backward();
+    losses[rank] = loss.item<double>();
+    {
+      at::NoGradGuard noGrad;
+      for (const auto& [name, t] : module.namedParameters()) {
+        if (name == "table") tableShapes[rank] = t.sizes().vec();
+        t.sub_(kLr * t.grad());
+      }
+    }
+    for (const auto& [name, t] : module.stateDict())
+      if (rank == 0) state[name] = t;
+  }));
+  for (int r = 0; r < 2; ++r) {
+    CHECK(std::abs(losses[r] - refLoss.item<double>()) <= 1e-5);
+    CHECK(tableShapes[r] == std::vector<int64_t>{8192, 8});
+  }
+  for (const auto& [name, want] : refState) {
+    INFO("parameter " << name);
+    REQUIRE(state.count(name));
+    CHECK(allClose(state.at(name), want, 1e-5, 1e-6));
+  }
+
+  // The rewrite: one tp_embedding, the table in row halves; tied to a second reader, it stays.
+  torchscript::ImportedModel model = torchscript::importModule(makeVocabularyModel(), {ids, y});
+  std::vector<core::NodeId> all;
+  for (const core::Node& n : model.graph.nodes()) all.push_back(n.id);
+  ShardedStage stage = shardStage(model.graph, all, 2, 7);
+  int embeddings = 0;
+  for (const core::Node& n : stage.graph.nodes()) embeddings += n.kind == "autostage::tp_embedding";
+  CHECK(embeddings == 1);
+  bool table = false;
+  for (const ParamShard& s : stage.shards)
+    table = table || (model.graph.value(s.param).name.find("table") != std::string::npos && s.dim == 0);
+  CHECK(table);
+  CHECK(stage.skipped.empty());
+  torchscript::ImportedModel tied = torchscript::importModule(makeVocabularyModel(true), {ids, y});
+  all.clear();
+  for (const core::Node& n : tied.graph.nodes()) all.push_back(n.id);
+  ShardedStage whole = shardStage(tied.graph, all, 2, 7);
+  REQUIRE(whole.skipped.size() == 1);
+  CHECK_THAT(whole.skipped[0], Catch::Contains("vocabulary embedding") &&
+                                   Catch::Contains("stays replicated: its weight is also read by"));
+  for (const ParamShard& s : whole.shards)
+    CHECK(tied.graph.value(s.param).name.find("table") == std::string::npos);
+}
+
 TEST_CASE("tp_dropout: the group's masks, the member's own where split", "[staging]") {
   at::set_num_threads(1);
   torch::manual_seed(7);

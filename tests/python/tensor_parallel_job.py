@@ -5,6 +5,7 @@ DistributedDataParallel does). Phases:
   block    a transformer block (4-head attention, then an MLP) with tensor_parallel=2, three Adam
            steps; on 4 ranks that is 2 replicas of 2 ranks;
   block4   the block with tensor_parallel=4 on 4 ranks (one head per rank);
+  vocabulary  a 16,384-id embedding (its rows split over the group) before the block, tp=2;
   zero     the block with ZeRO-1 too (on 4 ranks: each slice's optimizer state split over the
            two replicas);
   auto     the MLP with tensor_parallel=auto: trains as plain PyTorch whatever the degree chosen;
@@ -50,11 +51,28 @@ class Block(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
 
 
+class Vocabulary(torch.nn.Module):
+    """A vocabulary of 16,384 ids (split by rows over the group), then the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16384, 16)
+        self.block = Block()
+
+    def forward(self, ids):
+        return self.block(self.emb(ids))
+
+
 torch.manual_seed(3)
 if phase in ("block", "block4", "zero", "resume"):
     make = Block
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     steps, degree, first = 3, {"block4": 4, "resume": 1}.get(phase, 2), "q.weight"
+elif phase == "vocabulary":
+    make = Vocabulary
+    x = torch.randint(0, 16384, (2 * world, 4), generator=torch.Generator().manual_seed(5))
+    x[0, 0], x[1, 1] = 8191, 8192  # both sides of the halves' boundary
+    steps, degree, first = 3, 2, "emb.weight"
 else:
     def make():
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
@@ -68,13 +86,15 @@ local = x[rows * rank:rows * (rank + 1)]
 
 
 def optimizer_of(params):
-    return torch.optim.Adam(params, lr=0.01) if make is Block else torch.optim.SGD(params, lr=0.1)
+    if make in (Block, Vocabulary):
+        return torch.optim.Adam(params, lr=0.01)
+    return torch.optim.SGD(params, lr=0.1)
 
 
 optimizer = optimizer_of(model.parameters())
 # The planner may leave ranks idle for so small a block (its all-reduces cost more than the
 # replicas save); data_parallel keeps the shape these phases check: replicas of `degree` ranks.
-options = {"decomposer": "data_parallel"} if make is Block else {}
+options = {"decomposer": "data_parallel"} if make in (Block, Vocabulary) else {}
 if phase == "zero":
     options["zero"] = 1
 wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
@@ -103,7 +123,7 @@ for key, want in reference.state_dict().items():
     got = state.get(key)
     if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
         failures.append(f"{key} after {steps} steps differs from plain PyTorch")
-if make is Block and phase != "resume":
+if make in (Block, Vocabulary) and phase != "resume":
     if checkpoint is not None:
         global_state = optimizer.state_dict(from_global=True)  # on every rank: a collective
         if rank == 0:
