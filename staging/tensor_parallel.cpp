@@ -702,10 +702,9 @@ std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<Node
         continue;
       }
       if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::None) {
-        skipped.push_back(std::string("the vocabulary ") +
-                          "head at " + core::nodeLabel(graph, pattern.nodes.front()) +
-                          " stays replicated: the runtime does not split LM heads yet (the "
-                          "plan counted it split)");
+        skipped.push_back("the vocabulary head at " + core::nodeLabel(graph, pattern.nodes.front()) +
+                          " stays replicated: the runtime does not split LM heads yet (the plan "
+                          "counted it split)");
         continue;
       }
       try {

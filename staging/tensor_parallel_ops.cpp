@@ -167,8 +167,7 @@ TORCH_LIBRARY_IMPL(autostage, CompositeImplicitAutograd, m) {
 }
 
 TensorParallelGroup::TensorParallelGroup(std::shared_ptr<comm::Backend> backend, comm::Group group,
-                                         int member)
-{
+                                         int member) {
   // The first member's seed, as text over the control plane (Note [Tensor-parallel dropout]).
   std::string seed = std::to_string(at::detail::getDefaultCPUGenerator().current_seed());
   backend->broadcastBytes(seed, group.ranks().front(), group);
