@@ -279,7 +279,8 @@ class RaNNCModule(Module):
         value = param.grad if grad else param.detach()
         held = param.data_ptr() in self._local_ids() and value is not None
         # The lowest rank holding it sends it to every rank (Note [Gathering from owners]).
-        gathered = _autostage._gather_from_owners([(name, value)] if held else [])
+        how = "get_param_grad()" if grad else "get_param()"
+        gathered = _autostage._gather_from_owners([(name, value)] if held else [], how)
         if not gathered:
             return None if grad else param.detach().clone()  # no stage reads it: never trained
         return gathered[0][1]
@@ -301,10 +302,11 @@ class RaNNCModule(Module):
         held = [n for n in names if self.name_to_param[n].data_ptr() in local]
         receive = sync_all_ranks or get_rank() == 0
         values = _autostage._gather_from_owners(
-            [(n, self.name_to_param[n].detach()) for n in held])
+            [(n, self.name_to_param[n].detach()) for n in held], "sync_orig_params()")
         grads = _autostage._gather_from_owners(
             [(n, self.name_to_param[n].grad) for n in held
-             if self.name_to_param[n].grad is not None]) if sync_grad else []
+             if self.name_to_param[n].grad is not None],
+            "sync_orig_params(sync_grad=True)") if sync_grad else []
         if receive:
             with torch.no_grad():
                 for name, value in values:
