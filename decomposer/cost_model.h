@@ -80,8 +80,9 @@
 //   ARf = ARb = S.pairs * lat + 2 (t-1)/t * S.allreduceBytes(mb) / bw   (allreduceIntraNode)
 //   params per rank P = (P_all - S.params) + S.params / t; gradients P; optimizer state
 //   opt_param_factor P (/ r under ZeRO-1); cast cache castCopyRatio P
-//   activations per micro-batch (A_all - S.act) + S.act / t; working and boundary bytes whole
-//   (every rank of the group holds the full boundary values), an upper bound.
+//   activations per micro-batch (A_all - S.act) + S.act / t, where S.act leaves out what the
+//   column-parallel linears keep (their input, whole on every rank); working and boundary bytes
+//   whole (every rank of the group holds the full boundary values), an upper bound.
 // The data-parallel gradient allreduce runs over the r replicas of each shard: P bytes,
 // intra-node when all r t ranks lie on one node. Recomputation reruns the forward, all-reduces
 // included. With t = 1 nothing changes: the estimate is computed by the same expressions.

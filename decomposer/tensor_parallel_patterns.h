@@ -38,14 +38,16 @@
 //     loss all-reduces a few values per row forward, and the head's input gradient is
 //     all-reduced backward.
 // Position embeddings (fewer rows) stay replicated.
-// What matches nothing is left replicated, never guessed: e.g. an LM head whose logits are
-// returned rather than fed to a loss (transformers' models return them). autostage.shard_patterns(ir) lists what is found.
+// What matches nothing is left replicated, never guessed: e.g. an LM head whose logits are returned
+// rather than fed to a loss (transformers' models return them). autostage.shard_patterns(ir) lists
+// what is found.
 // Each pattern becomes a ShardableSpan over the blocks holding its nodes (a stage shards it only
-// when it holds them all): its costs (the main nodes' profiled times and activations) and its
-// parameters (those read by no node outside the pattern, the row-parallel node's 1-D bias
-// excepted; so a vocabulary weight tied to both ends stays whole), with one all-reduce pair of
-// the row-parallel output's bytes; a vocabulary pattern's one all-reduce (of the embedding's
-// output, or of the head's input) is counted as a pair of half its bytes each way.
+// when it holds them all): its costs (the main nodes' profiled times and activations, but for what
+// a column-parallel linear keeps: its input, whole on every member) and its parameters (those read
+// by no node outside the pattern, the row-parallel node's 1-D bias excepted; so a vocabulary weight
+// tied to both ends stays whole), with one all-reduce pair of the row-parallel output's bytes; a
+// vocabulary pattern's one all-reduce (of the embedding's output, or of the head's input) is
+// counted as a pair of half its bytes each way.
 
 #include <string>
 #include <vector>

@@ -99,6 +99,21 @@ TEST_CASE("a transformer's request carries the patterns' spans only when asked",
     const double hidden = 256;
     REQUIRE(sharded == Approx(4 * (12 * hidden * hidden + 7 * hidden) * elementBytes));
     REQUIRE(sharded / total > 0.5);
+    // Activations: the patterns' nodes' own, but for the column-parallel linears' (Q, K, V and
+    // fc1 keep their input, whole on every member).
+    std::vector<bool> main(m.graph.nodeCount());
+    for (const AtomicGroup& g : b.groups) main[g.main] = true;
+    double split = 0, whole = 0, spans = 0;
+    for (const ShardPattern& p : findShardPatterns(m.graph))
+      for (core::NodeId n : p.nodes) {
+        if (!main[n]) continue;
+        const double bytes = m.profile.nodes[n].activationBytes.perSample;
+        (isLinearNode(m.graph, n) && n != p.rowLinear ? whole : split) += bytes;
+      }
+    for (const ShardableSpan& s : b.request.shardable) spans += s.cost.activationBytes.perSample;
+    REQUIRE(whole > 0);
+    REQUIRE(split > 0);
+    CHECK(spans == Approx(split));
   }
 }
 
