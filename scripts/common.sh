@@ -17,7 +17,7 @@ AUTOSTAGE_PACKAGES=(cmake ninja-build g++ libtorch-dev python3-torch python3-tor
 # mpirun as root (CI and this machine run as root).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
-step() { echo "==> $*" >&2; }
+step() { echo "==> $* [${SECONDS} s]" >&2; }  # [seconds since the script started]
 
 install_dependencies() {
   local missing=()
