@@ -12,7 +12,12 @@ bool NodeProfile::operator==(const NodeProfile& o) const {
 bool CommProfile::operator==(const CommProfile& o) const {
   return p2pIntraNode == o.p2pIntraNode && p2pInterNode == o.p2pInterNode &&
          allreduceIntraNode == o.allreduceIntraNode && allreduceInterNode == o.allreduceInterNode &&
-         measured == o.measured;
+         allreduceGroups == o.allreduceGroups && measured == o.measured;
+}
+
+const LinkCost& CommProfile::allreduceWithinNode(int n) const {
+  auto found = allreduceGroups.find(n);
+  return found != allreduceGroups.end() ? found->second : allreduceIntraNode;
 }
 
 bool GraphProfile::operator==(const GraphProfile& o) const {

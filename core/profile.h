@@ -4,6 +4,7 @@
 // serialised by core/proto (profile_file.h). Torch-free plain data.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,12 @@ struct LinkCost {
 struct CommProfile {
   LinkCost p2pIntraNode, p2pInterNode;
   LinkCost allreduceIntraNode, allreduceInterNode;  // bus bandwidth: time = lat + 2(n-1)/n * bytes / bw
+  // All-reduces among the first n ranks of one node, for n = 2, 4, 8 below the node's rank count
+  // (tensor-parallel groups; Note [Tensor-parallel cost]): measured where a node has more ranks.
+  std::map<int, LinkCost> allreduceGroups;
   bool measured = false;  // false: filled from config fallbacks (comm_bandwidth, ...)
+  // The all-reduce among n ranks of one node: allreduceGroups' entry for n, else the node's.
+  const LinkCost& allreduceWithinNode(int n) const;
   bool operator==(const CommProfile& o) const;
 };
 

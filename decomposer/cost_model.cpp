@@ -174,7 +174,7 @@ double CostModel::tensorParallelAllreduceSeconds(const ShardableCost& s,
   const int t = choice.tensorParallel;
   if (t <= 1 || s.allreducePairs == 0) return 0;
   const core::LinkCost& link =
-      sameNode(choice.firstRank, choice.firstRank + t - 1) ? request_.comm.allreduceIntraNode
+      sameNode(choice.firstRank, choice.firstRank + t - 1) ? request_.comm.allreduceWithinNode(t)
                                                            : request_.comm.allreduceInterNode;
   return s.allreducePairs * link.latencySeconds +
          2.0 * (t - 1) / t * s.allreduceBytes.at(mb) / link.bytesPerSecond;

@@ -77,7 +77,8 @@
 // all-reduce, counted as a pair of half its bytes each way (Note [Tensor-parallel patterns]).
 // Per replica, at micro-batch mb, with S the ShardableCost summed over those spans:
 //   F  = (F_all - S.fwd) + S.fwd / t + ARf     Bw = (B_all - S.bwd) + S.bwd / t + ARb
-//   ARf = ARb = S.pairs * lat + 2 (t-1)/t * S.allreduceBytes(mb) / bw   (allreduceIntraNode)
+//   ARf = ARb = S.pairs * lat + 2 (t-1)/t * S.allreduceBytes(mb) / bw   (the comm profile's
+//     all-reduce among t ranks of a node, CommProfile::allreduceWithinNode(t))
 //   params per rank P = (P_all - S.params) + S.params / t; gradients P; optimizer state
 //   opt_param_factor P (/ r under ZeRO-1); cast cache castCopyRatio P
 //   activations per micro-batch (A_all - S.act) + S.act / t, where S.act leaves out what the

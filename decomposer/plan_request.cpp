@@ -104,6 +104,11 @@ std::string PlanRequest::toText() const {
   writeLink(out, comm.allreduceIntraNode);
   writeLink(out, comm.allreduceInterNode);
   out << ' ' << (comm.measured ? 1 : 0) << '\n';
+  for (const auto& [ranks, link] : comm.allreduceGroups) {
+    out << "comm_group " << ranks;
+    writeLink(out, link);
+    out << '\n';
+  }
   for (const BlockCost& b : blocks) {
     out << "block " << (b.name.empty() ? "-" : b.name);
     for (const auto* c : {&b.forwardSeconds, &b.backwardSeconds, &b.activationBytes,
@@ -158,6 +163,14 @@ PlanRequest PlanRequest::parse(const std::string& text) {
       int measured = 0;
       readField(in, measured, line);
       r.comm.measured = measured != 0;
+    } else if (tag == "comm_group") {  // CommProfile::allreduceGroups
+      int ranks = 0;
+      readField(in, ranks, line);
+      if (ranks < 2)
+        throw FormatError("plan request text, line " + std::to_string(line) +
+                          ": an all-reduce group needs 2 or more ranks, got " +
+                          std::to_string(ranks));
+      readLink(in, r.comm.allreduceGroups[ranks], line);
     } else if (tag == "block") {
       BlockCost b;
       readField(in, b.name, line);

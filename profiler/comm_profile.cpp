@@ -188,17 +188,27 @@ core::CommProfile profileComm(comm::Backend* backend, const CommProfileOptions& 
   if (layout.byHost.size() > 1 && local.size() > 1)
     profile.allreduceIntraNode =
         measureAllReduce(*backend, comm::Group(local), 0, sizes, options.repeats);
+  // Tensor-parallel groups (Note [Tensor-parallel cost]): among the first n ranks of rank 0's
+  // node, for n = 2, 4, 8 below its rank count (n = all of them is allreduceIntraNode).
+  std::string groups;
+  for (int n = 2; n <= 8 && n < static_cast<int>(local.size()); n *= 2) {
+    const comm::Group group(std::vector<int>(local.begin(), local.begin() + n));
+    const core::LinkCost link = measureAllReduce(*backend, group, 0, sizes, options.repeats);
+    profile.allreduceGroups[n] = link;
+    groups += fmt::format("; allreduce among {} ranks {:.1f} us + {:.2f} GB/s", n,
+                          1e6 * link.latencySeconds, link.bytesPerSecond / 1e9);
+  }
   profile.measured = true;
   core::logger("Profiler")->info(
       "comm profile over {} ranks on {} hosts: p2p intra {:.1f} us + {:.2f} GB/s, inter {:.1f} "
-      "us + {:.2f} GB/s; allreduce intra {:.1f} us + {:.2f} GB/s, inter {:.1f} us + {:.2f} GB/s "
+      "us + {:.2f} GB/s; allreduce intra {:.1f} us + {:.2f} GB/s, inter {:.1f} us + {:.2f} GB/s{} "
       "(unmeasured links keep configured values)", backend->worldSize(), layout.byHost.size(),
       1e6 * profile.p2pIntraNode.latencySeconds, profile.p2pIntraNode.bytesPerSecond / 1e9,
       1e6 * profile.p2pInterNode.latencySeconds, profile.p2pInterNode.bytesPerSecond / 1e9,
       1e6 * profile.allreduceIntraNode.latencySeconds,
       profile.allreduceIntraNode.bytesPerSecond / 1e9,
       1e6 * profile.allreduceInterNode.latencySeconds,
-      profile.allreduceInterNode.bytesPerSecond / 1e9);
+      profile.allreduceInterNode.bytesPerSecond / 1e9, groups);
   return profile;
 }
 

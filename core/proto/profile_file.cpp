@@ -55,6 +55,11 @@ void commToProto(const CommProfile& comm, proto::CommProfile* out) {
   linkToProto(comm.p2pInterNode, out->mutable_p2p_inter_node());
   linkToProto(comm.allreduceIntraNode, out->mutable_allreduce_intra_node());
   linkToProto(comm.allreduceInterNode, out->mutable_allreduce_inter_node());
+  for (const auto& [ranks, link] : comm.allreduceGroups) {
+    proto::GroupLink* group = out->add_allreduce_groups();
+    group->set_ranks(ranks);
+    linkToProto(link, group->mutable_link());
+  }
   out->set_measured(comm.measured);
 }
 
@@ -64,6 +69,8 @@ CommProfile commFromProto(const proto::CommProfile& message) {
   comm.p2pInterNode = linkFromProto(message.p2p_inter_node());
   comm.allreduceIntraNode = linkFromProto(message.allreduce_intra_node());
   comm.allreduceInterNode = linkFromProto(message.allreduce_inter_node());
+  for (const proto::GroupLink& group : message.allreduce_groups())
+    comm.allreduceGroups[group.ranks()] = linkFromProto(group.link());
   comm.measured = message.measured();
   return comm;
 }

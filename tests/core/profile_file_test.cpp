@@ -50,6 +50,7 @@ GraphProfile sampleProfile() {
   p.comm.p2pInterNode = {2e-5, 2.5e10};
   p.comm.allreduceIntraNode = {7e-6, 2.4e11};
   p.comm.allreduceInterNode = {3e-5, 2e10};
+  p.comm.allreduceGroups = {{2, {4e-6, 2.6e11}}, {4, {6e-6, 2.5e11}}};
   p.comm.measured = true;
   return p;
 }
@@ -71,6 +72,8 @@ TEST_CASE("profile files round-trip every field", "[core][proto]") {
   REQUIRE(back.nodes[1].workingBytes.fixed == -3.0);
   REQUIRE(back.nodes[4].node == kNoNode);
   REQUIRE(back.comm.allreduceInterNode.bytesPerSecond == 2e10);
+  REQUIRE(back.comm.allreduceGroups.size() == 2);
+  REQUIRE(back.comm.allreduceGroups.at(4).latencySeconds == 6e-6);
   REQUIRE(back.batchSizes == std::vector<int64_t>{1, 8, 64});
   REQUIRE(readBytes(path) == encodeProfile(p));
   REQUIRE(encodeProfile(p) == encodeProfile(back));
@@ -94,6 +97,8 @@ TEST_CASE("profile operator== sees every field", "[core][proto]") {
   REQUIRE(differs([](GraphProfile& q) { q.nodes[2].failure.clear(); }));
   REQUIRE(differs([](GraphProfile& q) { q.comm.measured = false; }));
   REQUIRE(differs([](GraphProfile& q) { q.comm.p2pInterNode.latencySeconds = 0; }));
+  REQUIRE(differs([](GraphProfile& q) { q.comm.allreduceGroups.at(2).bytesPerSecond = 1; }));
+  REQUIRE(differs([](GraphProfile& q) { q.comm.allreduceGroups.erase(4); }));
 }
 
 TEST_CASE("every truncation, a flipped byte and a foreign kind of profile file are refused",

@@ -116,6 +116,26 @@ TEST_CASE("tensor-parallel stage estimate follows Note [Tensor-parallel cost]", 
   REQUIRE(one.forwardSeconds == 1e-3 + 1e-4 * 16.0 / 4);
 }
 
+TEST_CASE("a tensor-parallel group's all-reduces are costed on its group size's measured link",
+          "[decomposer]") {
+  PlanRequest request = oneLayer();
+  request.comm.allreduceGroups[2] = {4e-5, 2e10};  // 2 of the node's 4 ranks: slower here
+  const CostModel model(request);
+  StageChoice split{0, 0, 2, 0, false, 1, false, 2};
+  const double mb = 16.0 / (4 * 2);
+  REQUIRE(near(model.stage(split, 4, Schedule::OneFOneB).tensorParallelForwardSeconds,
+               2 * 4e-5 + 1.0 * (4e5 * mb) / 2e10));
+  // Degree 4 spans the node: no group entry for 4, the node's all-reduce.
+  split.tensorParallel = 4;
+  split.replicaCount = 1;
+  REQUIRE(near(model.stage(split, 4, Schedule::OneFOneB).tensorParallelForwardSeconds,
+               2 * 1e-5 + 1.5 * (4e5 * 16.0 / 4) / 1e11));
+  // The group links survive the request's text form.
+  const PlanRequest back = PlanRequest::parse(request.toText());
+  REQUIRE(back.comm.allreduceGroups == request.comm.allreduceGroups);
+  REQUIRE_THROWS_AS(PlanRequest::parse(request.toText() + "comm_group 1 1e-5 1e9\n"), FormatError);
+}
+
 TEST_CASE("a tensor-parallel group across nodes is costed on the inter-node link", "[decomposer]") {
   PlanRequest request = oneLayer();
   request.devicesPerNode = 1;

@@ -71,6 +71,30 @@ TEST_CASE("four thread ranks on two hosts measure intra and inter links alike ev
     CHECK(link->bytesPerSecond > 0);
     CHECK_FALSE(*link == configured.p2pIntraNode);  // measured, not the fallback
   }
+  CHECK(p.allreduceGroups.empty());  // 2 ranks per host: the intra-node all-reduce is the group's
+}
+
+TEST_CASE("eight ranks on one host measure the all-reduces of tensor-parallel groups of 2 and 4",
+          "[profiler][comm]") {
+  std::vector<core::CommProfile> results(8);
+  auto errors = comm::runThreadRanks(8, [&](comm::ThreadBackend& backend) {
+    CommProfileOptions options = smallSizes();
+    options.hostName = "same";
+    results[backend.rank()] = profileComm(&backend, options);
+  });
+  rethrowFirst(errors);
+  const core::CommProfile& p = results[0];
+  for (int r = 0; r < 8; ++r) CHECK(results[r] == p);
+  REQUIRE(p.allreduceGroups.size() == 2);
+  for (int n : {2, 4}) {
+    INFO("group of " << n);
+    REQUIRE(p.allreduceGroups.count(n));
+    const core::LinkCost& link = p.allreduceGroups.at(n);
+    CHECK(link.latencySeconds >= 0);
+    CHECK(link.bytesPerSecond > 0);
+    CHECK(&p.allreduceWithinNode(n) == &link);
+  }
+  CHECK(&p.allreduceWithinNode(8) == &p.allreduceIntraNode);  // the whole node's
 }
 
 TEST_CASE("two ranks on one host keep the configured inter-node costs", "[profiler][comm]") {
