@@ -26,6 +26,21 @@ void rethrowFirst(const std::vector<std::exception_ptr>& errors) {
     if (e) std::rethrow_exception(e);
 }
 
+// profileComm (small sizes) on `ranks` thread ranks, rank r on host hostOf(r); each rank's result.
+std::vector<core::CommProfile> profileOnThreadRanks(int ranks, std::string (*hostOf)(int),
+                                                    bool groupAllreduces = true) {
+  std::vector<core::CommProfile> results(ranks);
+  rethrowFirst(comm::runThreadRanks(ranks, [&](comm::ThreadBackend& backend) {
+    CommProfileOptions options = smallSizes();
+    options.hostName = hostOf(backend.rank());
+    options.groupAllreduces = groupAllreduces;
+    results[backend.rank()] = profileComm(&backend, options);
+  }));
+  return results;
+}
+
+std::string oneHost(int) { return "same"; }
+
 }  // namespace
 
 TEST_CASE("link fit recovers latency and bandwidth", "[profiler]") {
@@ -51,13 +66,8 @@ TEST_CASE("one rank falls back to the configured communication costs", "[profile
 
 TEST_CASE("four thread ranks on two hosts measure intra and inter links alike everywhere",
           "[profiler][comm]") {
-  std::vector<core::CommProfile> results(4);
-  auto errors = comm::runThreadRanks(4, [&](comm::ThreadBackend& backend) {
-    CommProfileOptions options = smallSizes();
-    options.hostName = backend.rank() < 2 ? "hostA" : "hostB";
-    results[backend.rank()] = profileComm(&backend, options);
-  });
-  rethrowFirst(errors);
+  const std::vector<core::CommProfile> results =
+      profileOnThreadRanks(4, [](int rank) { return std::string(rank < 2 ? "hostA" : "hostB"); });
   const core::CommProfile configured = configuredCommProfile();
   for (int r = 0; r < 4; ++r) {
     INFO("rank " << r);
@@ -76,13 +86,7 @@ TEST_CASE("four thread ranks on two hosts measure intra and inter links alike ev
 
 TEST_CASE("eight ranks on one host measure the all-reduces of tensor-parallel groups of 2 and 4",
           "[profiler][comm]") {
-  std::vector<core::CommProfile> results(8);
-  auto errors = comm::runThreadRanks(8, [&](comm::ThreadBackend& backend) {
-    CommProfileOptions options = smallSizes();
-    options.hostName = "same";
-    results[backend.rank()] = profileComm(&backend, options);
-  });
-  rethrowFirst(errors);
+  const std::vector<core::CommProfile> results = profileOnThreadRanks(8, oneHost);
   const core::CommProfile& p = results[0];
   for (int r = 0; r < 8; ++r) CHECK(results[r] == p);
   REQUIRE(p.allreduceGroups.size() == 2);
@@ -95,16 +99,14 @@ TEST_CASE("eight ranks on one host measure the all-reduces of tensor-parallel gr
     CHECK(&p.allreduceWithinNode(n) == &link);
   }
   CHECK(&p.allreduceWithinNode(8) == &p.allreduceIntraNode);  // the whole node's
+  // A job that plans no tensor parallelism does not measure them.
+  const std::vector<core::CommProfile> without = profileOnThreadRanks(8, oneHost, false);
+  CHECK(without[0].measured);
+  CHECK(without[0].allreduceGroups.empty());
 }
 
 TEST_CASE("two ranks on one host keep the configured inter-node costs", "[profiler][comm]") {
-  std::vector<core::CommProfile> results(2);
-  auto errors = comm::runThreadRanks(2, [&](comm::ThreadBackend& backend) {
-    CommProfileOptions options = smallSizes();
-    options.hostName = "same";
-    results[backend.rank()] = profileComm(&backend, options);
-  });
-  rethrowFirst(errors);
+  const std::vector<core::CommProfile> results = profileOnThreadRanks(2, oneHost);
   const core::CommProfile configured = configuredCommProfile();
   CHECK(results[0].measured);
   CHECK(results[0].p2pInterNode == configured.p2pInterNode);
