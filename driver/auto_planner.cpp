@@ -5,7 +5,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -47,19 +46,14 @@ class ModelStateGuard {
   std::vector<at::Tensor> tensors_, values_, grads_;
 };
 
-// The group all-reduces only where the job may plan tensor parallelism (tensor_parallel other
-// than 1): the others never read them, and they add to every job's start.
 core::CommProfile measuredCommProfile(const std::shared_ptr<comm::Backend>& backend) {
-  profiler::CommProfileOptions options;
-  options.groupAllreduces = core::globalConfig().text("tensor_parallel") != "1";
   static std::mutex mutex;
-  static std::map<std::pair<const comm::Backend*, bool>, core::CommProfile> measured;
+  static std::map<const comm::Backend*, core::CommProfile> measured;
   std::lock_guard<std::mutex> lock(mutex);
-  const std::pair<const comm::Backend*, bool> key(backend.get(), options.groupAllreduces);
-  auto found = measured.find(key);
+  auto found = measured.find(backend.get());
   if (found != measured.end()) return found->second;
-  core::CommProfile comm = profiler::profileComm(backend.get(), options);
-  measured.emplace(key, comm);
+  core::CommProfile comm = profiler::profileComm(backend.get());
+  measured.emplace(backend.get(), comm);
   return comm;
 }
 

@@ -152,8 +152,7 @@ void CommProfileOptions::validate() const {
 std::string CommProfileOptions::toString() const {
   std::ostringstream out;
   out << "sizes=" << minBytes << ".." << maxBytes << " x" << sizeFactor << " repeats=" << repeats
-      << " host=" << (hostName.empty() ? "auto" : hostName)
-      << " group_allreduces=" << (groupAllreduces ? 1 : 0);
+      << " host=" << (hostName.empty() ? "auto" : hostName);
   return out.str();
 }
 
@@ -192,7 +191,7 @@ core::CommProfile profileComm(comm::Backend* backend, const CommProfileOptions& 
   // Tensor-parallel groups (Note [Tensor-parallel cost]): among the first n ranks of rank 0's
   // node, for n = 2, 4, 8 below its rank count (n = all of them is allreduceIntraNode).
   std::string groups;
-  for (int n = 2; options.groupAllreduces && n <= 8 && n < static_cast<int>(local.size()); n *= 2) {
+  for (int n = 2; n <= 8 && n < static_cast<int>(local.size()); n *= 2) {
     const comm::Group group(std::vector<int>(local.begin(), local.begin() + n));
     const core::LinkCost link = measureAllReduce(*backend, group, 0, sizes, options.repeats);
     profile.allreduceGroups[n] = link;

@@ -19,9 +19,6 @@ struct CommProfileOptions {
   int repeats = 3;                      // timed runs per size (median), after one warm-up
   // Name of this rank's host; ranks with equal names count as one node. Empty: gethostname().
   std::string hostName;
-  // Also the all-reduces among 2, 4 and 8 ranks of a node (CommProfile::allreduceGroups), which
-  // only tensor-parallel plans use.
-  bool groupAllreduces = true;
 
   void validate() const;  // ConfigError naming the bad field
   std::string toString() const;

@@ -27,13 +27,11 @@ void rethrowFirst(const std::vector<std::exception_ptr>& errors) {
 }
 
 // profileComm (small sizes) on `ranks` thread ranks, rank r on host hostOf(r); each rank's result.
-std::vector<core::CommProfile> profileOnThreadRanks(int ranks, std::string (*hostOf)(int),
-                                                    bool groupAllreduces = true) {
+std::vector<core::CommProfile> profileOnThreadRanks(int ranks, std::string (*hostOf)(int)) {
   std::vector<core::CommProfile> results(ranks);
   rethrowFirst(comm::runThreadRanks(ranks, [&](comm::ThreadBackend& backend) {
     CommProfileOptions options = smallSizes();
     options.hostName = hostOf(backend.rank());
-    options.groupAllreduces = groupAllreduces;
     results[backend.rank()] = profileComm(&backend, options);
   }));
   return results;
@@ -99,10 +97,6 @@ TEST_CASE("eight ranks on one host measure the all-reduces of tensor-parallel gr
     CHECK(&p.allreduceWithinNode(n) == &link);
   }
   CHECK(&p.allreduceWithinNode(8) == &p.allreduceIntraNode);  // the whole node's
-  // A job that plans no tensor parallelism does not measure them.
-  const std::vector<core::CommProfile> without = profileOnThreadRanks(8, oneHost, false);
-  CHECK(without[0].measured);
-  CHECK(without[0].allreduceGroups.empty());
 }
 
 TEST_CASE("two ranks on one host keep the configured inter-node costs", "[profiler][comm]") {
