@@ -244,8 +244,8 @@ ShardPattern matchVocabularyHead(const Graph& g, NodeId head) {
     pattern.nodes.push_back(c);
     if (isLoss(node.kind)) return pattern;
     if (!oneOf(node.kind, {"aten::view", "aten::reshape", "aten::contiguous", "aten::slice",
-                           "aten::add", "aten::log_softmax", "aten::_log_softmax", "aten::to",
-                           "aten::_to_copy", "aten::float"}) ||
+                           "aten::transpose", "aten::permute", "aten::add", "aten::log_softmax",
+                           "aten::_log_softmax", "aten::to", "aten::_to_copy", "aten::float"}) ||
         node.outputs.size() != 1)
       return {};
     for (ValueId in : node.inputs)  // the bias add reads a PARAM or CONST, nothing per row

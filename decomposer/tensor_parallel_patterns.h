@@ -33,7 +33,8 @@
 //   Vocabulary embedding: an aten::embedding of such a weight; its output is all-reduced forward.
 //   LM head: a linear node with such a weight whose output's last dimension is the vocabulary,
 //     reaching a loss (aten::cross_entropy, aten::cross_entropy_loss, aten::nll_loss, _nd, 2d)
-//     through single-consumer view, reshape, contiguous, slice, dtype casts, the vocabulary
+//     through single-consumer view, reshape, contiguous, slice, transpose, permute (the loss's
+//     classes in dimension 1: [batch, vocabulary, positions]), dtype casts, the vocabulary
 //     bias's add and log_softmax nodes, none of them a graph output; the logits stay split, the
 //     loss all-reduces a few values per row forward, and the head's input gradient is
 //     all-reduced backward.

@@ -39,6 +39,9 @@ struct PatternPlan {
   std::set<NodeId> columns;
   NodeId row = core::kNoNode;
   NodeId embedding = core::kNoNode;  // a vocabulary embedding, run as tp_embedding
+  // An LM head's log-softmax and loss over the split vocabulary -> the tp_ operator run instead
+  // (Note [Vocabulary-parallel loss] in staging/tensor_parallel_ops.h).
+  std::map<NodeId, const char*> vocabularyOps;
   std::vector<NodeId> nodes;  // the pattern's
 };
 
@@ -118,7 +121,9 @@ class Planner {
     for (NodeId n : pattern.nodes) {
       if (p.columns.count(n)) column(p, n);
       else if (n == p.row) row(p, n);
-      else follow(p, n);
+      else if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::Head ||
+               !vocabularyLoss(p, n))
+        follow(p, n);
     }
     for (const auto& [param, origin] : p.paramOrigin)
       if (p.sections.count(origin)) p.params[param].sections = p.sections[origin];
@@ -485,6 +490,46 @@ class Planner {
     throw Failure{core::nodeLabel(g_, n) + ": its operator is not followed by the sharding"};
   }
 
+  // An LM head's log-softmax along the split vocabulary, or its loss (Note [Vocabulary-parallel
+  // loss]): recorded in p.vocabularyOps. False for any other node (follow's).
+  bool vocabularyLoss(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    const auto split = p.split.find(node.inputs.at(0));
+    if (split == p.split.end()) return false;
+    const Split& s = split->second;
+    const size_t rank = shapeOf(g_, node.inputs.at(0)).size();
+    if (is(node, {"aten::log_softmax", "aten::_log_softmax"})) {
+      if (normDim(intInput(n, 1), rank) != s.dim) return false;
+      const ValueId option = node.inputs.size() > 2 ? node.inputs[2] : -1;
+      const bool plain = option < 0 || isNone(g_, option) || constantInt(g_, option) == int64_t{0};
+      if (!plain) throw Failure{core::nodeLabel(g_, n) + " changes the dtype of the log-softmax"};
+      p.vocabularyOps[n] = "tp_log_softmax";
+      setOutputs(p, n, s);
+      return true;
+    }
+    const std::string base = baseKind(node.kind);
+    const bool crossEntropy = base == "aten::cross_entropy_loss" || base == "aten::cross_entropy";
+    if (!crossEntropy && !is(node, {"aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss2d"}))
+      return false;
+    if (rank < 2 || s.dim != 1 || s.size != shapeOf(g_, node.inputs[0])[1])
+      throw Failure{core::nodeLabel(g_, n) + " is not split along its classes (dimension 1)"};
+    const ValueId target = node.inputs.at(1);
+    const core::Type& targetType = g_.value(target).type;
+    if (p.split.count(target) || !targetType.isTensor() ||
+        (targetType.dtype() != core::DType::Int64 && targetType.dtype() != core::DType::Int32))
+      throw Failure{core::nodeLabel(g_, n) + " takes class probabilities, not class indices"};
+    if (!isNone(g_, node.inputs.at(2)))
+      throw Failure{core::nodeLabel(g_, n) + " weighs its classes"};
+    for (int i : {3, 4}) (void)intInput(n, i);  // reduction and ignore_index: constants
+    if (crossEntropy) {
+      const NodeId smoothing = node.inputs.size() > 5 ? g_.producer(node.inputs[5]) : core::kNoNode;
+      if (smoothing == core::kNoNode || g_.node(smoothing).kind != "prim::Constant")
+        throw Failure{core::nodeLabel(g_, n) + " takes its label smoothing computed at run time"};
+    }
+    p.vocabularyOps[n] = crossEntropy ? "tp_cross_entropy" : "tp_nll_loss";
+    return true;
+  }
+
   // A batched matmul of split operands: the split must be a batch dimension.
   Split matmul(PatternPlan& p, NodeId n, const std::vector<int>& operands, size_t outRank) {
     const Split s = joinOperands(p, n, operands, outRank);
@@ -594,6 +639,21 @@ class Builder {
       inputs = {inputs[0], inputs[1], intConstant(padding), intConstant(group_)};
       attributes.clear();
     }
+    if (plan && plan->vocabularyOps.count(n)) {  // Note [Vocabulary-parallel loss]
+      const std::string name = plan->vocabularyOps.at(n);
+      op = kind(name.c_str());
+      if (name == "tp_log_softmax") {
+        const int64_t dim = *constantInt(g_, node.inputs[1]);
+        const int64_t rank = static_cast<int64_t>(g_.value(node.inputs[0]).type.shape().size());
+        inputs = {inputs[0], intConstant(dim < 0 ? dim + rank : dim)};
+      } else if (name == "tp_nll_loss") {
+        inputs = {inputs[0], inputs[1], inputs[3], inputs[4]};
+      } else {
+        inputs = {inputs[0], inputs[1], inputs[3], inputs[4], inputs[5]};
+      }
+      inputs.push_back(intConstant(group_));
+      attributes.clear();
+    }
     if (dropouts_ && is(node, {"aten::dropout"}) && inputs.size() == 3) {
       // Note [Tensor-parallel dropout]: the group's masks, the member's own where split.
       op = kind("tp_dropout");
@@ -701,24 +761,19 @@ std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<Node
         plans.push_back(std::move(plan));
         continue;
       }
-      if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::None) {
-        skipped.push_back("the vocabulary head at " + core::nodeLabel(graph, pattern.nodes.front()) +
-                          " stays replicated: the runtime does not split LM heads yet (the plan "
-                          "counted it split)");
-        continue;
-      }
+      const std::string name =
+          pattern.vocabulary == decomposer::ShardPattern::Vocabulary::Head
+              ? "the vocabulary head at " + core::nodeLabel(graph, pattern.nodes.front())
+              : std::string(pattern.attention ? "attention" : "MLP") + " ending at " +
+                    core::nodeLabel(graph, pattern.rowLinear);
       try {
         plans.push_back(Planner(graph, stage, degree).plan(pattern));
         plans.back().nodes = pattern.nodes;
       } catch (const Failure& f) {
-        skipped.push_back(std::string(pattern.attention ? "attention" : "MLP") + " ending at " +
-                          core::nodeLabel(graph, pattern.rowLinear) + " stays replicated: " +
-                          f.reason);
+        skipped.push_back(name + " stays replicated: " + f.reason);
         continue;
       } catch (const std::out_of_range&) {  // an operator with fewer operands than its schema
-        skipped.push_back(std::string(pattern.attention ? "attention" : "MLP") + " ending at " +
-                          core::nodeLabel(graph, pattern.rowLinear) +
-                          " stays replicated: an operator has unexpected operands");
+        skipped.push_back(name + " stays replicated: an operator has unexpected operands");
         continue;
       }
     }

@@ -24,9 +24,14 @@
 // dimension with another, a size computed from an unsharded tensor) stays replicated, never
 // guessed, and is named by `skipped`. A vocabulary embedding whose table nothing else reads
 // (not tied to an LM head) runs as `autostage::tp_embedding`: each member holds 1/t of the rows
-// (Megatron's VocabParallelEmbedding). LM heads run replicated (planned split; the runtime does
-// not split them yet). Every dropout becomes `autostage::tp_dropout`, which
-// draws the group's masks (Note [Tensor-parallel dropout] in staging/tensor_parallel_ops.h).
+// (Megatron's VocabParallelEmbedding). An LM head whose weight nothing else reads is
+// column-parallel over the vocabulary (its input through tp_copy, rows [j V/t, (j+1) V/t) of its
+// weight); the split logits are followed to the loss, whose log-softmax and loss become
+// `autostage::tp_log_softmax`, `tp_nll_loss` or `tp_cross_entropy` (Note [Vocabulary-parallel
+// loss] in staging/tensor_parallel_ops.h); a loss with class weights or probability targets, or
+// a vocabulary that does not divide by t, leaves the head replicated. Every dropout becomes
+// `autostage::tp_dropout`, which draws the group's masks (Note [Tensor-parallel dropout] in
+// staging/tensor_parallel_ops.h).
 
 #include <string>
 #include <vector>

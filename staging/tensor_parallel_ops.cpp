@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -150,6 +151,112 @@ at::Tensor tpReduce(const at::Tensor& x, const c10::optional<at::Tensor>& bias, 
   return bias.has_value() && bias->defined() ? y + *bias : y;
 }
 
+// Note [Vocabulary-parallel loss]: the log-sum-exp along `dim` of logits split there over the
+// group, kept dimension. Each member's own over its classes is gathered through one all-reduce
+// (member m fills row m of a zero tensor) and combined stably; backward, each member's row goes
+// back to its own classes.
+at::Tensor wholeLogSumExp(const at::Tensor& x, int64_t dim, int64_t group) {
+  const std::shared_ptr<GroupState> g = registered(group);
+  const at::Tensor local = at::logsumexp(x, {dim}, /*keepdim=*/true);
+  std::vector<at::Tensor> rows;
+  for (size_t m = 0; m < g->group.ranks().size(); ++m)
+    rows.push_back(static_cast<int>(m) == g->member ? local : at::zeros_like(local));
+  return at::logsumexp(ReduceFromGroup::apply(at::stack(rows), group), {0});
+}
+
+// Log-softmax of split logits: the whole log-sum-exp enters the member's slice through tp_copy,
+// which sums its gradient over the members' slices before it goes back to each row.
+at::Tensor tpLogSoftmax(const at::Tensor& x, int64_t dim, int64_t group) {
+  return x - CopyToGroup::apply(wholeLogSumExp(x, dim, group), group);
+}
+
+// Where each row's target class is in this member's slice of dimension 1 (`classes` wide): the
+// index to gather (0 where the class is another member's) and whether it is here.
+std::pair<at::Tensor, at::Tensor> localTargets(const at::Tensor& target, int64_t classes,
+                                               int64_t group) {
+  const at::Tensor local = target - registered(group)->member * classes;
+  const at::Tensor inside = local.ge(0).logical_and(local.lt(classes));
+  return {local.masked_fill(inside.logical_not(), 0).unsqueeze(1), inside};
+}
+
+// Per-row losses (zero where ignored) reduced as at::Reduction says: none, mean over the rows
+// not ignored, or sum.
+at::Tensor reduceLosses(const at::Tensor& losses, const at::Tensor& counted, int64_t reduction) {
+  AUTOSTAGE_CHECK_AS(ConfigError, reduction >= 0 && reduction <= 2, "loss reduction ", reduction,
+                     " is not none (0), mean (1) or sum (2)");
+  if (reduction == 0) return losses;
+  if (reduction == 2) return losses.sum();
+  return losses.sum() / counted.sum().to(losses.scalar_type());
+}
+
+// nll_loss of log-probabilities split along dimension 1: the member holding a row's target
+// picks it, the others read zero, and the all-reduce sums the one pick.
+at::Tensor tpNllLoss(const at::Tensor& x, const at::Tensor& target, int64_t reduction,
+                     int64_t ignoreIndex, int64_t group) {
+  const auto [index, inside] = localTargets(target, x.size(1), group);
+  const at::Tensor picked = x.gather(1, index).squeeze(1) * inside.to(x.scalar_type());
+  const at::Tensor counted = target.ne(ignoreIndex);
+  const at::Tensor losses = -ReduceFromGroup::apply(picked, group) * counted.to(x.scalar_type());
+  return reduceLosses(losses, counted, reduction);
+}
+
+// torch's cross entropy with class indices and no class weights, label smoothing e included, of
+// logits split along dimension 1, as Megatron-LM's parallel cross entropy: per row
+// (1 - e) (lse - x_target) + e (lse - sum(x) / classes), the whole log-sum-exp, target logit
+// and logit sum from one all-reduce each; its gradient is computed here, on the member's slice
+// alone: (softmax - (1 - e) one-hot - e / classes) times the row's gradient. Saves the logits
+// and the log-sum-exp (plain PyTorch saves the log-probabilities: as much).
+class VocabularyCrossEntropy : public torch::autograd::Function<VocabularyCrossEntropy> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            const at::Tensor& target, int64_t reduction, int64_t ignoreIndex,
+                            double smoothing, int64_t handle) {
+    const int64_t classes =
+        x.size(1) * static_cast<int64_t>(registered(handle)->group.ranks().size());
+    const at::Tensor lse = wholeLogSumExp(x, 1, handle);
+    const auto [index, inside] = localTargets(target, x.size(1), handle);
+    const at::Tensor picked = x.gather(1, index).squeeze(1) * inside.to(x.scalar_type());
+    const at::Tensor sums =
+        summed(smoothing > 0 ? at::stack({picked, x.sum(1)}) : picked.unsqueeze(0), handle);
+    const at::Tensor rowLse = lse.squeeze(1);
+    at::Tensor losses = rowLse - sums[0];
+    if (smoothing > 0)
+      losses =
+          losses * (1 - smoothing) + (rowLse - sums[1] / static_cast<double>(classes)) * smoothing;
+    const at::Tensor counted = target.ne(ignoreIndex);
+    losses = losses * counted.to(losses.scalar_type());
+    ctx->save_for_backward({x, lse, index, inside, counted});
+    ctx->saved_data["reduction"] = reduction;
+    ctx->saved_data["smoothing"] = smoothing;
+    ctx->saved_data["classes"] = classes;
+    return reduceLosses(losses, counted, reduction);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &lse = saved[1], &index = saved[2], &inside = saved[3],
+                     &counted = saved[4];
+    const int64_t reduction = ctx->saved_data["reduction"].toInt();
+    const double smoothing = ctx->saved_data["smoothing"].toDouble();
+    const int64_t classes = ctx->saved_data["classes"].toInt();
+    // Each row's gradient: the output's (none), or its one value (sum) / over the rows counted.
+    const at::Tensor outGrad =
+        reduction == 1 ? grads[0] / counted.sum().to(x.scalar_type()) : grads[0];
+    const at::Tensor rowGrad = counted.to(x.scalar_type()) * outGrad;
+    at::Tensor grad = (x - lse).exp_();  // the softmax over all classes, on this slice
+    if (smoothing > 0) grad.sub_(smoothing / static_cast<double>(classes));
+    grad.scatter_add_(1, index, inside.unsqueeze(1).to(x.scalar_type()) * -(1 - smoothing));
+    grad.mul_(rowGrad.unsqueeze(1));
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor tpCrossEntropy(const at::Tensor& x, const at::Tensor& target, int64_t reduction,
+                          int64_t ignoreIndex, double smoothing, int64_t group) {
+  return VocabularyCrossEntropy::apply(x, target, reduction, ignoreIndex, smoothing, group);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(autostage, m) {
@@ -157,6 +264,12 @@ TORCH_LIBRARY(autostage, m) {
   m.def("tp_reduce(Tensor x, Tensor? bias, int group) -> Tensor");
   m.def("tp_dropout(Tensor x, float p, bool train, int split, int group) -> Tensor");
   m.def("tp_embedding(Tensor weight, Tensor indices, int padding_idx, int group) -> Tensor");
+  m.def("tp_log_softmax(Tensor x, int dim, int group) -> Tensor");
+  m.def(
+      "tp_nll_loss(Tensor x, Tensor target, int reduction, int ignore_index, int group) -> Tensor");
+  m.def(
+      "tp_cross_entropy(Tensor x, Tensor target, int reduction, int ignore_index, "
+      "float label_smoothing, int group) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(autostage, CompositeImplicitAutograd, m) {
@@ -164,6 +277,9 @@ TORCH_LIBRARY_IMPL(autostage, CompositeImplicitAutograd, m) {
   m.impl("tp_reduce", tpReduce);
   m.impl("tp_dropout", tpDropout);
   m.impl("tp_embedding", tpEmbedding);
+  m.impl("tp_log_softmax", tpLogSoftmax);
+  m.impl("tp_nll_loss", tpNllLoss);
+  m.impl("tp_cross_entropy", tpCrossEntropy);
 }
 
 TensorParallelGroup::TensorParallelGroup(std::shared_ptr<comm::Backend> backend, comm::Group group,

@@ -10,6 +10,12 @@
 //                    over the group (all-reduce forward, identity backward)
 //   autostage::tp_dropout(Tensor x, float p, bool train, int split, int group) -> Tensor
 //                                 dropout with the group's masks (Note [Tensor-parallel dropout])
+//   autostage::tp_log_softmax(Tensor x, int dim, int group) -> Tensor
+//   autostage::tp_nll_loss(Tensor x, Tensor target, int reduction, int ignore_index,
+//                          int group) -> Tensor
+//   autostage::tp_cross_entropy(Tensor x, Tensor target, int reduction, int ignore_index,
+//                               float label_smoothing, int group) -> Tensor
+//                the loss of logits split over the vocabulary (Note [Vocabulary-parallel loss])
 // `group` is a handle from TensorParallelGroup: the comm backend, the group's ranks, this rank's
 // place among them and the group's random stream.
 //
@@ -28,6 +34,24 @@
 // default generator, seeded for the draw and then put back as it was. Other random operators in a
 // tensor-parallel stage (torch.rand, bernoulli, ...) still draw from each rank's own generator:
 // the rewrite names them.
+//
+// Note [Vocabulary-parallel loss]
+// An LM head split over the vocabulary leaves each member the logits of its classes
+// ([j V/t, (j+1) V/t)), as Megatron-LM's parallel cross entropy does; the loss never gathers
+// them. tp_log_softmax subtracts the log-sum-exp over all classes: each member's own over its
+// slice, gathered by one all-reduce of a [t, rows] tensor (member m fills row m; a stable
+// log-sum-exp of those t values, so no max all-reduce is needed). The whole log-sum-exp is
+// subtracted from the member's slice through tp_copy: each member's log-probabilities give it
+// part of that value's gradient (the target's owner the nll's, every member its classes'
+// softmax), and the backward all-reduce sums the parts before they go back to each member's
+// row and slice. tp_nll_loss picks each row's target among the member's classes (zero where the
+// target is another member's) and all-reduces the one pick per row; rows whose target is
+// ignore_index count zero and are left out of the mean. tp_cross_entropy is tp_nll_loss of
+// tp_log_softmax along dimension 1, plus label smoothing's mean log-probability over every
+// class (one more all-reduce of the row sums). Class weights and class-probability targets are
+// not split (the rewrite leaves such a head replicated). The forward all-reduces are identity
+// backward: every member computes the same loss and differentiates it into its own slice; the
+// head's input gradient is summed by its tp_copy.
 
 #include <cstdint>
 #include <memory>

@@ -43,6 +43,16 @@ def transformer(batch, generator):
     return model, (tokens,), targets, example.next_token_loss
 
 
+def transformer_vocab(batch, generator):
+    """The transformer with a 16,384-token vocabulary and its own LM head: split over the
+    vocabulary by a tensor-parallel stage, the embedding's rows too (Note [Vocabulary-parallel
+    loss] in staging/tensor_parallel_ops.h)."""
+    import transformer_lm as example
+    model = example.CausalLM(vocab=16384, dim=128, heads=4, layers=2, seq=32, tied=False)
+    tokens, targets = example.synthetic_batch(batch, 32, 16384, generator)
+    return model, (tokens,), targets, example.next_token_loss
+
+
 def resnet18(batch, generator):
     import torchvision
     model = torchvision.models.resnet18(num_classes=10)
@@ -51,7 +61,8 @@ def resnet18(batch, generator):
     return model, (x,), y, torch.nn.functional.cross_entropy
 
 
-MODELS = {"tutorial": tutorial, "transformer": transformer, "resnet18": resnet18}
+MODELS = {"tutorial": tutorial, "transformer": transformer, "transformer_vocab": transformer_vocab,
+          "resnet18": resnet18}
 
 
 def main():

@@ -3,7 +3,9 @@
 // with one stage of tp=2 (also recomputed), with tp=2 x 2 replicas, and as 2 stages of tp=2,
 // against the plain module on the same data: the loss, the gathered state after an SGD step on
 // every rank's own (sliced) parameters, and that the sharded parameters are really slices; and
-// its dropouts drawing the group's masks (Note [Tensor-parallel dropout]).
+// its dropouts drawing the group's masks (Note [Tensor-parallel dropout]). Also a vocabulary
+// embedding and an LM head split over the vocabulary, the head's loss computed on the slices
+// (Note [Vocabulary-parallel loss]), its operators against torch's losses.
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/torch.h>
 
@@ -348,6 +350,165 @@ TEST_CASE("a vocabulary embedding is split by rows over the group", "[staging]")
                                    Catch::Contains("stays replicated: its weight is also read by"));
   for (const ParamShard& s : whole.shards)
     CHECK(tied.graph.value(s.param).name.find("table") == std::string::npos);
+}
+
+// An untied LM head over a vocabulary of 16,384 (decomposer::kVocabularyRows) and its loss:
+// `loss` 0 is cross entropy (mean, ignore_index -100, label smoothing 0.1) of the logits
+// flattened to [rows, vocabulary], 1 log-softmax then nll_loss summed, 2 cross entropy of the
+// logits transposed to [batch, vocabulary, positions] (the transformer example's); 3 is 0 with
+// the head's weight also read outside it (as a tied table is).
+torch::jit::Module makeHeadModel(int loss) {
+  torch::jit::Module m("Head");
+  m.register_module("up", makeLinear(8, 8));
+  m.register_module("head", makeLinear(8, 16384));
+  // The residual keeps up -> tanh -> head from matching as an MLP (head row-parallel).
+  const std::string logits = R"(
+def forward(self, x, t):
+    logits = self.head.forward(x + torch.tanh(self.up.forward(x)))
+)";
+  const char* ends[] = {
+      "    return torch.cross_entropy_loss(logits.view(-1, 16384), t.view(-1), None, 1, -100,\n"
+      "                                    0.1)\n",
+      "    logp = torch.log_softmax(logits.view(-1, 16384), -1)\n"
+      "    return torch.nll_loss(logp, t.view(-1), None, 2, -100)\n",
+      "    return torch.cross_entropy_loss(logits.transpose(1, 2), t, None, 1, -100, 0.0)\n",
+      "    loss = torch.cross_entropy_loss(logits.view(-1, 16384), t.view(-1), None, 1, -100,\n"
+      "                                    0.1)\n"
+      "    return loss + torch.mean(self.head.weight)\n"};
+  m.define(logits + ends[loss]);
+  return m;
+}
+
+TEST_CASE("an LM head is split over the vocabulary, its loss computed on the slices", "[staging]") {
+  at::set_num_threads(1);
+  torch::manual_seed(41);
+  const at::Tensor x = torch::randn({2 * kLocal, 4, 8});
+  // Targets in both halves, at the halves' boundary, and ignored (-100).
+  at::Tensor t = torch::randint(0, 16384, {2 * kLocal, 4}, torch::kLong);
+  t.index_put_({0, 0}, 8191);
+  t.index_put_({0, 1}, 8192);
+  t.index_put_({1, 2}, -100);
+  t.index_put_({5, 3}, -100);
+  for (int loss : {0, 1, 2}) {
+    INFO("loss " << loss);
+    torch::manual_seed(41);
+    torch::jit::Module ref = makeHeadModel(loss);
+    at::Tensor refLoss = ref.forward({x, t}).toTensor();
+    refLoss.backward();
+    const std::map<std::string, at::Tensor> refState = steppedParameters(ref);
+
+    std::vector<torch::jit::Module> copies;
+    for (int r = 0; r < 2; ++r) torch::manual_seed(41), copies.push_back(makeHeadModel(loss));
+    // One micro-batch: a mean over the rows not ignored is not the mean of micro-batches' means.
+    std::vector<RankResult> results = stepOnThreadRanks(copies, {x, t}, planAt({{0, 1}}, 2, 1));
+    for (const RankResult& r : results) {
+      CHECK(std::abs(r.loss - refLoss.item<double>()) <= 1e-5 * std::abs(refLoss.item<double>()));
+      CHECK(r.localShapes.at("head.weight") == std::vector<int64_t>{8192, 8});
+      CHECK(r.localShapes.at("head.bias") == std::vector<int64_t>{8192});
+      checkState(r.state, refState);
+    }
+
+    // The rewrite: the head's input through tp_copy, its loss on the slices.
+    torchscript::ImportedModel model = torchscript::importModule(makeHeadModel(loss), {x, t});
+    ShardedStage stage = shardWhole(model.graph);
+    CHECK(stage.skipped.empty());
+    CHECK(stage.sharded == 1);
+    std::map<std::string, int> kinds;
+    for (const core::Node& n : stage.graph.nodes()) kinds[n.kind]++;
+    CHECK(kinds["autostage::tp_copy"] == 1);
+    if (loss != 1) {
+      CHECK(kinds["autostage::tp_cross_entropy"] == 1);
+      CHECK(kinds["aten::cross_entropy_loss"] == 0);
+    } else {
+      CHECK(kinds["autostage::tp_log_softmax"] == 1);
+      CHECK(kinds["autostage::tp_nll_loss"] == 1);
+      CHECK(kinds["aten::nll_loss"] + kinds["aten::log_softmax"] == 0);
+    }
+  }
+
+  // A head whose weight something else reads stays whole, and says why.
+  torchscript::ImportedModel tied = torchscript::importModule(makeHeadModel(3), {x, t});
+  ShardedStage whole = shardWhole(tied.graph);
+  REQUIRE(whole.skipped.size() == 1);
+  CHECK_THAT(whole.skipped[0], Catch::Contains("the vocabulary head at") &&
+                                   Catch::Contains("stays replicated: parameter") &&
+                                   Catch::Contains("is also read by"));
+  CHECK(whole.shards.empty());
+}
+
+TEST_CASE("tp_cross_entropy and tp_nll_loss on vocabulary slices match torch's losses",
+          "[staging]") {
+  at::set_num_threads(1);
+  torch::manual_seed(7);
+  const at::Tensor x = torch::randn({6, 10}, torch::kDouble) * 3;
+  at::Tensor target = torch::randint(0, 10, {6}, torch::kLong);
+  target.index_put_({1}, -100);
+  target.index_put_({2}, 4);  // the last class of member 0
+  target.index_put_({3}, 5);  // the first of member 1
+  struct Case {
+    int64_t reduction;
+    double smoothing;
+  };
+  for (Case c : {Case{1, 0.0}, Case{1, 0.1}, Case{2, 0.0}, Case{0, 0.2}}) {
+    INFO("reduction " << c.reduction << ", label smoothing " << c.smoothing);
+    at::Tensor leaf = x.clone().requires_grad_(true);
+    at::Tensor want = at::cross_entropy_loss(leaf, target, {}, c.reduction, -100, c.smoothing);
+    want.sum().backward();
+    at::Tensor nllLeaf = x.clone().requires_grad_(true);
+    at::Tensor wantNll = at::nll_loss(at::log_softmax(nllLeaf, 1), target, {}, c.reduction, -100);
+    wantNll.sum().backward();
+    std::vector<at::Tensor> got(2), grads(2), gotNll(2), nllGrads(2);
+    testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& backend) {
+      const int rank = backend.rank();
+      TensorParallelGroup group(testing::borrow(backend), comm::Group({0, 1}), rank);
+      c10::Dispatcher& d = c10::Dispatcher::singleton();
+      auto crossEntropy = d.findSchemaOrThrow("autostage::tp_cross_entropy", "")
+                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
+                                                int64_t, double, int64_t)>();
+      auto logSoftmax = d.findSchemaOrThrow("autostage::tp_log_softmax", "")
+                            .typed<at::Tensor(const at::Tensor&, int64_t, int64_t)>();
+      auto nll =
+          d.findSchemaOrThrow("autostage::tp_nll_loss", "")
+              .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t)>();
+      at::Tensor slice = x.narrow(1, 5 * rank, 5).clone().requires_grad_(true);
+      got[rank] = crossEntropy.call(slice, target, c.reduction, -100, c.smoothing, group.handle());
+      got[rank].sum().backward();
+      grads[rank] = slice.grad();
+      at::Tensor nllSlice = x.narrow(1, 5 * rank, 5).clone().requires_grad_(true);
+      gotNll[rank] = nll.call(logSoftmax.call(nllSlice, 1, group.handle()), target, c.reduction,
+                              -100, group.handle());
+      gotNll[rank].sum().backward();
+      nllGrads[rank] = nllSlice.grad();
+    }));
+    for (int r = 0; r < 2; ++r) {
+      CHECK(allClose(got[r], want, 1e-12, 1e-12));
+      CHECK(allClose(gotNll[r], wantNll, 1e-12, 1e-12));
+    }
+    CHECK(allClose(at::cat(grads, 1), leaf.grad(), 1e-12, 1e-12));
+    CHECK(allClose(at::cat(nllGrads, 1), nllLeaf.grad(), 1e-12, 1e-12));
+  }
+
+  // Logits [batch, classes, positions], a transposed view (the transformer example's loss).
+  const at::Tensor logits = torch::randn({3, 4, 10}, torch::kDouble).transpose(1, 2);
+  at::Tensor targets = torch::randint(0, 10, {3, 4}, torch::kLong);
+  targets.index_put_({0, 1}, -100);
+  at::Tensor leaf = logits.detach().clone().requires_grad_(true);
+  at::cross_entropy_loss(leaf, targets, {}, 1, -100, 0.1).backward();
+  std::vector<at::Tensor> grads(2);
+  testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& backend) {
+    const int rank = backend.rank();
+    TensorParallelGroup group(testing::borrow(backend), comm::Group({0, 1}), rank);
+    auto crossEntropy = c10::Dispatcher::singleton()
+                            .findSchemaOrThrow("autostage::tp_cross_entropy", "")
+                            .typed<at::Tensor(const at::Tensor&, const at::Tensor&, int64_t,
+                                              int64_t, double, int64_t)>();
+    at::Tensor slice = logits.narrow(1, 5 * rank, 5).detach().requires_grad_(true);
+    const at::Tensor loss = crossEntropy.call(slice, targets, 1, -100, 0.1, group.handle());
+    CHECK(allClose(loss, at::cross_entropy_loss(logits, targets, {}, 1, -100, 0.1), 1e-12, 1e-12));
+    loss.backward();
+    grads[rank] = slice.grad();
+  }));
+  CHECK(allClose(at::cat(grads, 1), leaf.grad(), 1e-12, 1e-12));
 }
 
 TEST_CASE("tp_dropout: the group's masks, the member's own where split", "[staging]") {
