@@ -515,9 +515,8 @@ class Planner {
       throw Failure{core::nodeLabel(g_, n) + " is not split along its classes (dimension 1)"};
     const ValueId target = node.inputs.at(1);
     const core::Type& targetType = g_.value(target).type;
-    if (p.split.count(target) || !targetType.isTensor() ||
-        (targetType.dtype() != core::DType::Int64 && targetType.dtype() != core::DType::Int32))
-      throw Failure{core::nodeLabel(g_, n) + " takes class probabilities, not class indices"};
+    if (p.split.count(target) || !targetType.isTensor() || targetType.dtype() != core::DType::Int64)
+      throw Failure{core::nodeLabel(g_, n) + " takes no int64 class indices (probabilities?)"};
     if (!isNone(g_, node.inputs.at(2)))
       throw Failure{core::nodeLabel(g_, n) + " weighs its classes"};
     for (int i : {3, 4}) (void)intInput(n, i);  // reduction and ignore_index: constants

@@ -234,6 +234,7 @@ class VocabularyCrossEntropy : public torch::autograd::Function<VocabularyCrossE
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    if (!grads[0].defined()) return torch::autograd::variable_list(6);
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &lse = saved[1], &index = saved[2], &inside = saved[3],
                      &counted = saved[4];

@@ -46,12 +46,15 @@
 // softmax), and the backward all-reduce sums the parts before they go back to each member's
 // row and slice. tp_nll_loss picks each row's target among the member's classes (zero where the
 // target is another member's) and all-reduces the one pick per row; rows whose target is
-// ignore_index count zero and are left out of the mean. tp_cross_entropy is tp_nll_loss of
-// tp_log_softmax along dimension 1, plus label smoothing's mean log-probability over every
-// class (one more all-reduce of the row sums). Class weights and class-probability targets are
-// not split (the rewrite leaves such a head replicated). The forward all-reduces are identity
-// backward: every member computes the same loss and differentiates it into its own slice; the
-// head's input gradient is summed by its tp_copy.
+// ignore_index count zero and are left out of the mean. tp_cross_entropy (classes in dimension
+// 1) computes each row's (1 - e) (lse - x_target) + e (lse - sum(x) / classes) for label
+// smoothing e from the gathered log-sum-exp and one all-reduce of the target's logit (and the
+// row's logit sum), and its own backward, on the member's slice alone and with no collective:
+// (softmax - (1 - e) one-hot - e / classes) times the row's gradient; it keeps the logits and
+// the log-sum-exp. Class weights and class-probability targets are not split (the rewrite leaves
+// such a head replicated). The forward all-reduces are identity backward: every member computes
+// the same loss and differentiates it into its own slice; the head's input gradient is summed by
+// its tp_copy.
 
 #include <cstdint>
 #include <memory>
