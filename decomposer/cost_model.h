@@ -74,7 +74,8 @@
 // Each pattern ends in one all-reduce of the row-parallel output forward (before its bias add,
 // residual add or layer norm, which stay replicated) and one of the column-parallel input's
 // gradient backward. A vocabulary embedding or LM head (split by rows of its table) has one
-// all-reduce, counted as a pair of half its bytes each way (Note [Tensor-parallel patterns]).
+// all-reduce, counted as a pair of half its bytes each way, a head tied to its embedding both
+// (Note [Tensor-parallel patterns]).
 // Per replica, at micro-batch mb, with S the ShardableCost summed over those spans:
 //   F  = (F_all - S.fwd) + S.fwd / t + ARf     Bw = (B_all - S.bwd) + S.bwd / t + ARb
 //   ARf = ARb = S.pairs * lat + 2 (t-1)/t * S.allreduceBytes(mb) / bw   (the comm profile's

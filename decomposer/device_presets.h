@@ -45,11 +45,11 @@
 //     1.08x (8 micro-batches of 2; the gradient allreduce 80 ms of it). Unfused: 4.82 s, 1.37x.
 //   - 3.6B (30 layers, hidden 3072, 32 heads), 64 GPUs as 2-way tensor x 32-way data
 //     parallelism, batch 512, 138 TFLOP/s: 3.70 s. Planned so (--tensor-parallel 2, Note
-//     [Tensor-parallel cost]) it predicts 4.11 s, 1.11x; as 64 replicas of one stage (the same
+//     [Tensor-parallel cost]) it predicts 3.99 s, 1.08x; as 64 replicas of one stage (the same
 //     FLOPs per GPU) 3.87 s, 1.05x; as 2 pipeline stages x 32 replicas, 4.04 s, 1.09x.
 //   - 7.5B (36 layers, hidden 4096, 32 heads), 128 GPUs as 4-way tensor x 32-way data,
-//     batch 512, 142 TFLOP/s: 3.70 s. Planned so (--tensor-parallel 4) it predicts 4.22 s,
-//     1.14x; as 4 pipeline stages x 32 replicas (16 micro-batches, 1f1b, whose bubble
+//     batch 512, 142 TFLOP/s: 3.70 s. Planned so (--tensor-parallel 4) it predicts 4.01 s,
+//     1.08x; as 4 pipeline stages x 32 replicas (16 micro-batches, 1f1b, whose bubble
 //     Megatron's configuration does not have) 4.18 s, 1.13x.
 // Before this calibration the 1.7B run was predicted at 6.13 s (1.74x): unfused, every
 // operation's bytes added to its FLOP time, views copied, and the allreduce between servers at

@@ -234,6 +234,7 @@ ShardPattern matchVocabularyHead(const Graph& g, NodeId head) {
   ShardPattern pattern;
   pattern.vocabulary = ShardPattern::Vocabulary::Head;
   pattern.allreduced = activationOf(g, head);
+  pattern.head = head;
   pattern.nodes = {head};
   ValueId v = g.node(head).outputs[0];
   while (true) {
@@ -252,6 +253,22 @@ ShardPattern matchVocabularyHead(const Graph& g, NodeId head) {
       if (in != v && isBatch(g, in) && g.value(in).type.isTensor()) return {};
     v = node.outputs[0];
   }
+}
+
+// The vocabulary table LM head `head` reads (a graph input, maybe through aten::t); -1 if none.
+ValueId headTable(const Graph& g, NodeId head) {
+  for (ValueId v : g.node(head).inputs) {
+    const NodeId producer = g.producer(v);
+    const ValueId table = producer != core::kNoNode && oneOf(g.node(producer).kind, {"aten::t"})
+                              ? g.node(producer).inputs.at(0)
+                              : v;
+    const core::Value& value = g.value(table);
+    if (g.producer(table) == core::kNoNode && value.cls == core::ValueClass::Param &&
+        value.type.shapeKnown() && value.type.shape().size() == 2 &&
+        std::max(value.type.shape()[0], value.type.shape()[1]) >= kVocabularyRows)
+      return table;
+  }
+  return -1;
 }
 
 // A fused QKV projection: linear node n whose output reaches, through views keeping the last
@@ -343,6 +360,27 @@ std::vector<ShardPattern> findShardPatterns(const Graph& g) {
     p.allreduced = node.outputs.at(0);
     take(std::move(p));
   }
+  // A table tied to both ends: its embedding joins the head's pattern.
+  std::vector<ShardPattern> joined;
+  std::vector<char> absorbed(patterns.size(), 0);
+  for (ShardPattern& head : patterns) {
+    if (head.vocabulary != ShardPattern::Vocabulary::Head) continue;
+    const ValueId table = headTable(g, head.head);
+    for (size_t e = 0; e < patterns.size(); ++e) {
+      const ShardPattern& embedding = patterns[e];
+      if (absorbed[e] || embedding.vocabulary != ShardPattern::Vocabulary::Embedding || table < 0 ||
+          g.node(embedding.nodes.front()).inputs.at(0) != table)
+        continue;
+      absorbed[e] = 1;
+      head.tiedEmbedding = embedding.nodes.front();
+      head.nodes.insert(std::lower_bound(head.nodes.begin(), head.nodes.end(), head.tiedEmbedding),
+                        head.tiedEmbedding);
+      break;
+    }
+  }
+  for (size_t i = 0; i < patterns.size(); ++i)
+    if (!absorbed[i]) joined.push_back(std::move(patterns[i]));
+  patterns = std::move(joined);
   std::sort(patterns.begin(), patterns.end(),
             [](const ShardPattern& a, const ShardPattern& b) { return a.nodes < b.nodes; });
   return patterns;
@@ -400,8 +438,10 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     s.allreducePairs = 1;
     if (pattern.vocabulary == ShardPattern::Vocabulary::None) {
       s.allreduceBytes = valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0));
-    } else {  // one all-reduce, as a pair of half its bytes each way
-      const core::LinearCost bytes = valueBytes(g, profile, pattern.allreduced);
+    } else {  // each all-reduce as a pair of half its bytes each way
+      core::LinearCost bytes = valueBytes(g, profile, pattern.allreduced);
+      if (pattern.tiedEmbedding != core::kNoNode)
+        add(bytes, valueBytes(g, profile, g.node(pattern.tiedEmbedding).outputs.at(0)));
       s.allreduceBytes = {bytes.fixed / 2, bytes.perSample / 2};
     }
     spans.push_back(span);

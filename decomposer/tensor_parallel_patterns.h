@@ -38,6 +38,9 @@
 //     bias's add and log_softmax nodes, none of them a graph output; the logits stay split, the
 //     loss all-reduces a few values per row forward, and the head's input gradient is
 //     all-reduced backward.
+// An LM head whose table a vocabulary embedding also reads (tied, as GPT-2's and Megatron's)
+// takes that embedding into its pattern (ShardPattern::tiedEmbedding): the table is split once,
+// by rows, for both, and only a stage holding both ends shards them.
 // Position embeddings (fewer rows) stay replicated.
 // What matches nothing is left replicated, never guessed: e.g. an LM head whose logits are returned
 // rather than fed to a loss (transformers' models return them). autostage.shard_patterns(ir) lists
@@ -73,6 +76,10 @@ struct ShardPattern {
   // Vocabulary patterns: the value all-reduced (the embedding's output, the head's input).
   enum class Vocabulary { None, Embedding, Head } vocabulary = Vocabulary::None;
   core::ValueId allreduced = -1;
+  core::NodeId head = core::kNoNode;  // an LM head's linear node
+  // An LM head whose table is also a vocabulary embedding's (tied): that embedding node, in
+  // `nodes` too; its output is all-reduced as well.
+  core::NodeId tiedEmbedding = core::kNoNode;
 };
 
 std::vector<ShardPattern> findShardPatterns(const core::Graph& graph);

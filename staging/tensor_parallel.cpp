@@ -119,6 +119,7 @@ class Planner {
       if (n != pattern.rowLinear && decomposer::isLinearNode(g_, n)) p.columns.insert(n);
     if (p.columns.empty()) throw Failure{"no column-parallel linear"};
     for (NodeId n : pattern.nodes) {
+      if (n == pattern.tiedEmbedding) continue;  // runs as tp_embedding of the same rows
       if (p.columns.count(n)) column(p, n);
       else if (n == p.row) row(p, n);
       else if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::Head ||
@@ -712,13 +713,14 @@ core::Type dividedType(const core::Type& type, int dim, int degree) {
 }
 
 // Why the vocabulary embedding `n` cannot be split over `degree` ranks (empty: it can): its
-// weight must be read by it alone (a table tied to an LM head stays whole), its rows must divide
-// by the degree, and it must not scale gradients by frequency or make them sparse.
-std::string vocabularyEmbeddingProblem(const Graph& graph, NodeId n, int degree) {
+// weight must be read by it alone (`tied`: the LM head's pattern checks the other readers), its
+// rows must divide by the degree, and it must not scale gradients by frequency or make them
+// sparse.
+std::string vocabularyEmbeddingProblem(const Graph& graph, NodeId n, int degree, bool tied) {
   const core::Node& node = graph.node(n);
   const ValueId weight = node.inputs.at(0);
   for (NodeId c : graph.consumers(weight))
-    if (c != n) return "its weight is also read by " + core::nodeLabel(graph, c);
+    if (c != n && !tied) return "its weight is also read by " + core::nodeLabel(graph, c);
   const core::Type& type = graph.value(weight).type;
   if (!type.shapeKnown() || type.shape().empty() || type.shape()[0] % degree != 0)
     return "its rows do not divide by " + std::to_string(degree);
@@ -745,7 +747,8 @@ std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<Node
                                       [&](NodeId n) { return stage.count(n) != 0; });
       if (!inside) continue;
       if (pattern.vocabulary == decomposer::ShardPattern::Vocabulary::Embedding) {
-        const std::string why = vocabularyEmbeddingProblem(graph, pattern.nodes.front(), degree);
+        const std::string why =
+            vocabularyEmbeddingProblem(graph, pattern.nodes.front(), degree, false);
         if (!why.empty()) {
           skipped.push_back("the vocabulary embedding at " +
                             core::nodeLabel(graph, pattern.nodes.front()) +
@@ -762,12 +765,23 @@ std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<Node
       }
       const std::string name =
           pattern.vocabulary == decomposer::ShardPattern::Vocabulary::Head
-              ? "the vocabulary head at " + core::nodeLabel(graph, pattern.nodes.front())
+              ? "the vocabulary head at " + core::nodeLabel(graph, pattern.head)
               : std::string(pattern.attention ? "attention" : "MLP") + " ending at " +
                     core::nodeLabel(graph, pattern.rowLinear);
+      if (pattern.tiedEmbedding != core::kNoNode) {  // the table's rows split for both ends
+        const std::string why =
+            vocabularyEmbeddingProblem(graph, pattern.tiedEmbedding, degree, true);
+        if (!why.empty()) {
+          skipped.push_back(name + " and its tied embedding at " +
+                            core::nodeLabel(graph, pattern.tiedEmbedding) +
+                            " stay replicated: the embedding: " + why);
+          continue;
+        }
+      }
       try {
         plans.push_back(Planner(graph, stage, degree).plan(pattern));
         plans.back().nodes = pattern.nodes;
+        plans.back().embedding = pattern.tiedEmbedding;
       } catch (const Failure& f) {
         skipped.push_back(name + " stays replicated: " + f.reason);
         continue;

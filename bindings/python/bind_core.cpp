@@ -48,7 +48,8 @@ void bindCore(py::module_& m) {
       std::vector<std::string> names;
       for (core::NodeId n : p.nodes)
         if (!g.node(n).outputs.empty()) names.push_back(g.value(g.node(n).outputs[0]).name);
-      result.emplace_back(kind, g.node(p.nodes.front()).scope, names);
+      const core::NodeId first = p.vocabulary == V::Head ? p.head : p.nodes.front();
+      result.emplace_back(kind, g.node(first).scope, names);
     }
     return result;
   }, py::arg("graph"));

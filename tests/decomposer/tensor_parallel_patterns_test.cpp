@@ -222,4 +222,28 @@ TEST_CASE("a GPT's vocabulary embedding and LM head are split over the vocabular
   shape.vocabulary = 1000;
   for (const ShardPattern& p : findShardPatterns(syntheticTransformer(shape, DeviceModel{}).graph))
     REQUIRE(p.vocabulary == ShardPattern::Vocabulary::None);
+
+  // Tied (the head reads the word table): one pattern from the embedding to the loss, which
+  // splits the table once, and both all-reduces (the embedding's output, the head's input).
+  shape.vocabulary = 32000;
+  shape.tiedHead = true;
+  const SyntheticModel tied = syntheticTransformer(shape, DeviceModel{});
+  const std::vector<ShardPattern> tiedPatterns = findShardPatterns(tied.graph);
+  REQUIRE(tiedPatterns.size() == 2 * 2 + 1);
+  const ShardPattern& head = tiedPatterns.front();  // it starts at the embedding
+  REQUIRE(head.vocabulary == ShardPattern::Vocabulary::Head);
+  REQUIRE(head.tiedEmbedding == head.nodes.front());
+  REQUIRE(tied.graph.node(head.tiedEmbedding).scope == "embeddings.word");
+  REQUIRE(tied.graph.node(head.head).kind == "aten::matmul");
+  REQUIRE(tied.graph.node(head.nodes.back()).kind == "aten::cross_entropy");
+  const Blocking tb = buildBlocking(tied.graph, tied.profile, 256, 8, true);
+  REQUIRE(tb.request.shardable.size() == tiedPatterns.size());
+  const ShardableSpan& span = tb.request.shardable.back();  // the last to end
+  CHECK(span.firstBlock == 0);
+  CHECK(span.cost.paramBytes == Approx(table * (1 + 1.0 / 256)));  // the table + the head's bias
+  const core::LinearCost embedded =
+      valueBytes(tied.graph, tied.profile, tied.graph.node(head.tiedEmbedding).outputs[0]);
+  const core::LinearCost headInput = valueBytes(tied.graph, tied.profile, head.allreduced);
+  CHECK(span.cost.allreduceBytes.perSample ==
+        Approx((embedded.perSample + headInput.perSample) / 2));
 }

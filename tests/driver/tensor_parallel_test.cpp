@@ -6,6 +6,8 @@
 // its dropouts drawing the group's masks (Note [Tensor-parallel dropout]). Also a vocabulary
 // embedding and an LM head split over the vocabulary, the head's loss computed on the slices
 // (Note [Vocabulary-parallel loss]), its operators against torch's losses.
+#include <functional>
+
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/torch.h>
 
@@ -129,6 +131,27 @@ std::map<std::string, at::Tensor> steppedParameters(const torch::jit::Module& mo
   for (const auto& p : module.named_parameters())
     state[p.name] = (p.value - kLr * p.value.grad()).detach();
   return state;
+}
+
+// The plain module `make` gives (after torch::manual_seed(41)): its loss on `inputs` and its
+// parameters after one SGD step (kLr).
+std::pair<double, std::map<std::string, at::Tensor>> referenceStep(
+    const std::function<torch::jit::Module()>& make, const std::vector<at::Tensor>& inputs) {
+  torch::manual_seed(41);
+  torch::jit::Module ref = make();
+  at::Tensor loss = ref.forward(std::vector<c10::IValue>(inputs.begin(), inputs.end())).toTensor();
+  loss.backward();
+  return {loss.item<double>(), steppedParameters(ref)};
+}
+
+// `ranks` copies of the module `make` gives (each after torch::manual_seed(41)), stepped once on
+// thread ranks under `plan` (stepOnThreadRanks).
+std::vector<RankResult> stepCopies(const std::function<torch::jit::Module()>& make, int ranks,
+                                   const std::vector<at::Tensor>& inputs,
+                                   const PlanningCallback& plan) {
+  std::vector<torch::jit::Module> copies;
+  for (int r = 0; r < ranks; ++r) torch::manual_seed(41), copies.push_back(make());
+  return stepOnThreadRanks(copies, inputs, plan);
 }
 
 // Every parameter of `want` is in `got` and close to it.
@@ -285,10 +308,8 @@ def forward(self, x, y, GROUP):
 // SGD step of the dropout block.
 std::vector<RankResult> runDropoutBlock(const at::Tensor& x, const at::Tensor& y,
                                         bool attentionDropout, bool recompute) {
-  std::vector<torch::jit::Module> copies;
-  for (int r = 0; r < 2; ++r)
-    torch::manual_seed(41), copies.push_back(makeDropoutBlock(false, attentionDropout));
-  return stepOnThreadRanks(copies, {x, y}, planAt({{0, 1}}, 2, 1, {recompute}));
+  return stepCopies([&] { return makeDropoutBlock(false, attentionDropout); }, 2, {x, y},
+                    planAt({{0, 1}}, 2, 1, {recompute}));
 }
 
 // A vocabulary of 16,384 rows (decomposer::kVocabularyRows) embedded, then a residual tanh MLP;
@@ -316,17 +337,10 @@ TEST_CASE("a vocabulary embedding is split by rows over the group", "[staging]")
   ids.index_put_({0, 0}, 3);
   ids.index_put_({1, 2}, 8192);
   const at::Tensor y = torch::randn({2 * kLocal, 4, 8});
-  torch::manual_seed(41);
-  torch::jit::Module ref = makeVocabularyModel();
-  at::Tensor refLoss = ref.forward({ids, y}).toTensor();
-  refLoss.backward();
-  const std::map<std::string, at::Tensor> refState = steppedParameters(ref);
-
-  std::vector<torch::jit::Module> copies;
-  for (int r = 0; r < 2; ++r) torch::manual_seed(41), copies.push_back(makeVocabularyModel());
-  std::vector<RankResult> results = stepOnThreadRanks(copies, {ids, y}, planAt({{0, 1}}, 2, 2));
-  for (const RankResult& r : results) {
-    CHECK(std::abs(r.loss - refLoss.item<double>()) <= 1e-5);
+  const auto make = [] { return makeVocabularyModel(); };
+  const auto [refLoss, refState] = referenceStep(make, {ids, y});
+  for (const RankResult& r : stepCopies(make, 2, {ids, y}, planAt({{0, 1}}, 2, 2))) {
+    CHECK(std::abs(r.loss - refLoss) <= 1e-5);
     CHECK(r.localShapes.at("table") == std::vector<int64_t>{8192, 8});
     checkState(r.state, refState);
   }
@@ -391,18 +405,11 @@ TEST_CASE("an LM head is split over the vocabulary, its loss computed on the sli
   t.index_put_({5, 3}, -100);
   for (int loss : {0, 1, 2}) {
     INFO("loss " << loss);
-    torch::manual_seed(41);
-    torch::jit::Module ref = makeHeadModel(loss);
-    at::Tensor refLoss = ref.forward({x, t}).toTensor();
-    refLoss.backward();
-    const std::map<std::string, at::Tensor> refState = steppedParameters(ref);
-
-    std::vector<torch::jit::Module> copies;
-    for (int r = 0; r < 2; ++r) torch::manual_seed(41), copies.push_back(makeHeadModel(loss));
+    const auto make = [loss] { return makeHeadModel(loss); };
+    const auto [refLoss, refState] = referenceStep(make, {x, t});
     // One micro-batch: a mean over the rows not ignored is not the mean of micro-batches' means.
-    std::vector<RankResult> results = stepOnThreadRanks(copies, {x, t}, planAt({{0, 1}}, 2, 1));
-    for (const RankResult& r : results) {
-      CHECK(std::abs(r.loss - refLoss.item<double>()) <= 1e-5 * std::abs(refLoss.item<double>()));
+    for (const RankResult& r : stepCopies(make, 2, {x, t}, planAt({{0, 1}}, 2, 1))) {
+      CHECK(std::abs(r.loss - refLoss) <= 1e-5 * std::abs(refLoss));
       CHECK(r.localShapes.at("head.weight") == std::vector<int64_t>{8192, 8});
       CHECK(r.localShapes.at("head.bias") == std::vector<int64_t>{8192});
       checkState(r.state, refState);
@@ -434,6 +441,55 @@ TEST_CASE("an LM head is split over the vocabulary, its loss computed on the sli
                                    Catch::Contains("stays replicated: parameter") &&
                                    Catch::Contains("is also read by"));
   CHECK(whole.shards.empty());
+}
+
+// A table of 16,384 rows tied to both ends: embedded, a residual tanh MLP, scored against every
+// row, the cross entropy of the next id (as GPT-2 ties wte to its head).
+torch::jit::Module makeTiedModel() {
+  torch::jit::Module m("Tied");
+  m.register_parameter("table", (torch::randn({16384, 8}) * 0.1).requires_grad_(), false);
+  m.register_module("up", makeLinear(8, 8));
+  m.define(R"(
+def forward(self, ids, t):
+    h = torch.embedding(self.table, ids, -1)
+    h = h + torch.tanh(self.up.forward(h))
+    logits = torch.matmul(h, self.table.t())
+    return torch.cross_entropy_loss(logits.view(-1, 16384), t.view(-1), None, 1, -100, 0.0)
+)");
+  return m;
+}
+
+TEST_CASE("a table tied to the embedding and the LM head is split once for both", "[staging]") {
+  at::set_num_threads(1);
+  torch::manual_seed(41);
+  at::Tensor ids = torch::randint(0, 16384, {2 * kLocal, 4}, torch::kLong);
+  ids.index_put_({0, 0}, 8191);
+  ids.index_put_({0, 1}, 8192);
+  const at::Tensor t = torch::randint(0, 16384, {2 * kLocal, 4}, torch::kLong);
+  const auto [refLoss, refState] = referenceStep(makeTiedModel, {ids, t});
+  for (const RankResult& r : stepCopies(makeTiedModel, 2, {ids, t}, planAt({{0, 1}}, 2, 1))) {
+    CHECK(std::abs(r.loss - refLoss) <= 1e-5 * std::abs(refLoss));
+    CHECK(r.localShapes.at("table") == std::vector<int64_t>{8192, 8});
+    checkState(r.state, refState);  // the table's gradient from both ends, in its rows
+  }
+
+  torchscript::ImportedModel model = torchscript::importModule(makeTiedModel(), {ids, t});
+  ShardedStage stage = shardWhole(model.graph);
+  CHECK(stage.skipped.empty());
+  CHECK(stage.sharded == 1);
+  REQUIRE(stage.shards.size() == 1);
+  CHECK(stage.shards[0].dim == 0);
+  std::map<std::string, int> kinds;
+  for (const core::Node& n : stage.graph.nodes()) kinds[n.kind]++;
+  CHECK(kinds["autostage::tp_embedding"] == 1);
+  CHECK(kinds["autostage::tp_cross_entropy"] == 1);
+  // Held by a stage without the embedding (a pipeline's last), the head stays whole.
+  std::vector<core::NodeId> tail;
+  for (const core::Node& n : model.graph.nodes())
+    if (n.kind != "aten::embedding") tail.push_back(n.id);
+  ShardedStage last = shardStage(model.graph, tail, 2, 7);
+  CHECK(last.shards.empty());
+  CHECK(last.sharded == 0);
 }
 
 TEST_CASE("tp_cross_entropy and tp_nll_loss on vocabulary slices match torch's losses",

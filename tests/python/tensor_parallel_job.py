@@ -8,6 +8,7 @@ DistributedDataParallel does). Phases:
   vocabulary  a 16,384-id embedding (its rows split over the group) before the block, tp=2;
   head     the vocabulary model with an untied LM head and its next-token cross entropy (the
            head's rows and the loss split over the vocabulary), tp=2;
+  tied     the head tied to the embedding (one table, split once by rows for both), tp=2;
   zero     the block with ZeRO-1 too (on 4 ranks: each slice's optimizer state split over the
            two replicas);
   auto     the MLP with tensor_parallel=auto: trains as plain PyTorch whatever the degree chosen;
@@ -69,17 +70,29 @@ class Vocabulary(torch.nn.Module):
 class Head(torch.nn.Module):
     """The vocabulary model, then an LM head of its own and the per-token next-id loss."""
 
-    def __init__(self):
+    def __init__(self, tied=False):
         super().__init__()
         self.body = Vocabulary()
         self.norm = torch.nn.LayerNorm(16)
-        self.head = torch.nn.Linear(16, 16384)
+        self.head = torch.nn.Linear(16, 16384, bias=not tied)
+        if tied:
+            self.head.weight = self.body.emb.weight
 
     def forward(self, ids):
         logits = self.head(self.norm(self.body(ids)))[:, :-1]
         losses = torch.nn.functional.cross_entropy(logits.reshape(-1, 16384),
                                                    ids[:, 1:].reshape(-1), reduction="none")
         return losses.view(ids.shape[0], -1)
+
+
+def state_close(got, want, atol=1e-6):
+    """A parameter or optimizer state as plain PyTorch's. With an LM head the gradients sum
+    16,384 classes' terms in float32: their rounding is relative to the tensor's scale, not to
+    each (maybe tiny) element, so there the absolute tolerance follows the tensor's largest."""
+    got, want = torch.as_tensor(got), torch.as_tensor(want)
+    if phase in ("head", "tied"):
+        atol = 1e-5 * float(want.abs().max())
+    return got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=atol)
 
 
 def gap(got, want):
@@ -97,11 +110,12 @@ if phase in ("block", "block4", "zero", "resume"):
     make = Block
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     steps, degree, first = 3, {"block4": 4, "resume": 1}.get(phase, 2), "q.weight"
-elif phase in ("vocabulary", "head"):
-    make = Vocabulary if phase == "vocabulary" else Head
+elif phase in ("vocabulary", "head", "tied"):
+    make = {"vocabulary": Vocabulary, "head": Head, "tied": lambda: Head(tied=True)}[phase]
     x = torch.randint(0, 16384, (2 * world, 4), generator=torch.Generator().manual_seed(5))
     x[0, 0], x[1, 1] = 8191, 8192  # both sides of the halves' boundary
-    steps, degree, first = 3, 2, "emb.weight" if phase == "vocabulary" else "head.weight"
+    steps, degree = 3, 2
+    first = {"vocabulary": "emb.weight", "head": "head.weight", "tied": "body.emb.weight"}[phase]
 else:
     def make():
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
@@ -115,12 +129,12 @@ local = x[rows * rank:rows * (rank + 1)]
 
 
 def optimizer_of(params):
-    if make is Head:
+    if phase in ("head", "tied"):
         # Not Adam: with Adam (lr 0.01) the head's weight after 3 steps was up to 1.8e-4 from
         # plain PyTorch's, where SGD agrees within 1e-5: Adam's g / (sqrt(v) + eps) magnifies
         # float rounding in the gradients of the many weights whose gradient is near zero.
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    if make in (Block, Vocabulary):
+    if phase not in ("mlp", "auto"):
         return torch.optim.Adam(params, lr=0.01)
     return torch.optim.SGD(params, lr=0.1)
 
@@ -128,7 +142,7 @@ def optimizer_of(params):
 optimizer = optimizer_of(model.parameters())
 # The planner may leave ranks idle for so small a block (its all-reduces cost more than the
 # replicas save); data_parallel keeps the shape these phases check: replicas of `degree` ranks.
-options = {"decomposer": "data_parallel"} if make in (Block, Vocabulary, Head) else {}
+options = {"decomposer": "data_parallel"} if phase not in ("mlp", "auto") else {}
 if phase == "zero":
     options["zero"] = 1
 wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
@@ -155,9 +169,9 @@ for step in range(steps):
 state = wrapped.state_dict()  # gathered from the stages' ranks and their slices
 for key, want in reference.state_dict().items():
     got = state.get(key)
-    if got is None or got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+    if got is None or not state_close(got, want):
         failures.append(f"{key} after {steps} steps differs from plain PyTorch{gap(got, want)}")
-if make in (Block, Vocabulary, Head) and phase != "resume":
+if phase not in ("mlp", "auto", "resume"):
     if checkpoint is not None:
         global_state = optimizer.state_dict(from_global=True)  # on every rank: a collective
         if rank == 0:
@@ -171,11 +185,7 @@ if make in (Block, Vocabulary, Head) and phase != "resume":
     for index, entry in want_state.items():
         for key, value in entry.items():
             got = global_state["state"].get(index, {}).get(key)
-            value = torch.as_tensor(value)
-            # The head's momentum holds gradients summed over 16,384 classes in float32: their
-            # rounding is relative to the tensor's scale, not to each (maybe tiny) element.
-            atol = 1e-5 * float(value.abs().max()) if make is Head else 1e-7
-            if got is None or not torch.allclose(torch.as_tensor(got), value, rtol=1e-5, atol=atol):
+            if got is None or not state_close(got, value, atol=1e-7):
                 failures.append(f"optimizer state {index}.{key} differs from plain PyTorch"
                                 f"{gap(got, value)}")
     wrapped.load_state_dict(state)
@@ -189,7 +199,7 @@ if make in (Block, Vocabulary, Head) and phase != "resume":
     if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], rtol=1e-5, atol=1e-6):
         failures.append("outputs after loading the state differ from plain PyTorch")
     for key, want in reference.state_dict().items():
-        if not torch.allclose(wrapped.state_dict()[key], want, rtol=1e-5, atol=1e-6):
+        if not state_close(wrapped.state_dict()[key], want):
             failures.append(f"{key} after loading and a step differs from plain PyTorch")
 whole = dict(reference.named_parameters())[first].shape
 held = dict(model.named_parameters())[first].shape

@@ -142,8 +142,14 @@ class Module(torch.nn.Module):
         each rank's stages see the new values. Call it on every rank with the same dict. A dict
         that does not fit the model (key or shape) raises FormatError and changes nothing."""
         if self.ready and isinstance(state_dict, dict):  # Note [Tensor-parallel parameters]
-            tensors = {k: v for k, v in state_dict.items() if isinstance(v, torch.Tensor)}
-            sliced = dict(self._impl.slice_state(list(tensors.items())))
+            # A tied tensor's other keys (an LM head sharing the embedding's table) are sliced
+            # as the key the deployment knows it by: the first with that tensor.
+            first, canonical = {}, {}
+            for key, value in self.model.state_dict(keep_vars=True).items():
+                canonical[key] = first.setdefault(id(value), key)
+            keys = [k for k, v in state_dict.items() if isinstance(v, torch.Tensor)]
+            sliced = self._impl.slice_state([(canonical.get(k, k), state_dict[k]) for k in keys])
+            sliced = {k: tensor for k, (_, tensor) in zip(keys, sliced)}
             state_dict = type(state_dict)((k, sliced.get(k, v)) for k, v in state_dict.items())
         return load_state_dict_checked(self.model, state_dict, strict=strict)
 
