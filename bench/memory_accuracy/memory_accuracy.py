@@ -58,9 +58,11 @@ CONFIGS = [
     ("transformer", 2, "partition_num=1 pipeline_num=2 schedule=1f1b recompute=always "
                        "tensor_parallel=2"),
     # The untied LM head and the loss split over a 16,384-token vocabulary (train_step: the
-    # loss is in the model), the embedding's rows too.
+    # loss is in the model), the embedding's rows too; and the head tied to the embedding.
     ("transformer_vocab", 2, "partition_num=1 pipeline_num=2 schedule=1f1b recompute=never "
                              "tensor_parallel=2"),
+    ("transformer_vocab_tied", 2, "partition_num=1 pipeline_num=2 schedule=1f1b recompute=never "
+                                  "tensor_parallel=2"),
 ]
 
 
@@ -110,7 +112,7 @@ def main():
     parser.add_argument("--match", help="run the configurations whose options contain this")
     parser.add_argument("--json", action="store_true", help="print the records as JSON too")
     args = parser.parse_args()
-    print(f"{'model':<18}{'ranks':>5}  {'plan':<24}{'precision':<10}{'rank':>4}{'stage':>6}"
+    print(f"{'model':<23}{'ranks':>5}  {'plan':<24}{'precision':<10}{'rank':>4}{'stage':>6}"
           f"{'pred MiB':>10}{'meas MiB':>10}{'error':>8}{'usable MiB':>12}"
           + (f"{'pred ms':>9}{'meas ms':>9}" if args.time else ""))
     errors, above, everything = [], [], []
@@ -127,7 +129,7 @@ def main():
             errors.append((abs(error), error, model, options, r["rank"]))
             if m["measured"] > m["usable"]:
                 above.append((model, options, r["rank"]))
-            line = (f"{model:<18}{ranks:>5}  {plan_text(r):<24}{precision:<10}{r['rank']:>4}"
+            line = (f"{model:<23}{ranks:>5}  {plan_text(r):<24}{precision:<10}{r['rank']:>4}"
                     f"{m['stage']:>6}{mib(m['predicted']):>10}{mib(m['measured']):>10}"
                     f"{error * 100:>+7.1f}%{mib(min(m['usable'], 2**50)):>12}")
             if args.time:

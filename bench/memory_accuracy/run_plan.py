@@ -43,14 +43,18 @@ def transformer(batch, generator):
     return model, (tokens,), targets, example.next_token_loss
 
 
-def transformer_vocab(batch, generator):
+def transformer_vocab(batch, generator, tied=False):
     """The transformer with a 16,384-token vocabulary and its own LM head: split over the
     vocabulary by a tensor-parallel stage, the embedding's rows too (Note [Vocabulary-parallel
-    loss] in staging/tensor_parallel_ops.h)."""
+    loss] in staging/tensor_parallel_ops.h); `tied`: the head shares the embedding's table."""
     import transformer_lm as example
-    model = example.CausalLM(vocab=16384, dim=128, heads=4, layers=2, seq=32, tied=False)
+    model = example.CausalLM(vocab=16384, dim=128, heads=4, layers=2, seq=32, tied=tied)
     tokens, targets = example.synthetic_batch(batch, 32, 16384, generator)
     return model, (tokens,), targets, example.next_token_loss
+
+
+def transformer_vocab_tied(batch, generator):
+    return transformer_vocab(batch, generator, tied=True)
 
 
 def resnet18(batch, generator):
@@ -62,7 +66,7 @@ def resnet18(batch, generator):
 
 
 MODELS = {"tutorial": tutorial, "transformer": transformer, "transformer_vocab": transformer_vocab,
-          "resnet18": resnet18}
+          "transformer_vocab_tied": transformer_vocab_tied, "resnet18": resnet18}
 
 
 def main():
