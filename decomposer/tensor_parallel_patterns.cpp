@@ -204,18 +204,21 @@ ShardPattern matchMlp(const Graph& g, NodeId first, const std::vector<char>& use
   return finish(false, region, row);
 }
 
-// The vocabulary of a 2-D PARAM input of node n: its first dimension (an embedding table's rows),
-// or with `eitherDimension` its larger one (a head's weight, maybe transposed), when at least
+// The vocabulary of a 2-D PARAM: its first dimension (an embedding table's rows), or with
+// `eitherDimension` its larger one (a head's weight, maybe transposed), when at least
 // kVocabularyRows; 0 otherwise.
+int64_t vocabularyRows(const core::Value& value, bool eitherDimension) {
+  if (value.cls != core::ValueClass::Param || !value.type.shapeKnown()) return 0;
+  const std::vector<int64_t>& shape = value.type.shape();
+  if (shape.size() != 2) return 0;
+  const int64_t rows = eitherDimension ? std::max(shape[0], shape[1]) : shape[0];
+  return rows >= kVocabularyRows ? rows : 0;
+}
+
+// The vocabulary of node n's first input that has one (vocabularyRows).
 int64_t vocabularyOf(const Graph& g, NodeId n, bool eitherDimension) {
-  for (ValueId v : g.node(n).inputs) {
-    const core::Value& value = g.value(v);
-    if (value.cls != core::ValueClass::Param || !value.type.shapeKnown()) continue;
-    const std::vector<int64_t>& shape = value.type.shape();
-    if (shape.size() != 2) continue;
-    const int64_t rows = eitherDimension ? std::max(shape[0], shape[1]) : shape[0];
-    if (rows >= kVocabularyRows) return rows;
-  }
+  for (ValueId v : g.node(n).inputs)
+    if (const int64_t rows = vocabularyRows(g.value(v), eitherDimension)) return rows;
   return 0;
 }
 
@@ -262,10 +265,7 @@ ValueId headTable(const Graph& g, NodeId head) {
     const ValueId table = producer != core::kNoNode && oneOf(g.node(producer).kind, {"aten::t"})
                               ? g.node(producer).inputs.at(0)
                               : v;
-    const core::Value& value = g.value(table);
-    if (g.producer(table) == core::kNoNode && value.cls == core::ValueClass::Param &&
-        value.type.shapeKnown() && value.type.shape().size() == 2 &&
-        std::max(value.type.shape()[0], value.type.shape()[1]) >= kVocabularyRows)
+    if (g.producer(table) == core::kNoNode && vocabularyRows(g.value(table), true) > 0)
       return table;
   }
   return -1;
