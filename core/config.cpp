@@ -47,7 +47,8 @@ const std::vector<OptionSpec>& optionTable() {
       {"tensor_parallel", T::String, "1",
        "tensor-parallel degree per stage (Megatron-style, its ranks on one node): auto (planner "
        "chooses per stage where faster or needed to fit), 1 (none), 2, 4 or 8; the runtime "
-       "splits attention, MLP and vocabulary-embedding patterns, LM heads stay whole", kPlanInput},
+       "splits attention, MLP, vocabulary-embedding and LM-head patterns (a head with its loss "
+       "in the model)", kPlanInput},
       {"mem_limit_gb", T::Float, "0", "device memory to plan for in GiB (0: the device's own memory)", kPlanInput},
       {"mem_margin", T::Float, "0.1", "fraction of device memory kept free as a safety margin", kPlanInput},
       {"opt_param_factor", T::Float, "2", "optimizer state bytes per parameter byte (2 for Adam, 0 for SGD)", kPlanInput},

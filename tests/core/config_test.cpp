@@ -110,7 +110,7 @@ TEST_CASE("AUTOSTAGE_ variables win over RANNC_ ones", "[core]") {
   REQUIRE(c.origin("recompute") == "env AUTOSTAGE_RECOMPUTE");
 }
 
-TEST_CASE("RANNC_ variables autostage lacks warn; bad values fail naming the variable", "[core]") {
+TEST_CASE("RANNC_ variables autostage lacks warn - bad values fail naming the variable", "[core]") {
   Config c;
   c.applyEnvironment({{"RANNC_REPLICA_NUM", "2"}, {"RANNC_NO_SUCH_THING", "1"},
                       {"RANNC_CONF_DIR", "/tmp"}, {"RANNCX", "1"}});

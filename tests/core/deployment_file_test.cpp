@@ -152,7 +152,7 @@ TEST_CASE("a deployment that ran on several hosts round-trips each rank's hostna
   REQUIRE(encodeDeployment(cleared) == oneHost);
 }
 
-TEST_CASE("a tensor-parallel deployment round-trips: replica i on ranks [i t, (i + 1) t)",
+TEST_CASE("a tensor-parallel deployment round-trips: replica i on ranks i t to (i + 1) t - 1",
           "[core][proto]") {
   Deployment d = sampleDeployment();
   d.stages[0].ranks = {0, 1, 2, 3};  // 2 replicas of 2 ranks on node 0

@@ -37,7 +37,9 @@ const std::map<std::string, std::set<std::string>> kAllowed = {
     {"service", {"core", "decomposer"}},
     {"comm", {"autostage", "core"}},
     {"profiler", {"autostage", "core", "frontend/torchscript", "comm"}},
-    {"staging", {"core", "frontend/torchscript", "comm"}},
+    // decomposer: the tensor-parallel patterns and their split (tensor_parallel_split.h), which
+    // the planner and the rewrite share; frontend/export: the operator names of export graphs.
+    {"staging", {"core", "frontend/torchscript", "frontend/export", "comm", "decomposer"}},
     {"driver",
      {"autostage", "core", "frontend/torchscript", "frontend/export", "comm", "profiler",
       "decomposer", "service", "staging"}},

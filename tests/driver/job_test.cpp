@@ -99,7 +99,7 @@ TEST_CASE("device and transport: auto, explicit choices, and each refusal", "[dr
   CHECK(choosePlacement("cuda", "auto", oneGpu, 0, 1).toString() == "cuda:0 over nccl");
 }
 
-TEST_CASE("a transport given by the caller decides the device; device= must agree", "[driver]") {
+TEST_CASE("a transport given by the caller decides the device - device= must agree", "[driver]") {
   core::Config config;
   std::vector<std::string> errors(2);
   staging::testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& b) {

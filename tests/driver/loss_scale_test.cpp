@@ -70,7 +70,7 @@ struct ScaledResult {
   double plainNorm = 0, unscaledNorm = 0, overflowNorm = 0;
 };
 
-TEST_CASE("a scaled trainStep: gradients times the scale, losses unscaled; unscaling restores "
+TEST_CASE("a scaled trainStep: gradients times the scale, losses unscaled - unscaling restores "
           "them and one rank's inf is every rank's verdict", "[staging]") {
   at::set_num_threads(1);
   torch::manual_seed(41);

@@ -58,7 +58,7 @@ TEST_CASE("placing the model: CPU tensors are placed, tensors on other devices r
              Contains("is on meta") && Contains("materialize it on the CPU first"));
 }
 
-TEST_CASE("placing tensors on the CPU moves nothing; one refused tensor refuses all", "[driver]") {
+TEST_CASE("placing tensors on the CPU moves nothing - one refused tensor refuses all", "[driver]") {
   at::Tensor weight = torch::randn({3, 2}).requires_grad_(true);
   at::Tensor buffer = torch::zeros({3});
   void* before = weight.data_ptr();

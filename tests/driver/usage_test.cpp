@@ -44,7 +44,7 @@ ModuleOptions recordingOptions(comm::Backend& backend, std::vector<std::string>*
   return options;
 }
 
-TEST_CASE("each usage is planned once and runs its own schedule; the optimizer's parameters "
+TEST_CASE("each usage is planned once and runs its own schedule - the optimizer's parameters "
           "follow training deployments only", "[staging]") {
   at::set_num_threads(1);
   std::vector<std::string> planned;

@@ -68,7 +68,7 @@ std::vector<core::NodeId> groupsOfKind(const core::Graph& g, const std::string& 
 
 }  // namespace
 
-TEST_CASE("the job's device chooses the measurement backend; cuda needs a CUDA build",
+TEST_CASE("the job's device chooses the measurement backend - cuda needs a CUDA build",
           "[profiler]") {
   auto cpu = createMeasurementBackend(-1);
   CHECK(cpu->deviceKind() == "cpu");

@@ -241,7 +241,7 @@ TEST_CASE("the store survives a restart, and a corrupt entry is planned again", 
   CHECK(PlannerClient(place.listen).plan(call, 60).from_store());  // rewritten
 }
 
-TEST_CASE("a second service on a socket in use is refused; a stale socket file is replaced",
+TEST_CASE("a second service on a socket in use is refused - a stale socket file is replaced",
           "[service]") {
   Place place("in_use");
   {
@@ -355,7 +355,7 @@ TEST_CASE("Neighbours plans the other device counts in the background", "[servic
   CHECK_THROWS_WITH(client.neighbours(call, 30), Catch::Contains("spread must be in [1, 64]"));
 }
 
-TEST_CASE("a Plan call whose deadline passes returns; its plan goes on and is stored",
+TEST_CASE("a Plan call whose deadline passes returns - its plan goes on and is stored",
           "[service]") {
   Place place("deadline");
   Model m = syntheticModel();
@@ -413,7 +413,7 @@ TEST_CASE("a service stopped while a plan whose caller left is made stores it be
   CHECK(PlannerClient(place.listen).plan(call, 60).from_store());
 }
 
-TEST_CASE("a call planning longer than --max-plan-s fails, naming the flag; the plan is stored",
+TEST_CASE("a call planning longer than --max-plan-s fails, naming the flag - the plan is stored",
           "[service]") {
   Place place("max_plan_s");
   Model m = syntheticModel();
@@ -434,7 +434,7 @@ TEST_CASE("a call planning longer than --max-plan-s fails, naming the flag; the 
   CHECK(gate.arrived() == 1);
 }
 
-TEST_CASE("a caller that leaves stops its wait; a plan beyond the workers waits for one",
+TEST_CASE("a caller that leaves stops its wait - a plan beyond the workers waits for one",
           "[service]") {
   Model m = syntheticModel();
   Gate gate(/*held=*/1);

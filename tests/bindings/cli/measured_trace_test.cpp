@@ -62,7 +62,7 @@ TEST_CASE("measured trace: peak_memory events are read field by field", "[cli]")
   REQUIRE(parseChromeTrace(trace({forward(1, 4, 1000), peak(1, 4, 130)}), "t").size() == 1);
 }
 
-TEST_CASE("measured trace: memory of the step shown, ascending rank; old files load without it", "[cli]") {
+TEST_CASE("measured trace: memory of the step shown, ascending rank - old files load without it", "[cli]") {
   // Rank 1 got one step further than rank 0: step 3 is the last every rank recorded.
   TraceRecords records = parseTraceRecords(
       trace({forward(1, 3, 1000), peak(1, 3, 150), forward(1, 4, 2000), peak(1, 4, 160),
