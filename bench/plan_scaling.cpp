@@ -177,7 +177,7 @@ Case bertCase(int targetNodes, int devices) {
   c.shape.hidden = 1024;
   c.shape.heads = 16;
   c.shape.sequence = 512;
-  c.shape.layers = std::max(1, (targetNodes - 20) / 76);
+  c.shape.layers = std::max(1, (targetNodes - 20) / kTransformerLayerNodes);
   c.devices = devices;
   c.batch = std::max<int64_t>(64, 2 * devices);
   c.label = "bert~" + std::to_string(targetNodes / 1000) + "k";

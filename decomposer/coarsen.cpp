@@ -165,8 +165,11 @@ double paramBytes(const core::Graph& graph, core::ValueId v) {
 // briefly holds the bytes of its parameters once more. A block's working memory is therefore the
 // largest of its groups' measured working bytes plus that group's parameter bytes (measured by
 // bench/memory_accuracy: without it every stage of the tutorial missed one 1 MiB weight).
-void fillBlocks(const core::Graph& graph, const core::GraphProfile& profile, Blocking& b,
-                const std::vector<BlockCost>& groupCost) {
+// Returns each group's working bytes so counted.
+std::vector<core::LinearCost> fillBlocks(const core::Graph& graph,
+                                         const core::GraphProfile& profile, Blocking& b,
+                                         const std::vector<BlockCost>& groupCost) {
+  std::vector<core::LinearCost> groupWorking(b.groups.size());
   std::map<core::ValueId, std::vector<int>> users;  // param input -> blocks using it
   bool typedParams = false;
   for (int blk = 0; blk < b.blockCount(); ++blk) {
@@ -187,9 +190,9 @@ void fillBlocks(const core::Graph& graph, const core::GraphProfile& profile, Blo
       }
       if (gradientTemporaries == 0)
         gradientTemporaries = static_cast<double>(profile.nodes[b.groups[g].main].paramBytes);
-      c.workingBytes.fixed =
-          std::max(c.workingBytes.fixed, gc.workingBytes.fixed + gradientTemporaries);
-      c.workingBytes.perSample = std::max(c.workingBytes.perSample, gc.workingBytes.perSample);
+      groupWorking[g] = {gc.workingBytes.fixed + gradientTemporaries, gc.workingBytes.perSample};
+      c.workingBytes.fixed = std::max(c.workingBytes.fixed, groupWorking[g].fixed);
+      c.workingBytes.perSample = std::max(c.workingBytes.perSample, groupWorking[g].perSample);
     }
     c.cutBytesAfter = groupCost[end - 1].cutBytesAfter;
     for (char& ch : c.name)
@@ -200,13 +203,14 @@ void fillBlocks(const core::Graph& graph, const core::GraphProfile& profile, Blo
     for (int blk = 0; blk < b.blockCount(); ++blk)
       for (int g = b.blockFirstGroup[blk]; g < b.blockFirstGroup[blk + 1]; ++g)
         b.request.blocks[blk].paramBytes += static_cast<double>(profile.nodes[b.groups[g].main].paramBytes);
-    return;
+    return groupWorking;
   }
   for (const auto& [param, blocks] : users) {
     double bytes = paramBytes(graph, param);
     if (blocks.size() == 1) b.request.blocks[blocks[0]].paramBytes += bytes;
     else if (bytes > 0) b.request.sharedParams.push_back({bytes, blocks});
   }
+  return groupWorking;
 }
 
 }  // namespace
@@ -246,10 +250,11 @@ Blocking buildBlocking(const core::Graph& graph, const core::GraphProfile& profi
   b.groups = atomicGroups(graph);
   GroupCosts costs = groupCosts(graph, profile, b.groups);
   b.blockFirstGroup = mergeGroups(costs.costs, costs.pinned, std::max(1, maxBlocks), referenceBatch);
-  fillBlocks(graph, profile, b, costs.costs);
+  const std::vector<core::LinearCost> groupWorking = fillBlocks(graph, profile, b, costs.costs);
   // Note [Tensor-parallel patterns]: found after the blocks are made, so the blocks stay those
   // of tensor_parallel=1 and the search space only grows.
-  if (tensorParallel) addShardableSpans(graph, profile, findShardPatterns(graph), costs.costs, b);
+  if (tensorParallel)
+    addShardableSpans(graph, profile, findShardPatterns(graph), costs.costs, groupWorking, b);
   return b;
 }
 

@@ -25,6 +25,8 @@
 // that takes `b = x.size(0)` at the start and uses it at the end therefore has one block and runs
 // data-parallel; reading the size where it is used keeps the layers cuttable.
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "core/ir/graph.h"
@@ -39,6 +41,8 @@ struct Blocking {
   std::vector<int> blockFirstGroup;  // first group of each block, then groups.size()
   // Blocks and shared parameters filled; cluster, comm, batch and options left for the caller.
   PlanRequest request;
+  // Per degree, a line per pattern that stays replicated at it, with the reason (SplitDegrees).
+  std::map<int, std::vector<std::string>> replicatedAt;
 
   int blockCount() const { return static_cast<int>(blockFirstGroup.size()) - 1; }
   // Ascending ids of every node a stage of blocks [first, last] runs (attached nodes included).

@@ -54,14 +54,43 @@ RangeIndex::RangeIndex(const PlanRequest& request)
   std::vector<double> wf(n), wp(n);
   // Only a request allowing tensor parallelism pays for these (Note [Tensor-parallel cost]).
   if (!request.shardable.empty() && request.options.tensorParallel != "1") {
-    shardableByLast_.assign(n + 1, {});
     straddling_.resize(n);
-    for (const ShardableSpan& s : request.shardable) {
-      shardableByLast_[s.lastBlock + 1] = shardableByLast_[s.lastBlock + 1] + s.cost;
+    for (const ShardableSpan& s : request.shardable)
       for (int b = s.firstBlock + 1; b <= s.lastBlock; ++b) straddling_[b].push_back(&s);
+    // Note [Tensor-parallel working memory]
+    std::vector<unsigned> blockDegrees(n, ShardableSpan::kAllDegrees);
+    leftEdgeEnd_.resize(n);
+    rightEdgeStart_.resize(n);
+    for (int b = 0; b < n; ++b) leftEdgeEnd_[b] = b - 1, rightEdgeStart_[b] = b + 1;
+    for (const ShardableSpan& s : request.shardable)
+      for (int b = s.firstBlock; b <= s.lastBlock; ++b) {
+        blockDegrees[b] &= s.degrees;
+        if (b > s.firstBlock) leftEdgeEnd_[b] = std::max(leftEdgeEnd_[b], s.lastBlock);
+        if (b < s.lastBlock) rightEdgeStart_[b] = std::min(rightEdgeStart_[b], s.firstBlock);
+      }
+    const bool split = std::any_of(request.blocks.begin(), request.blocks.end(),
+                                   [](const BlockCost& b) { return b.replicatedWorkingBytes; });
+    for (int t : {2, 4, 8}) {
+      if (!split) break;
+      std::vector<double> fixed(n), perSample(n);
+      for (int i = 0; i < n; ++i) {
+        const BlockCost& b = request.blocks[i];
+        fixed[i] = b.workingBytes.fixed;
+        perSample[i] = b.workingBytes.perSample;
+        if (!b.replicatedWorkingBytes || ((blockDegrees[i] >> t) & 1u) == 0) continue;
+        fixed[i] = std::max(b.replicatedWorkingBytes->fixed, fixed[i] / t);
+        perSample[i] = std::max(b.replicatedWorkingBytes->perSample, perSample[i] / t);
+      }
+      splitWorkingFixed_[degreeIndex(t)] = sparseTable(fixed);
+      splitWorkingPerSample_[degreeIndex(t)] = sparseTable(perSample);
     }
-    for (int i = 0; i < n; ++i)
-      shardableByLast_[i + 1] = shardableByLast_[i + 1] + shardableByLast_[i];
+    for (int t : {2, 4, 8}) {
+      std::vector<ShardableCost>& sums = shardableByLast_[degreeIndex(t)];
+      sums.assign(n + 1, {});
+      for (const ShardableSpan& s : request.shardable)
+        if (s.splitsAt(t)) sums[s.lastBlock + 1] = sums[s.lastBlock + 1] + s.cost;
+      for (int i = 0; i < n; ++i) sums[i + 1] = sums[i + 1] + sums[i];
+    }
   }
   for (int i = 0; i < n; ++i) {
     const BlockCost& b = request.blocks[i];
@@ -89,12 +118,37 @@ RangeIndex::RangeIndex(const PlanRequest& request)
   }
 }
 
-ShardableCost RangeIndex::shardable(int first, int last) const {
-  if (shardableByLast_.empty()) return {};
-  ShardableCost sum = shardableByLast_[last + 1] - shardableByLast_[first];
+ShardableCost RangeIndex::shardable(int first, int last, int t) const {
+  if (straddling_.empty()) return {};
+  ShardableCost sum = shardableEndingIn(first, last, t);
   for (const ShardableSpan* s : straddling_[first])
-    if (s->lastBlock <= last) sum = sum - s->cost;
+    if (s->lastBlock <= last && s->splitsAt(t)) sum = sum - s->cost;
   return sum;
+}
+
+core::LinearCost RangeIndex::workingAt(int first, int last, int t, bool lowerBound) const {
+  const auto& fixed = splitWorkingFixed_[degreeIndex(t)];
+  const auto& perSample = splitWorkingPerSample_[degreeIndex(t)];
+  core::LinearCost w;
+  const auto take = [&](const std::vector<std::vector<double>>& f,
+                        const std::vector<std::vector<double>>& p, int a, int b) {
+    w.fixed = std::max(w.fixed, rangeMax(f, a, b));
+    w.perSample = std::max(w.perSample, rangeMax(p, a, b));
+  };
+  if (fixed.empty()) {
+    take(workingFixed_, workingPerSample_, first, last);
+    return w;
+  }
+  // The blocks a span the stage holds only part of reaches: whole (none on the left when
+  // bounding every extension to the left, which may take those spans in).
+  const int innerFirst = lowerBound ? first : std::max(first, leftEdgeEnd_[first] + 1);
+  const int innerLast = std::min(last, rightEdgeStart_[last] - 1);
+  if (innerFirst <= innerLast) take(fixed, perSample, innerFirst, innerLast);
+  if (first < innerFirst)
+    take(workingFixed_, workingPerSample_, first, std::min(last, innerFirst - 1));
+  if (innerLast < last)
+    take(workingFixed_, workingPerSample_, std::max(first, innerLast + 1), last);
+  return w;
 }
 
 double RangeIndex::rangeMax(const std::vector<std::vector<double>>& table, int first, int last) const {
@@ -185,9 +239,12 @@ double CostModel::tensorParallelAllreduceSeconds(const ShardableCost& s,
 StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choice,
                                int microBatches, Schedule schedule) const {
   if (choice.tensorParallel <= 1) return stageOf(range, nullptr, choice, microBatches, schedule);
-  const ShardableCost shardable = ranges_.shardable(choice.firstBlock, choice.lastBlock);
-  return stageOf(shardRange(range, shardable, choice.tensorParallel), &shardable, choice,
-                 microBatches, schedule);
+  const ShardableCost shardable =
+      ranges_.shardable(choice.firstBlock, choice.lastBlock, choice.tensorParallel);
+  RangeTotals member = shardRange(range, shardable, choice.tensorParallel);
+  member.workingBytes =
+      ranges_.workingAt(choice.firstBlock, choice.lastBlock, choice.tensorParallel, false);
+  return stageOf(member, &shardable, choice, microBatches, schedule);
 }
 
 // Note [Tensor-parallel stops]
@@ -197,15 +254,20 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
 // [f', l] (f' <= f) only if it ends in [f', l]; those ending in [f', f) lie within [f', f) and
 // shard part of what those blocks add. So charging [f, l] with every span ending in it sharded,
 // whether or not it starts in it, and no all-reduce, bounds every extension from below; the
-// searches stop on this bound and keep the labels of stage() that fit.
+// searches stop on this bound and keep the labels of stage() that fit. The working bytes alike:
+// the blocks the spans starting before f reach counted split (Note [Tensor-parallel working
+// memory] in cost_model.h), as an extension taking those spans in would count them.
 StageEstimate CostModel::stageLowerBound(const RangeTotals& range, const StageChoice& choice,
                                          int microBatches, Schedule schedule) const {
   if (choice.tensorParallel <= 1) return stage(range, choice, microBatches, schedule);
-  ShardableCost shardable = ranges_.shardableEndingIn(choice.firstBlock, choice.lastBlock);
+  ShardableCost shardable =
+      ranges_.shardableEndingIn(choice.firstBlock, choice.lastBlock, choice.tensorParallel);
   shardable.allreducePairs = 0;
   shardable.allreduceBytes = {};
-  return stageOf(shardRange(range, shardable, choice.tensorParallel), &shardable, choice,
-                 microBatches, schedule);
+  RangeTotals member = shardRange(range, shardable, choice.tensorParallel);
+  member.workingBytes =
+      ranges_.workingAt(choice.firstBlock, choice.lastBlock, choice.tensorParallel, true);
+  return stageOf(member, &shardable, choice, microBatches, schedule);
 }
 
 StageEstimate CostModel::stageOf(const RangeTotals& range, const ShardableCost* shardable,

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -101,10 +102,15 @@ ShardableCost operator-(const ShardableCost& a, const ShardableCost& b);
 
 // One shardable pattern over blocks [firstBlock, lastBlock] (Note [Tensor-parallel patterns] in
 // tensor_parallel_patterns.h). A stage shards it only when it holds all of those blocks; a stage
-// holding part of it runs that part replicated.
+// holding part of it runs that part replicated, and so does a stage whose degree the pattern
+// does not split at (`degrees`: bit 1 << t for t in {2, 4, 8}; the runtime's check,
+// decomposer::splitDegrees, e.g. 12 heads do not split 8 ways).
 struct ShardableSpan {
+  static constexpr unsigned kAllDegrees = (1u << 2) | (1u << 4) | (1u << 8);
   int firstBlock = 0, lastBlock = 0;
   ShardableCost cost;
+  unsigned degrees = kAllDegrees;
+  bool splitsAt(int t) const { return t >= 1 && t < 32 && ((degrees >> t) & 1u) != 0; }
 };
 
 // Costs of one block of the linear block sequence. Times and bytes grow with the per-replica
@@ -117,6 +123,10 @@ struct BlockCost {
   // Peak temporary bytes: the largest fixed part and the largest per-sample part of the block's
   // node groups (a safe upper bound of the max of linear functions).
   core::LinearCost workingBytes;
+  // Of workingBytes, the largest of the groups outside every tensor-parallel pattern: set for a
+  // block holding a pattern's group when the request allows tensor parallelism (Note
+  // [Tensor-parallel working memory] in cost_model.h).
+  std::optional<core::LinearCost> replicatedWorkingBytes;
   core::LinearCost cutBytesAfter;  // bytes of BATCH values crossing the boundary after this block
   double paramBytes = 0;           // bytes of parameters used by this block only
 };

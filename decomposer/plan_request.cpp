@@ -69,6 +69,29 @@ void readLink(std::istringstream& in, core::LinkCost& c, int line) {
   readField(in, c.bytesPerSecond, line);
 }
 
+// ShardableSpan::degrees as "2,4,8" ("-": none).
+std::string degreesText(unsigned degrees) {
+  std::string text;
+  for (int t : {2, 4, 8})
+    if ((degrees >> t) & 1u) text += (text.empty() ? "" : ",") + std::to_string(t);
+  return text.empty() ? "-" : text;
+}
+
+unsigned parseDegrees(const std::string& text, int line) {
+  if (text == "-") return 0;
+  unsigned degrees = 0;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item != "2" && item != "4" && item != "8")
+      throw FormatError("plan request text, line " + std::to_string(line) +
+                        ": shardable degrees '" + text + "' must list 2, 4 or 8, comma-separated "
+                        "(or '-' for none)");
+    degrees |= 1u << std::stoi(item);
+  }
+  return degrees;
+}
+
 void parseOptions(std::istringstream& in, PlanOptions& o, int line) {
   std::string item;
   while (in >> item) {
@@ -114,7 +137,9 @@ std::string PlanRequest::toText() const {
     for (const auto* c : {&b.forwardSeconds, &b.backwardSeconds, &b.activationBytes,
                           &b.workingBytes, &b.cutBytesAfter})
       writeLinear(out, *c);
-    out << ' ' << b.paramBytes << '\n';
+    out << ' ' << b.paramBytes;
+    if (b.replicatedWorkingBytes) writeLinear(out, *b.replicatedWorkingBytes);
+    out << '\n';
   }
   for (const SharedParam& p : sharedParams) {
     out << "shared " << p.bytes;
@@ -127,7 +152,7 @@ std::string PlanRequest::toText() const {
     for (const auto* l : {&c.forwardSeconds, &c.backwardSeconds, &c.activationBytes,
                           &c.allreduceBytes})
       writeLinear(out, *l);
-    out << ' ' << c.paramBytes << ' ' << c.allreducePairs << '\n';
+    out << ' ' << c.paramBytes << ' ' << c.allreducePairs << ' ' << degreesText(sp.degrees) << '\n';
   }
   return out.str();
 }
@@ -179,6 +204,12 @@ PlanRequest PlanRequest::parse(const std::string& text) {
                       &b.cutBytesAfter})
         readLinear(in, *c, line);
       readField(in, b.paramBytes, line);
+      double replicatedFixed = 0;
+      if (in >> replicatedFixed) {  // BlockCost::replicatedWorkingBytes, when set
+        core::LinearCost replicated{replicatedFixed, 0};
+        readField(in, replicated.perSample, line);
+        b.replicatedWorkingBytes = replicated;
+      }
       r.blocks.push_back(b);
     } else if (tag == "shared") {
       SharedParam p;
@@ -195,6 +226,8 @@ PlanRequest PlanRequest::parse(const std::string& text) {
         readLinear(in, *l, line);
       readField(in, c.paramBytes, line);
       readField(in, c.allreducePairs, line);
+      std::string degrees;
+      if (in >> degrees) sp.degrees = parseDegrees(degrees, line);  // absent: every degree
       r.shardable.push_back(sp);
     } else {
       throw FormatError("plan request text, line " + std::to_string(line) + ": unknown record '" + tag + "'");

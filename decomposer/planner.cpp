@@ -2,6 +2,7 @@
 #include "decomposer/planner.h"
 
 #include <chrono>
+#include <string>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -30,6 +31,22 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
                        "; set tensor_parallel=1 (or auto)");
     core::logger("Decomposer")->info("tensor_parallel=auto: {}; planning without it", why);
   } else if (options.tensorParallel != "1") {
+    // The degrees searched at which patterns stay replicated (ShardableSpan::degrees), and a
+    // forced degree at which all do, which would only copy the stages.
+    for (int t : options.tensorParallelCandidates(cluster.devicesPerNode)) {
+      auto it = blocking.replicatedAt.find(t);
+      if (it == blocking.replicatedAt.end()) continue;
+      const std::vector<std::string>& lines = it->second;
+      AUTOSTAGE_CHECK_AS(ConfigError,
+                         lines.size() < r.shardable.size() || options.tensorParallel == "auto",
+                         "option tensor_parallel=", t, " cannot be planned: none of the ",
+                         r.shardable.size(), " pattern(s) of graph ", graph.name(), " splits over ",
+                         t, " ranks (e.g. ", lines.front(), "); set tensor_parallel=auto or a ",
+                         "degree they split at");
+      core::logger("Decomposer")->info("tensor_parallel: {} of {} pattern(s) stay replicated in "
+                                       "a group of {} ranks, e.g. {}", lines.size(),
+                                       r.shardable.size(), t, lines.front());
+    }
     core::logger("Decomposer")->info("tensor_parallel={}: {} pattern(s) to shard in graph {} "
                                      "(Note [Tensor-parallel patterns])",
                                      options.tensorParallel, r.shardable.size(), graph.name());

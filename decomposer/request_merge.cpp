@@ -43,6 +43,13 @@ MergedRequest mergeRequestBlocks(const PlanRequest& request, int blocks) {
       c.forwardSeconds = {c.forwardSeconds.fixed + o.forwardSeconds.fixed, c.forwardSeconds.perSample + o.forwardSeconds.perSample};
       c.backwardSeconds = {c.backwardSeconds.fixed + o.backwardSeconds.fixed, c.backwardSeconds.perSample + o.backwardSeconds.perSample};
       c.activationBytes = {c.activationBytes.fixed + o.activationBytes.fixed, c.activationBytes.perSample + o.activationBytes.perSample};
+      if (o.replicatedWorkingBytes || c.replicatedWorkingBytes) {
+        // Of the merged blocks, the groups outside every pattern: all of a block's without one.
+        const core::LinearCost before = c.replicatedWorkingBytes.value_or(c.workingBytes);
+        const core::LinearCost own = o.replicatedWorkingBytes.value_or(o.workingBytes);
+        c.replicatedWorkingBytes = core::LinearCost{std::max(before.fixed, own.fixed),
+                                                    std::max(before.perSample, own.perSample)};
+      }
       c.workingBytes = {std::max(c.workingBytes.fixed, o.workingBytes.fixed), std::max(c.workingBytes.perSample, o.workingBytes.perSample)};
       c.cutBytesAfter = o.cutBytesAfter;
       c.paramBytes += o.paramBytes;

@@ -28,7 +28,7 @@ LayerParams layerParams(SyntheticBuilder& b, const std::string& p, int64_t h) {
           b.param(p + "mlp.fc2.weight", {h, 4 * h}), b.param(p + "mlp.fc2.bias", {h})};
 }
 
-// One transformer layer: 76 IR nodes, the shape of a traced BERT/GPT block.
+// One transformer layer: kTransformerLayerNodes IR nodes, the shape of a traced BERT/GPT block.
 ValueId transformerLayer(SyntheticBuilder& b, ValueId x, const LayerParams& w,
                          const TransformerShape& s, const std::string& scope) {
   const int64_t S = s.sequence, H = s.hidden, n = s.heads, d = H / n;
@@ -43,13 +43,14 @@ ValueId transformerLayer(SyntheticBuilder& b, ValueId x, const LayerParams& w,
   for (auto [wt, bias, name] : {std::tuple{w.wq, w.bq, ".q"}, {w.wk, w.bk, ".k"}, {w.wv, w.bv, ".v"}}) {
     ValueId y = b.linear(ln1, wt, bias, seqShape, lin, scope + ".attn" + name, fused);
     ValueId viewed = b.shapeOp("aten::view", y, split, scope + ".attn");
-    qkv.push_back(b.shapeOp("aten::permute", viewed, heads, scope + ".attn"));
+    qkv.push_back(b.shapeOp("aten::permute", viewed, heads, scope + ".attn", {0, 2, 1, 3}));
   }
   for (int i = 0; i < 2; ++i) {  // head-count bookkeeping TorchScript keeps
     ValueId sz = b.scalarOp("aten::size", {qkv[i]}, scope);
     b.scalarOp("aten::Int", {b.scalarOp("prim::NumToTensor", {sz}, scope)}, scope);
   }
-  ValueId kT = b.op("aten::transpose", {qkv[1]}, {1, n, d, S}, 0, scope + ".attn", false);
+  ValueId kT = b.op("aten::transpose", {qkv[1], b.intConstant(-1, scope), b.intConstant(-2, scope)},
+                    {1, n, d, S}, 0, scope + ".attn", false);
   ValueId scores = b.op("aten::matmul", {qkv[0], kT}, {1, n, S, S}, attn, scope + ".attn");
   // Scale and mask: elementwise passes over the scores, or part of the fused softmax kernel.
   auto scoresOp = [&](const std::string& kind, const std::vector<ValueId>& inputs) {
@@ -58,16 +59,22 @@ ValueId transformerLayer(SyntheticBuilder& b, ValueId x, const LayerParams& w,
   };
   ValueId scaled = scoresOp("aten::div", {scores, b.constant(scope)});
   ValueId masked = scoresOp("aten::add", {scaled, b.constant(scope), batch});
-  ValueId probs = b.op("aten::softmax", {masked}, {1, n, S, S}, 5.0 * n * S * S, scope + ".attn", true, true);
-  ValueId dropped = b.op("aten::dropout", {probs}, {1, n, S, S}, 0, scope + ".attn");
+  ValueId probs = b.op("aten::softmax", {masked, b.intConstant(-1, scope)}, {1, n, S, S},
+                       5.0 * n * S * S, scope + ".attn", true, true);
+  // aten::dropout(x, p, train), each with its own constants (a constant two blocks share would
+  // make the later block non-convex)
+  const auto dropoutInputs = [&](ValueId v) {
+    return std::vector<ValueId>{v, b.floatConstant(0.1, scope), b.intConstant(1, scope)};
+  };
+  ValueId dropped = b.op("aten::dropout", dropoutInputs(probs), {1, n, S, S}, 0, scope + ".attn");
   ValueId ctx = b.op("aten::matmul", {dropped, qkv[2]}, heads, attn, scope + ".attn");
-  ValueId perm = b.shapeOp("aten::permute", ctx, split, scope + ".attn");
+  ValueId perm = b.shapeOp("aten::permute", ctx, split, scope + ".attn", {0, 2, 1, 3});
   ValueId cont = b.op("aten::contiguous", {perm}, split, 0, scope + ".attn", false);
   ValueId merged = b.shapeOp("aten::view", cont, seqShape, scope + ".attn");
   // The dropout before each residual add: its own pass, or one bias-dropout-add kernel.
   auto dropout = [&](ValueId v) {
-    return fused ? b.fusedOp("aten::dropout", {v}, seqShape, scope)
-                 : b.op("aten::dropout", {v}, seqShape, 0, scope);
+    return fused ? b.fusedOp("aten::dropout", dropoutInputs(v), seqShape, scope)
+                 : b.op("aten::dropout", dropoutInputs(v), seqShape, 0, scope);
   };
   ValueId out = b.linear(merged, w.wo, w.bo, seqShape, lin, scope + ".attn.out", fused);
   ValueId res1 = b.op("aten::add", {dropout(out), x}, seqShape, sh, scope);
@@ -109,8 +116,13 @@ SyntheticModel syntheticTransformer(const TransformerShape& s, const DeviceModel
     x = transformerLayer(b, x, layers[l], s, "layers." + std::to_string(l));
   x = b.op("aten::layer_norm", {x, flnw, flnb}, {1, S, H}, 5 * sh, "final_ln");
   ValueId logits = b.linear(x, headW, headB, {1, S, V}, 2.0 * S * H * V, "lm_head", s.fusedKernels);
-  ValueId flat = b.shapeOp("aten::view", logits, {1, S * V}, "lm_head");
-  ValueId loss = b.op("aten::cross_entropy", {flat, labels}, {}, 4.0 * S * V, "loss", false, true);
+  // cross_entropy(logits.view(-1, V), labels.view(-1)), as a causal LM computes its loss
+  ValueId flat = b.shapeOp("aten::view", logits, {S, V}, "lm_head", {-1, V});
+  ValueId flatLabels = b.shapeOp("aten::view", labels, {S}, "loss", {-1});
+  ValueId loss = b.op("aten::cross_entropy",
+                      {flat, flatLabels, b.noneConstant("loss"), b.intConstant(1, "loss"),
+                       b.intConstant(-100, "loss"), b.floatConstant(0.0, "loss")},
+                      {}, 4.0 * S * V, "loss", false, true);
   return b.finish(loss);
 }
 

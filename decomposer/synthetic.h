@@ -1,7 +1,8 @@
 #pragma once
 // Synthetic graphs with analytic profiles, for tests and benchmarks and for planning clusters we
 // do not have. Shapes follow the usual models: a BERT/GPT-shaped transformer (embedding, layers of
-// ~76 IR nodes as TorchScript produces them, LM head and loss), a ResNet-shaped CNN (bottleneck
+// kTransformerLayerNodes IR nodes, each with the constants and operands the front ends record,
+// so that the tensor-parallel check runs on them as on a captured model; LM head and loss), a ResNet-shaped CNN (bottleneck
 // blocks) and an MLP. Profiles are analytic: an operation's FLOPs at peak FLOP/s * efficiency and
 // its input and output bytes at the memory bandwidth, added (DeviceModel::roofline false) or the
 // longer of the two (true), plus a per-kernel launch cost; backward twice forward; bytes from the
@@ -66,6 +67,8 @@ struct SyntheticModel {
 };
 
 SyntheticModel syntheticTransformer(const TransformerShape& shape, const DeviceModel& device);
+// IR nodes per layer of syntheticTransformer (bench/plan_scaling sizes its graphs by it).
+constexpr int kTransformerLayerNodes = 69;
 SyntheticModel syntheticResNet(const ResNetShape& shape, const DeviceModel& device);
 SyntheticModel syntheticMlp(const MlpShape& shape, const DeviceModel& device);
 

@@ -36,9 +36,11 @@ core::ValueId SyntheticBuilder::param(const std::string& name, std::vector<int64
                          core::ValueClass::Param);
 }
 
-core::NodeId SyntheticBuilder::add(const std::string& kind, const std::vector<core::ValueId>& inputs,
-                                   const core::Type& type, const std::string& scope) {
-  core::NodeId id = graph_.addNode(kind, inputs, {type}, {}, scope);
+core::NodeId SyntheticBuilder::add(const std::string& kind,
+                                   const std::vector<core::ValueId>& inputs, const core::Type& type,
+                                   const std::string& scope,
+                                   std::vector<core::Attribute> attributes) {
+  core::NodeId id = graph_.addNode(kind, inputs, {type}, std::move(attributes), scope);
   core::NodeProfile p;
   p.node = id;
   profiles_.push_back(p);
@@ -93,11 +95,36 @@ core::ValueId SyntheticBuilder::scalarOp(const std::string& kind, const std::vec
   return graph_.node(id).outputs[0];
 }
 
+core::ValueId SyntheticBuilder::intConstant(int64_t value, const std::string& scope) {
+  const core::Type type = core::Type::scalar(core::TypeKind::Int);
+  return graph_.node(add("prim::Constant", {}, type, scope, {{"value", value}})).outputs[0];
+}
+
+core::ValueId SyntheticBuilder::floatConstant(double value, const std::string& scope) {
+  const core::Type type = core::Type::scalar(core::TypeKind::Float);
+  return graph_.node(add("prim::Constant", {}, type, scope, {{"value", value}})).outputs[0];
+}
+
+core::ValueId SyntheticBuilder::noneConstant(const std::string& scope) {
+  const core::Type type = core::Type::scalar(core::TypeKind::None);
+  return graph_.node(add("prim::Constant", {}, type, scope)).outputs[0];
+}
+
 core::ValueId SyntheticBuilder::shapeOp(const std::string& kind, core::ValueId input,
-                                        std::vector<int64_t> shape, const std::string& scope) {
-  core::ValueId a = constant(scope), b = constant(scope);
-  core::NodeId list = add("prim::ListConstruct", {a, b}, core::Type::list(core::Type::scalar(core::TypeKind::Int)), scope);
-  return op(kind, {input, graph_.node(list).outputs[0]}, std::move(shape), 0, scope, false);
+                                        std::vector<int64_t> shape, const std::string& scope,
+                                        std::vector<int64_t> argument) {
+  if (argument.empty()) argument = shape;
+  const core::Type type = core::Type::list(core::Type::scalar(core::TypeKind::Int));
+  const core::NodeId list =
+      add("prim::Constant", {}, type, scope, {{"value", std::move(argument)}});
+  const core::ValueId out = op(kind, {input, graph_.node(list).outputs[0]}, shape, 0, scope, false);
+  const core::Type& in = graph_.value(input).type;
+  if (in.dtype() != dtype_) {  // a view keeps its input's dtype (the labels' int64)
+    graph_.setType(out, core::Type::tensor(in.dtype(), shape));
+    const double bytes = static_cast<double>(graph_.value(out).type.bytes());
+    profiles_[graph_.value(out).producer].outputBytes = {0, bytes};
+  }
+  return out;
 }
 
 core::ValueId SyntheticBuilder::paramOp(const std::string& kind, core::ValueId input,

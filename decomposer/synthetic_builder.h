@@ -26,13 +26,19 @@ class SyntheticBuilder {
   // in the graph as traced, with its memory, but no time of its own.
   core::ValueId fusedOp(const std::string& kind, const std::vector<core::ValueId>& inputs,
                         std::vector<int64_t> shape, const std::string& scope, bool saves = true);
-  // A shape operator preceded by the two constants and the list TorchScript emits for it.
+  // A shape operator of output `shape` reading a constant int list: `argument` (a permute's
+  // dimensions), or the shape itself (a view's sizes) when empty.
   core::ValueId shapeOp(const std::string& kind, core::ValueId input, std::vector<int64_t> shape,
-                        const std::string& scope);
+                        const std::string& scope, std::vector<int64_t> argument = {});
   // A parameter-side operator (e.g. aten::t on a weight): no batch cost.
   core::ValueId paramOp(const std::string& kind, core::ValueId input, std::vector<int64_t> shape,
                         const std::string& scope);
-  core::ValueId constant(const std::string& scope);
+  core::ValueId constant(const std::string& scope);  // an Int whose value the graph does not say
+  // Constants with their values, as the front ends record them: an operator's dimension, flag or
+  // probability, a None argument.
+  core::ValueId intConstant(int64_t value, const std::string& scope);
+  core::ValueId floatConstant(double value, const std::string& scope);
+  core::ValueId noneConstant(const std::string& scope);
   core::ValueId scalarOp(const std::string& kind, const std::vector<core::ValueId>& inputs,
                          const std::string& scope);
   // linear = t(W) + matmul + add(bias), the traced form; with `fusedBias` the add is a fusedOp.
@@ -46,7 +52,8 @@ class SyntheticBuilder {
  private:
   double bytesOf(const std::vector<int64_t>& shape) const;
   core::NodeId add(const std::string& kind, const std::vector<core::ValueId>& inputs,
-                   const core::Type& type, const std::string& scope);
+                   const core::Type& type, const std::string& scope,
+                   std::vector<core::Attribute> attributes = {});
 
   DeviceModel device_;
   core::DType dtype_;      // of activations

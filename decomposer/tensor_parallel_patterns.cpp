@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "decomposer/coarsen.h"
+#include "decomposer/tensor_parallel_split.h"
 
 namespace autostage::decomposer {
 
@@ -397,7 +398,8 @@ void add(core::LinearCost& a, const core::LinearCost& b) {
 
 void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
                        const std::vector<ShardPattern>& patterns,
-                       const std::vector<BlockCost>& groupCost, Blocking& b) {
+                       const std::vector<BlockCost>& groupCost,
+                       const std::vector<core::LinearCost>& groupWorking, Blocking& b) {
   std::vector<int> groupOf(g.nodeCount(), -1), blockOf(b.groups.size(), -1);
   std::map<ValueId, int> paramGroups;  // groups reading each parameter
   for (size_t i = 0; i < b.groups.size(); ++i) {
@@ -408,8 +410,12 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     for (int gi = b.blockFirstGroup[blk]; gi < b.blockFirstGroup[blk + 1]; ++gi) blockOf[gi] = blk;
   std::vector<ShardableSpan>& spans = b.request.shardable;
   spans.clear();
-  for (const ShardPattern& pattern : patterns) {
-    ShardableSpan span{b.blockCount(), -1, {}};
+  // The degrees each pattern splits at, by the runtime's own check (tensor_parallel_split.h).
+  const SplitDegrees split = splitDegrees(g, patterns);
+  b.replicatedAt = split.replicated;
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    const ShardPattern& pattern = patterns[i];
+    ShardableSpan span{b.blockCount(), -1, {}, split.degrees[i]};
     ShardableCost& s = span.cost;
     std::map<ValueId, int> inPattern;
     for (NodeId n : pattern.nodes) {
@@ -445,6 +451,27 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       s.allreduceBytes = {bytes.fixed / 2, bytes.perSample / 2};
     }
     spans.push_back(span);
+  }
+  // Note [Tensor-parallel working memory]: what the groups outside every pattern need, per
+  // block holding a pattern's group.
+  std::vector<char> inPattern(b.groups.size(), 0);
+  for (const ShardPattern& pattern : patterns)
+    for (NodeId n : pattern.nodes)
+      if (groupOf[n] >= 0) inPattern[groupOf[n]] = 1;
+  for (int blk = 0; blk < b.blockCount(); ++blk) {
+    BlockCost& block = b.request.blocks[blk];
+    block.replicatedWorkingBytes.reset();
+    core::LinearCost replicated;
+    bool holdsPattern = false;
+    for (int gi = b.blockFirstGroup[blk]; gi < b.blockFirstGroup[blk + 1]; ++gi) {
+      if (inPattern[gi]) {
+        holdsPattern = true;
+        continue;
+      }
+      replicated.fixed = std::max(replicated.fixed, groupWorking[gi].fixed);
+      replicated.perSample = std::max(replicated.perSample, groupWorking[gi].perSample);
+    }
+    if (holdsPattern) block.replicatedWorkingBytes = replicated;
   }
   std::stable_sort(spans.begin(), spans.end(), [](const ShardableSpan& x, const ShardableSpan& y) {
     return x.lastBlock < y.lastBlock;

@@ -90,10 +90,12 @@ std::string baseKind(const std::string& kind);
 bool isLinearNode(const core::Graph& graph, core::NodeId node);
 core::ValueId linearActivation(const core::Graph& graph, core::NodeId node);
 
-// Sets b.request.shardable from `patterns` (findShardPatterns(graph)'s). `groupCost` are the
-// atomic groups' costs (calibrated) in b.groups' order.
+// Sets b.request.shardable from `patterns` (findShardPatterns(graph)'s), and the blocks'
+// replicatedWorkingBytes. `groupCost` are the atomic groups' costs (calibrated) in b.groups'
+// order, `groupWorking` their working bytes as the blocks count them.
 void addShardableSpans(const core::Graph& graph, const core::GraphProfile& profile,
                        const std::vector<ShardPattern>& patterns,
-                       const std::vector<BlockCost>& groupCost, Blocking& b);
+                       const std::vector<BlockCost>& groupCost,
+                       const std::vector<core::LinearCost>& groupWorking, Blocking& b);
 
 }  // namespace autostage::decomposer

@@ -38,17 +38,11 @@
 #include <vector>
 
 #include "core/ir/graph.h"
+#include "decomposer/tensor_parallel_split.h"
 
 namespace autostage::staging {
 
-// Parameter `param` is held in slices: dimension `dim` holds `sections` equal parts (1, or the
-// parts of a fused projection), each cut into `degree` equal slices; member j holds slice j of
-// each part, concatenated.
-struct ParamShard {
-  core::ValueId param = -1;
-  int dim = 0;
-  int sections = 1;
-};
+using decomposer::ParamShard;  // the slices a member holds of a parameter
 
 struct ShardedStage {
   core::Graph graph;                   // the stage for one member (the same for every member)

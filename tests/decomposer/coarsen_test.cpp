@@ -61,8 +61,8 @@ TEST_CASE("atomic groups replicate shared PARAM nodes and keep dead ones", "[dec
   REQUIRE(groups[2].attached.empty());
 }
 
-TEST_CASE("synthetic transformer layers have 76 IR nodes", "[decomposer]") {
-  REQUIRE(smallBert(3).graph.nodeCount() - smallBert(2).graph.nodeCount() == 76);
+TEST_CASE("synthetic transformer layers have kTransformerLayerNodes IR nodes", "[decomposer]") {
+  REQUIRE(smallBert(3).graph.nodeCount() - smallBert(2).graph.nodeCount() == kTransformerLayerNodes);
 }
 
 TEST_CASE("blocks are convex and cover every node and cuts equal the prefix boundary", "[decomposer]") {

@@ -11,6 +11,7 @@
 #include "decomposer/cost_model.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
+#include "decomposer/tensor_parallel_split.h"
 
 using namespace autostage;
 using namespace autostage::decomposer;
@@ -246,4 +247,65 @@ TEST_CASE("a GPT's vocabulary embedding and LM head are split over the vocabular
   const core::LinearCost headInput = valueBytes(tied.graph, tied.profile, head.allreduced);
   CHECK(span.cost.allreduceBytes.perSample ==
         Approx((embedded.perSample + headInput.perSample) / 2));
+}
+
+TEST_CASE("a pattern is counted split only at the degrees the runtime splits it at",
+          "[decomposer]") {
+  // ShardableSpan::degrees, from splitDegrees (the check staging's rewrite runs): 12 heads
+  // split 2 and 4 ways, not 8; a vocabulary of 50,257 rows at no degree; 32,000 at every one.
+  TransformerShape shape;
+  shape.layers = 2;
+  shape.hidden = 768;
+  shape.heads = 12;
+  shape.sequence = 64;
+  shape.vocabulary = 50257;
+  shape.causal = true;
+  const SyntheticModel gpt2 = syntheticTransformer(shape, DeviceModel{});
+  const std::vector<ShardPattern> patterns = findShardPatterns(gpt2.graph);
+  REQUIRE(patterns.size() == 2 * 2 + 2);
+  const SplitDegrees split = splitDegrees(gpt2.graph, patterns);
+  REQUIRE(split.degrees.size() == patterns.size());
+  const unsigned all = ShardableSpan::kAllDegrees;
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    const ShardPattern& p = patterns[i];
+    INFO("pattern " << i << " ending at " << gpt2.graph.node(p.nodes.back()).scope);
+    if (p.vocabulary != ShardPattern::Vocabulary::None) CHECK(split.degrees[i] == 0u);
+    else if (p.attention) CHECK(split.degrees[i] == ((1u << 2) | (1u << 4)));
+    else CHECK(split.degrees[i] == all);  // the MLP: 3,072 features
+  }
+  REQUIRE(split.replicated.count(8));
+  CHECK(split.replicated.at(8).size() == 2 + 2);  // the attentions, the embedding and the head
+  CHECK(split.replicated.at(2).size() == 2);      // the embedding and the head
+  bool heads = false;
+  for (const std::string& line : split.replicated.at(8))
+    heads = heads || line.find("not divisible by 8") != std::string::npos;
+  CHECK(heads);
+  const Blocking b = buildBlocking(gpt2.graph, gpt2.profile, 256, 8, true);
+  REQUIRE(b.request.shardable.size() == patterns.size());
+  int vocabulary = 0;
+  for (const ShardableSpan& s : b.request.shardable) vocabulary += s.degrees == 0;
+  CHECK(vocabulary == 2);
+
+  shape.vocabulary = 32000;
+  shape.heads = 16;
+  const SyntheticModel even = syntheticTransformer(shape, DeviceModel{});
+  const std::vector<ShardPattern> evenPatterns = findShardPatterns(even.graph);
+  for (unsigned degrees : splitDegrees(even.graph, evenPatterns).degrees) CHECK(degrees == all);
+
+  // A forced degree no pattern splits at is refused, naming why; auto plans without it.
+  shape.layers = 1;
+  shape.hidden = 15;
+  shape.heads = 5;  // 5 heads of 3, an MLP of 60 features: neither splits 8 ways
+  shape.vocabulary = 1000;
+  const SyntheticModel odd = syntheticTransformer(shape, DeviceModel{});
+  PlanOptions options;
+  options.tensorParallel = "8";
+  core::ClusterSpec cluster;
+  cluster.devices = cluster.devicesPerNode = 8;
+  cluster.memoryPerDevice = int64_t{1} << 34;
+  REQUIRE_THROWS_WITH(makeBlocking(odd.graph, odd.profile, cluster, 8, options),
+                      Catch::Contains("none of the 2 pattern(s)") &&
+                          Catch::Contains("splits over 8 ranks"));
+  options.tensorParallel = "2";
+  REQUIRE(makeBlocking(odd.graph, odd.profile, cluster, 8, options).request.shardable.size() == 2);
 }

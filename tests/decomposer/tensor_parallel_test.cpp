@@ -50,7 +50,19 @@ void addShardableParts(std::mt19937& rng, PlanRequest& request) {
     }
     s.allreducePairs = 1 + static_cast<int>(rng() % 2);
     s.allreduceBytes = {0, s.allreducePairs * between(1e5, 2e7)};
+    // A fifth of the patterns do not split at 8 or at 4 and 8 (12 heads; a vocabulary of 50,257
+    // rows splits at none): ShardableSpan::degrees.
+    const double d = unit(rng);
+    if (d < 0.1) span.degrees = 1u << 2;
+    else if (d < 0.2) span.degrees = (1u << 2) | (1u << 4);
     request.shardable.push_back(span);
+    // The groups outside the pattern need part of the blocks' working bytes, or none.
+    for (int b = first; b <= last; ++b) {
+      BlockCost& c = request.blocks[b];
+      const double outside = unit(rng) < 0.2 ? 0.0 : between(0.1, 1.0);
+      c.replicatedWorkingBytes =
+          core::LinearCost{c.workingBytes.fixed * outside, c.workingBytes.perSample * outside};
+    }
     first = last;
   }
 }
@@ -142,6 +154,72 @@ TEST_CASE("a tensor-parallel group across nodes is costed on the inter-node link
   const CostModel model(request);
   const StageEstimate e = model.stage({0, 0, 1, 0, false, 1, false, 2}, 1, Schedule::OneFOneB);
   REQUIRE(near(e.tensorParallelForwardSeconds, 2 * 5e-5 + 1.0 * (4e5 * 16) / 1e10));
+}
+
+TEST_CASE("a tensor-parallel stage's working bytes split where its patterns do", "[decomposer]") {
+  // Note [Tensor-parallel working memory], against the rule applied block by block: a block
+  // holding a pattern's group counts max(replicated, working / t) when every span reaching it
+  // lies within the stage and splits at t, else its working bytes whole.
+  std::mt19937 rng(2031);
+  int split = 0;
+  for (int instance = 0; instance < 40; ++instance) {
+    const int n = 2 + static_cast<int>(rng() % 7);
+    PlanRequest request = testing::randomRequest(rng, n, 8);
+    request.devicesPerNode = 8;
+    request.options.tensorParallel = "auto";
+    addShardableParts(rng, request);
+    for (ShardableSpan& s : request.shardable)  // longer spans than addShardableParts makes
+      if (rng() % 4 == 0) s.firstBlock = std::max(0, s.firstBlock - 2);
+    std::stable_sort(request.shardable.begin(), request.shardable.end(),
+                     [](const ShardableSpan& a, const ShardableSpan& b) { return a.lastBlock < b.lastBlock; });
+    INFO("instance " << instance << "\n" << request.toText());
+    const RangeIndex ranges(request);
+    for (int t : {2, 4, 8})
+      for (int first = 0; first < n; ++first)
+        for (int last = first; last < n; ++last) {
+          core::LinearCost expected;
+          for (int b = first; b <= last; ++b) {
+            const BlockCost& c = request.blocks[b];
+            bool whole = !c.replicatedWorkingBytes;
+            for (const ShardableSpan& s : request.shardable)
+              if (s.firstBlock <= b && b <= s.lastBlock)
+                whole = whole || s.firstBlock < first || s.lastBlock > last || !s.splitsAt(t);
+            core::LinearCost w = c.workingBytes;
+            if (!whole) {
+              w = {std::max(c.replicatedWorkingBytes->fixed, w.fixed / t),
+                   std::max(c.replicatedWorkingBytes->perSample, w.perSample / t)};
+              split += w.fixed < c.workingBytes.fixed;
+            }
+            expected.fixed = std::max(expected.fixed, w.fixed);
+            expected.perSample = std::max(expected.perSample, w.perSample);
+          }
+          const core::LinearCost got = ranges.workingAt(first, last, t, false);
+          CHECK(got.fixed == expected.fixed);
+          CHECK(got.perSample == expected.perSample);
+          // The bound for the stops: below every extension to the left.
+          const core::LinearCost low = ranges.workingAt(first, last, t, true);
+          for (int f = first; f >= 0; --f) {
+            const core::LinearCost wider = ranges.workingAt(f, last, t, false);
+            CHECK(low.fixed <= wider.fixed);
+            CHECK(low.perSample <= wider.perSample);
+          }
+        }
+  }
+  CHECK(split > 50);  // the instances do split working bytes
+  // And the stage estimate uses it: the one-layer request's block, its groups outside the
+  // pattern needing 40% of its working bytes, at degree 4.
+  PlanRequest request = oneLayer();
+  request.blocks[0].replicatedWorkingBytes = core::LinearCost{400, 40};
+  const CostModel model(request);
+  const StageChoice choice{0, 0, 1, 0, false, 1, false, 4};
+  const StageEstimate e = model.stage(choice, 4, Schedule::OneFOneB);
+  CHECK(e.workingBytes == std::max(400.0, 1e3 / 4) + std::max(40.0, 1e2 / 4) * 4);
+  // Text form: the field survives, and a block without it reads back without it.
+  const PlanRequest back = PlanRequest::parse(request.toText());
+  REQUIRE(back.blocks[0].replicatedWorkingBytes.has_value());
+  CHECK(back.blocks[0].replicatedWorkingBytes->fixed == 400);
+  CHECK(back.blocks[0].replicatedWorkingBytes->perSample == 40);
+  CHECK_FALSE(back.blocks[1].replicatedWorkingBytes.has_value());
 }
 
 TEST_CASE("tensor_parallel=1 plans exactly as a request with nothing shardable", "[decomposer]") {
@@ -337,7 +415,10 @@ TEST_CASE("a request's shardable spans survive its text form, and so does its pl
   PlanRequest request = oneLayer();
   request.shardable[1].firstBlock = 0;  // one pattern over both blocks, one over the first
   request.shardable[1].cost.allreduceBytes = {3, 5e5};
+  request.shardable[1].degrees = (1u << 2) | (1u << 8);
   const std::string text = request.toText();
+  REQUIRE(text.find(" 2,4,8\n") != std::string::npos);
+  REQUIRE(text.find(" 2,8\n") != std::string::npos);
   REQUIRE(text.find("\nshardable 0 0 ") != std::string::npos);
   REQUIRE(text.find("\nshardable 0 1 ") != std::string::npos);
   const PlanRequest back = PlanRequest::parse(text);
@@ -354,10 +435,54 @@ TEST_CASE("a request's shardable spans survive its text form, and so does its pl
     CHECK(a.cost.activationBytes.perSample == b.cost.activationBytes.perSample);
     CHECK(a.cost.allreduceBytes.fixed == b.cost.allreduceBytes.fixed);
     CHECK(a.cost.allreduceBytes.perSample == b.cost.allreduceBytes.perSample);
+    CHECK(a.degrees == b.degrees);
   }
   REQUIRE(back.toText() == text);
   REQUIRE(planStages(back).toString() == planStages(request).toString());
   REQUIRE_THROWS_AS(PlanRequest::parse(text + "shardable 0 x\n"), FormatError);
+  // A request written before the degrees were: every degree; a bad list is named.
+  std::string old = text;
+  for (const char* degrees : {" 2,4,8\n", " 2,8\n"}) {
+    const size_t at = old.find(degrees);
+    old.replace(at, std::string(degrees).size(), "\n");
+  }
+  for (const ShardableSpan& s : PlanRequest::parse(old).shardable)
+    CHECK(s.degrees == ShardableSpan::kAllDegrees);
+  const size_t at = text.find(" 2,8\n");
+  std::string bad = text;
+  bad.replace(at, 5, " 2,3\n");
+  REQUIRE_THROWS_WITH(PlanRequest::parse(bad), Catch::Contains("shardable degrees '2,3'"));
+}
+
+TEST_CASE("a pattern counts as split only at the degrees it splits at", "[decomposer]") {
+  // Note [Tensor-parallel cost], ShardableSpan::degrees: block 0's pattern splits 2 and 4 ways
+  // (e.g. 12 heads), block 1's at no degree (a vocabulary of 50,257 rows).
+  PlanRequest request = oneLayer();
+  request.devices = request.devicesPerNode = 8;
+  request.shardable[0].degrees = (1u << 2) | (1u << 4);
+  request.shardable[1].degrees = 0;
+  const CostModel model(request);
+  const ShardableCost& layer = request.shardable[0].cost;
+  for (int t : {2, 4, 8}) {
+    CHECK(model.ranges().shardable(0, 0, t).paramBytes == (t == 8 ? 0 : layer.paramBytes));
+    CHECK(model.ranges().shardable(1, 1, t).paramBytes == 0);
+    CHECK(model.ranges().shardable(0, 1, t).allreducePairs == (t == 8 ? 0 : layer.allreducePairs));
+    CHECK(model.ranges().shardableEndingIn(0, 1, t).paramBytes == (t == 8 ? 0 : layer.paramBytes));
+  }
+  // At degree 8 the stage holds every parameter whole, as tensor_parallel=1, and all-reduces none.
+  StageChoice choice{0, 1, 1, 0, false, 0, false, 8};
+  const StageEstimate at8 = model.stage(choice, 1, Schedule::OneFOneB);
+  choice.tensorParallel = 1;
+  const StageEstimate whole = model.stage(choice, 1, Schedule::OneFOneB);
+  CHECK(at8.paramBytes == whole.paramBytes);
+  CHECK(at8.tensorParallelForwardSeconds == 0);
+  CHECK(near(at8.forwardSeconds, whole.forwardSeconds));
+  choice.tensorParallel = 4;
+  const StageEstimate at4 = model.stage(choice, 1, Schedule::OneFOneB);
+  CHECK(near(at4.paramBytes, whole.paramBytes - layer.paramBytes * 3 / 4));
+  // tensor_parallel=auto never picks 8 for it: 8 ranks holding what 1 would, slower.
+  const Plan plan = planStages(request);
+  for (const StagePlan& stage : plan.stages) CHECK(stage.tensorParallel != 8);
 }
 
 TEST_CASE("a tensor-parallel stage is as narrow as its degree allows in device units",

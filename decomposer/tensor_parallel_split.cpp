@@ -1,0 +1,610 @@
+// Whether and how a pattern splits over a tensor-parallel group; see tensor_parallel_split.h.
+#include "decomposer/tensor_parallel_split.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace autostage::decomposer {
+
+using core::Graph;
+using core::NodeId;
+using core::ValueId;
+
+bool isKind(const core::Node& n, std::initializer_list<const char*> kinds) {
+  const std::string base = baseKind(n.kind);
+  for (const char* k : kinds)
+    if (base == k) return true;
+  return false;
+}
+
+std::optional<int64_t> constantInt(const Graph& g, ValueId v) {
+  const NodeId p = g.producer(v);
+  if (p == core::kNoNode || g.node(p).kind != "prim::Constant") return std::nullopt;
+  const core::Attribute* a = g.node(p).findAttribute("value");
+  if (a == nullptr || !std::holds_alternative<int64_t>(a->value)) return std::nullopt;
+  return std::get<int64_t>(a->value);
+}
+
+// A None argument (TorchScript's NoneType constant; torch.export's constant without a value).
+bool isNone(const Graph& g, ValueId v) {
+  if (g.value(v).type.kind() == core::TypeKind::None) return true;
+  const NodeId p = g.producer(v);
+  return p != core::kNoNode && g.node(p).kind == "prim::Constant" && !g.value(v).type.isTensor() &&
+         g.node(p).findAttribute("value") == nullptr;
+}
+namespace {
+
+struct Failure {
+  std::string reason;
+};
+
+// The entries of an int-list argument: constants, or nullopt where computed at run time.
+std::optional<std::vector<std::optional<int64_t>>> listEntries(const Graph& g, ValueId v) {
+  const NodeId p = g.producer(v);
+  if (p == core::kNoNode) return std::nullopt;
+  const core::Node& node = g.node(p);
+  std::vector<std::optional<int64_t>> out;
+  if (node.kind == "prim::ListConstruct") {
+    for (ValueId e : node.inputs) out.push_back(constantInt(g, e));
+    return out;
+  }
+  if (node.kind == "prim::Constant") {
+    const core::Attribute* a = node.findAttribute("value");
+    if (a == nullptr || !std::holds_alternative<std::vector<int64_t>>(a->value)) return std::nullopt;
+    for (int64_t e : std::get<std::vector<int64_t>>(a->value)) out.push_back(e);
+    return out;
+  }
+  return std::nullopt;
+}
+
+const std::vector<int64_t>& shapeOf(const Graph& g, ValueId v) {
+  const core::Type& t = g.value(v).type;
+  if (!t.isTensor() || !t.shapeKnown())
+    throw Failure{"value " + g.value(v).name + " has no recorded shape"};
+  return t.shape();
+}
+
+int64_t product(const std::vector<int64_t>& s, size_t from, size_t to) {
+  int64_t p = 1;
+  for (size_t i = from; i < to; ++i) p *= s[i];
+  return p;
+}
+
+int normDim(int64_t d, size_t rank) { return static_cast<int>(d < 0 ? d + static_cast<int64_t>(rank) : d); }
+
+class Planner {
+ public:
+  Planner(const Graph& g, const std::set<NodeId>& stage, int degree)
+      : g_(g), stage_(stage), degree_(degree) {}
+
+  PatternPlan plan(const decomposer::ShardPattern& pattern) {
+    PatternPlan p;
+    pattern_ = std::set<NodeId>(pattern.nodes.begin(), pattern.nodes.end());
+    p.row = pattern.rowLinear;
+    for (NodeId n : pattern.nodes)
+      if (n != pattern.rowLinear && decomposer::isLinearNode(g_, n)) p.columns.insert(n);
+    if (p.columns.empty()) throw Failure{"no column-parallel linear"};
+    for (NodeId n : pattern.nodes) {
+      if (n == pattern.tiedEmbedding) continue;  // runs as tp_embedding of the same rows
+      if (p.columns.count(n)) column(p, n);
+      else if (n == p.row) row(p, n);
+      else if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::Head ||
+               !vocabularyLoss(p, n))
+        follow(p, n);
+    }
+    for (const auto& [param, origin] : p.paramOrigin)
+      if (p.sections.count(origin)) p.params[param].sections = p.sections[origin];
+    return p;
+  }
+
+ private:
+  // A parameter sliced along `dim`: a graph input read by nothing but the pattern (through
+  // aten::t nodes whose readers are in the pattern).
+  void shardParam(PatternPlan& p, ValueId param, int dim, int sections) {
+    if (g_.producer(param) != core::kNoNode || g_.value(param).cls != core::ValueClass::Param)
+      throw Failure{"value " + g_.value(param).name + " is not a parameter of the model"};
+    for (NodeId c : g_.consumers(param)) {
+      if (pattern_.count(c)) continue;
+      const core::Node& n = g_.node(c);
+      bool viaTranspose = isKind(n, {"aten::t"}) && stage_.count(c);
+      for (NodeId cc : viaTranspose ? g_.consumers(n.outputs.at(0)) : std::vector<NodeId>{})
+        if (!pattern_.count(cc)) viaTranspose = false;
+      if (!viaTranspose)
+        throw Failure{"parameter " + g_.value(param).name + " is also read by " +
+                      core::nodeLabel(g_, c)};
+    }
+    const std::vector<int64_t>& s = shapeOf(g_, param);
+    if (s.at(dim) % (static_cast<int64_t>(sections) * degree_) != 0)
+      throw Failure{"parameter " + g_.value(param).name + " has " + std::to_string(s[dim]) +
+                    " rows/columns, not divisible by " + std::to_string(sections * degree_)};
+    auto [it, added] = p.params.emplace(param, ParamShard{param, dim, sections});
+    if (!added && (it->second.dim != dim))
+      throw Failure{"parameter " + g_.value(param).name + " is split two ways"};
+  }
+
+  // The weight of a linear node and the dimension of it that holds `outputSide` (true: the
+  // output features) in storage order. Through aten::t, the graph input behind it.
+  std::pair<ValueId, int> weightOf(NodeId n, bool outputSide) {
+    const core::Node& node = g_.node(n);
+    if (isKind(node, {"aten::linear"})) return {node.inputs.at(1), outputSide ? 0 : 1};
+    ValueId w = isKind(node, {"aten::addmm"}) ? node.inputs.at(2) : node.inputs.at(1);
+    if (g_.value(w).cls != core::ValueClass::Param)
+      throw Failure{core::nodeLabel(g_, n) + " has no parameter as its second operand"};
+    const NodeId t = g_.producer(w);
+    if (t == core::kNoNode) return {w, outputSide ? 1 : 0};  // [in, out]
+    if (isKind(g_.node(t), {"aten::t"}) && g_.producer(g_.node(t).inputs.at(0)) == core::kNoNode)
+      return {g_.node(t).inputs.at(0), outputSide ? 0 : 1};
+    throw Failure{core::nodeLabel(g_, n) + " reads its weight through " + core::nodeLabel(g_, t)};
+  }
+
+  void requireOnes(NodeId n, std::initializer_list<int> inputs) {
+    for (int i : inputs) {
+      std::optional<int64_t> c = constantInt(g_, g_.node(n).inputs.at(i));
+      if (!c || *c != 1) throw Failure{core::nodeLabel(g_, n) + " scales by beta/alpha other than 1"};
+    }
+  }
+
+  void column(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    auto [w, dim] = weightOf(n, true);
+    shardParam(p, w, dim, 1);
+    p.paramOrigin[w] = n;
+    if (isKind(node, {"aten::linear"}) && !isNone(g_, node.inputs.at(2))) {
+      shardParam(p, node.inputs.at(2), 0, 1);
+      p.paramOrigin[node.inputs.at(2)] = n;
+    }
+    if (isKind(node, {"aten::addmm"})) {
+      requireOnes(n, {3, 4});
+      const ValueId b = node.inputs.at(0);
+      if (shapeOf(g_, b).size() != 1) throw Failure{core::nodeLabel(g_, n) + " adds a bias that is not 1-D"};
+      shardParam(p, b, 0, 1);
+      p.paramOrigin[b] = n;
+    }
+    const ValueId out = node.outputs.at(0);
+    const std::vector<int64_t>& s = shapeOf(g_, out);
+    if (s.back() % degree_ != 0)
+      throw Failure{core::nodeLabel(g_, n) + " has " + std::to_string(s.back()) +
+                    " output features, not divisible by " + std::to_string(degree_)};
+    p.split[out] = Split{static_cast<int>(s.size()) - 1, s.back(), n};
+  }
+
+  void row(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    const ValueId x = decomposer::linearActivation(g_, n);
+    auto it = p.split.find(x);
+    const std::vector<int64_t>& s = shapeOf(g_, x);
+    if (it == p.split.end() || it->second.dim != static_cast<int>(s.size()) - 1 ||
+        it->second.size != s.back())
+      throw Failure{"the input of " + core::nodeLabel(g_, n) + " is not split along its features"};
+    auto [w, dim] = weightOf(n, false);
+    shardParam(p, w, dim, 1);
+    if (isKind(node, {"aten::addmm"})) requireOnes(n, {3, 4});
+  }
+
+  // The split `in` (of a value of rank `inRank`) seen in an output of rank `outRank` whose
+  // dimensions line up from the right (broadcasting).
+  static Split aligned(const Split& in, size_t inRank, size_t outRank) {
+    Split out = in;
+    out.dim = in.dim + static_cast<int>(outRank) - static_cast<int>(inRank);
+    return out;
+  }
+
+  // Joins the splits of a node's tensor operands, aligned to an output of rank `rank`; operands
+  // that are not split must broadcast over the split dimension, or be parameters sliced too.
+  Split joinOperands(PatternPlan& p, NodeId n, const std::vector<int>& operands, size_t rank) {
+    const core::Node& node = g_.node(n);
+    std::optional<Split> joined;
+    for (int i : operands) {
+      const ValueId v = node.inputs.at(i);
+      auto it = p.split.find(v);
+      if (it == p.split.end()) continue;
+      Split s = aligned(it->second, shapeOf(g_, v).size(), rank);
+      if (joined && (joined->dim != s.dim || joined->size != s.size))
+        throw Failure{core::nodeLabel(g_, n) + " combines tensors split differently"};
+      joined = s;
+    }
+    if (!joined) throw Failure{core::nodeLabel(g_, n) + " reads no split tensor"};
+    for (int i : operands) {
+      const ValueId v = node.inputs.at(i);
+      if (p.split.count(v) || !g_.value(v).type.isTensor()) continue;
+      const std::vector<int64_t>& s = shapeOf(g_, v);
+      const int d = joined->dim - static_cast<int>(rank - s.size());
+      if (d < 0 || s[d] == 1) continue;  // broadcast over the split dimension
+      if (g_.value(v).cls == core::ValueClass::Param && s[d] % joined->size == 0) {
+        shardParam(p, v, d, static_cast<int>(s[d] / joined->size));
+        // A bias added to a fused projection's whole output is cut in its parts, as the
+        // projection is (sections set once its split is seen).
+        const std::vector<int64_t>& width = shapeOf(g_, g_.node(joined->origin).outputs.at(0));
+        if (s[d] == joined->size && joined->size == width.back()) p.paramOrigin[v] = joined->origin;
+        continue;
+      }
+      throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name +
+                    ", which is not split, across the split dimension"};
+    }
+    return *joined;
+  }
+
+  const Split& splitOf(const PatternPlan& p, NodeId n, ValueId v) {
+    auto it = p.split.find(v);
+    if (it == p.split.end())
+      throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name + ", which is not split"};
+    return it->second;
+  }
+
+  void setOutputs(PatternPlan& p, NodeId n, const Split& s) {
+    for (ValueId out : g_.node(n).outputs)
+      if (g_.value(out).type.isTensor() || g_.value(out).type.kind() == core::TypeKind::List)
+        p.split[out] = s;
+  }
+
+  void notAlong(NodeId n, const Split& s, int64_t dim, size_t rank) {
+    if (normDim(dim, rank) == s.dim)
+      throw Failure{core::nodeLabel(g_, n) + " works along the split dimension"};
+  }
+
+  int64_t intInput(NodeId n, int i) {
+    std::optional<int64_t> c = constantInt(g_, g_.node(n).inputs.at(i));
+    if (!c) throw Failure{core::nodeLabel(g_, n) + " takes a dimension computed at run time"};
+    return *c;
+  }
+
+  // A view or reshape: where the split lands in the output, and its size there rewritten.
+  void view(PatternPlan& p, NodeId n, const Split& in, int sizesInput) {
+    const core::Node& node = g_.node(n);
+    const std::vector<int64_t>& is = shapeOf(g_, node.inputs.at(0));
+    const std::vector<int64_t>& os = shapeOf(g_, node.outputs.at(0));
+    const int64_t stride = product(is, in.dim + 1, is.size());
+    const int64_t outer = product(is, 0, is.size()) / (in.size * stride);
+    for (size_t k = 0; k < os.size(); ++k) {
+      const int64_t strideK = product(os, k + 1, os.size());
+      const int64_t block = in.size * stride;
+      if ((block / degree_) % strideK != 0 || (os[k] * strideK) % block != 0) continue;
+      if (product(os, 0, k) * (os[k] * strideK / block) != outer) continue;
+      Split out{static_cast<int>(k), block / strideK, in.origin};
+      if (out.size % degree_ != 0) continue;
+      rewriteSizes(p, n, sizesInput, static_cast<int>(k), node.outputs.at(0));
+      setOutputs(p, n, out);
+      return;
+    }
+    throw Failure{core::nodeLabel(g_, n) + " mixes the split dimension with another"};
+  }
+
+  // The sizes (int-list input `i` of `n`) of an output of recorded shape `os` split at `k`:
+  // entry k becomes os[k] / degree; -1 and other constants stay. A size computed at run time may
+  // read a sharded tensor's size (GPT-2's `x.size(-1) // heads`), so in a batch-major output each
+  // one but the batch's becomes its recorded constant; elsewhere the pattern stays replicated.
+  void rewriteSizes(PatternPlan& p, NodeId n, int i, int k, ValueId out) {
+    const std::vector<int64_t>& os = shapeOf(g_, out);
+    const ValueId list = g_.node(n).inputs.at(i);
+    auto entries = listEntries(g_, list);
+    if (!entries || entries->size() != os.size())
+      throw Failure{core::nodeLabel(g_, n) + " takes its sizes as one value computed at run time"};
+    const NodeId producer = g_.producer(list);
+    if (g_.node(producer).kind == "prim::ListConstruct" && !stage_.count(producer))
+      throw Failure{core::nodeLabel(g_, n) + " takes sizes built in another stage"};
+    const core::Value& value = g_.value(out);
+    const bool batchMajor = value.cls == core::ValueClass::Batch && !value.type.notBatchMajor();
+    if (batchMajor && k == 0) throw Failure{core::nodeLabel(g_, n) + " splits the batch dimension"};
+    Rewrite& rewrite = p.rewrites[{n, i}];
+    for (size_t j = 0; j < os.size(); ++j) {
+      const std::optional<int64_t> e = (*entries)[j];
+      if (e && *e == -1) continue;
+      const int64_t want = static_cast<int>(j) == k ? os[j] / degree_ : os[j];
+      if (e) {
+        if (*e != os[j])
+          throw Failure{core::nodeLabel(g_, n) + " has a size that does not match its recorded shape"};
+        if (want != *e) rewrite[static_cast<int>(j)] = want;
+      } else if (batchMajor && j > 0) {
+        rewrite[static_cast<int>(j)] = want;
+      } else if (!batchMajor || static_cast<int>(j) == k) {
+        throw Failure{core::nodeLabel(g_, n) + " takes a size computed at run time"};
+      }
+    }
+  }
+
+  void splitParts(PatternPlan& p, NodeId n, const Split& in) {
+    const core::Node& node = g_.node(n);
+    const size_t rank = shapeOf(g_, node.inputs.at(0)).size();
+    const int64_t dim = intInput(n, 2);
+    if (normDim(dim, rank) != in.dim) {  // split along another dimension: every part as split
+      setOutputs(p, n, in);
+      return;
+    }
+    // A fused projection: each part is one projection, sliced on its own.
+    if (p.sections.count(in.origin) || in.size != shapeOf(g_, node.inputs.at(0))[in.dim])
+      throw Failure{core::nodeLabel(g_, n) + " splits a tensor already cut in parts"};
+    std::vector<int64_t> sizes;
+    if (isKind(node, {"aten::chunk"})) {
+      const int64_t k = intInput(n, 1);
+      if (k <= 0 || in.size % k != 0) throw Failure{core::nodeLabel(g_, n) + " makes unequal chunks"};
+      sizes.assign(k, in.size / k);
+    } else if (isKind(node, {"aten::split_with_sizes"})) {
+      auto entries = listEntries(g_, node.inputs.at(1));
+      if (!entries) throw Failure{core::nodeLabel(g_, n) + " takes sizes computed at run time"};
+      for (size_t k = 0; k < entries->size(); ++k) {
+        if (!(*entries)[k]) throw Failure{core::nodeLabel(g_, n) + " takes sizes computed at run time"};
+        sizes.push_back(*(*entries)[k]);
+        p.rewrites[{n, 1}][static_cast<int>(k)] = sizes.back() / degree_;
+      }
+    } else {
+      const int64_t size = intInput(n, 1);
+      if (size <= 0 || in.size % size != 0) throw Failure{core::nodeLabel(g_, n) + " makes unequal parts"};
+      sizes.assign(in.size / size, size);
+      p.rewrites[{n, 1}][-1] = size / degree_;
+    }
+    for (int64_t s : sizes)
+      if (s != sizes.front() || s % degree_ != 0)
+        throw Failure{core::nodeLabel(g_, n) + " makes parts of " + std::to_string(s) +
+                      ", unequal or not divisible by " + std::to_string(degree_)};
+    p.sections[in.origin] = static_cast<int>(sizes.size());
+    setOutputs(p, n, Split{in.dim, sizes.front(), in.origin});
+  }
+
+  void follow(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    std::vector<int> tensors;
+    for (size_t i = 0; i < node.inputs.size(); ++i)
+      if (g_.value(node.inputs[i]).type.isTensor()) tensors.push_back(static_cast<int>(i));
+    if (isKind(node, {"prim::ListConstruct"})) {
+      std::optional<Split> s;
+      for (ValueId v : node.inputs) {
+        auto it = p.split.find(v);
+        if (it == p.split.end() || (s && (s->dim != it->second.dim || s->size != it->second.size)))
+          throw Failure{core::nodeLabel(g_, n) + " lists tensors split differently"};
+        s = it->second;
+      }
+      if (s) setOutputs(p, n, *s);
+      return;
+    }
+    if (isKind(node, {"prim::ListUnpack"})) {
+      setOutputs(p, n, splitOf(p, n, node.inputs.at(0)));
+      return;
+    }
+    if (isKind(node, {"aten::cat"})) {
+      const Split& s = splitOf(p, n, node.inputs.at(0));
+      notAlong(n, s, intInput(n, 1), shapeOf(g_, node.outputs.at(0)).size());
+      setOutputs(p, n, s);
+      return;
+    }
+    const ValueId in0 = node.inputs.at(0);
+    if (isKind(node, {"aten::split", "aten::split_with_sizes", "aten::chunk"})) {  // list outputs
+      splitParts(p, n, splitOf(p, n, in0));
+      return;
+    }
+    const size_t outRank = shapeOf(g_, node.outputs.at(0)).size();
+    if (isKind(node, {"aten::view", "aten::reshape", "aten::_unsafe_view"})) {
+      view(p, n, splitOf(p, n, in0), 1);
+      return;
+    }
+    if (isKind(node, {"aten::permute"})) {
+      const Split& s = splitOf(p, n, in0);
+      auto dims = listEntries(g_, node.inputs.at(1));
+      if (!dims) throw Failure{core::nodeLabel(g_, n) + " permutes by dimensions computed at run time"};
+      for (size_t k = 0; k < dims->size(); ++k)
+        if ((*dims)[k] && normDim(*(*dims)[k], outRank) == s.dim) {
+          setOutputs(p, n, Split{static_cast<int>(k), s.size, s.origin});
+          return;
+        }
+      throw Failure{core::nodeLabel(g_, n) + " permutes by dimensions computed at run time"};
+    }
+    if (isKind(node, {"aten::transpose"})) {
+      Split s = splitOf(p, n, in0);
+      const int a = normDim(intInput(n, 1), outRank), b = normDim(intInput(n, 2), outRank);
+      if (s.dim == a) s.dim = b;
+      else if (s.dim == b) s.dim = a;
+      setOutputs(p, n, s);
+      return;
+    }
+    if (isKind(node, {"aten::unsqueeze"})) {
+      Split s = splitOf(p, n, in0);
+      if (normDim(intInput(n, 1), outRank) <= s.dim) ++s.dim;
+      setOutputs(p, n, s);
+      return;
+    }
+    if (isKind(node, {"aten::squeeze"})) {
+      Split s = splitOf(p, n, in0);
+      const size_t inRank = shapeOf(g_, in0).size();
+      if (node.inputs.size() < 2 || inRank != outRank + 1)
+        throw Failure{core::nodeLabel(g_, n) + " squeezes dimensions not named"};
+      const int d = normDim(intInput(n, 1), inRank);
+      notAlong(n, s, d, inRank);
+      if (d < s.dim) --s.dim;
+      setOutputs(p, n, s);
+      return;
+    }
+    if (isKind(node, {"aten::expand"})) {
+      const Split s = aligned(splitOf(p, n, in0), shapeOf(g_, in0).size(), outRank);
+      rewriteSizes(p, n, 1, s.dim, node.outputs.at(0));
+      setOutputs(p, n, s);
+      return;
+    }
+    if (isKind(node, {"aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::slice"})) {
+      const Split& s = splitOf(p, n, in0);
+      notAlong(n, s, intInput(n, 1), outRank);
+      setOutputs(p, n, s);
+      return;
+    }
+    if (isKind(node, {"aten::matmul", "aten::bmm"})) {
+      matmul(p, n, {0, 1}, outRank);
+      return;
+    }
+    if (isKind(node, {"aten::baddbmm"})) {  // the added input is a mask
+      matmul(p, n, {1, 2}, outRank);
+      setOutputs(p, n, joinOperands(p, n, {0, 1, 2}, outRank));
+      return;
+    }
+    if (isKind(node, {"aten::scaled_dot_product_attention"})) {
+      const Split s = joinOperands(p, n, {0, 1, 2}, outRank);
+      if (s.dim >= static_cast<int>(outRank) - 2)
+        throw Failure{core::nodeLabel(g_, n) + " is split along its sequence or head features"};
+      if (node.inputs.size() > 3 && g_.value(node.inputs[3]).type.isTensor())
+        joinOperands(p, n, {0, 3}, outRank);
+      setOutputs(p, n, s);
+      return;
+    }
+    if (isKind(node, {"aten::type_as", "aten::to", "aten::_to_copy", "aten::contiguous",
+                  "aten::clone", "aten::dropout", "aten::neg", "aten::gelu", "aten::relu",
+                  "aten::silu", "aten::tanh", "aten::sigmoid", "aten::erf", "aten::exp",
+                  "aten::sqrt", "aten::rsqrt"})) {
+      setOutputs(p, n, aligned(splitOf(p, n, in0), shapeOf(g_, in0).size(), outRank));
+      return;
+    }
+    if (isKind(node, {"aten::add", "aten::sub", "aten::mul", "aten::div", "aten::pow",
+                  "aten::masked_fill", "aten::where"})) {
+      setOutputs(p, n, joinOperands(p, n, tensors, outRank));
+      return;
+    }
+    throw Failure{core::nodeLabel(g_, n) + ": its operator is not followed by the sharding"};
+  }
+
+  // An LM head's log-softmax along the split vocabulary, or its loss (Note [Vocabulary-parallel
+  // loss]): recorded in p.vocabularyOps. False for any other node (follow's).
+  bool vocabularyLoss(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    const auto split = p.split.find(node.inputs.at(0));
+    if (split == p.split.end()) return false;
+    const Split& s = split->second;
+    const size_t rank = shapeOf(g_, node.inputs.at(0)).size();
+    if (isKind(node, {"aten::log_softmax", "aten::_log_softmax"})) {
+      if (normDim(intInput(n, 1), rank) != s.dim) return false;
+      const ValueId option = node.inputs.size() > 2 ? node.inputs[2] : -1;
+      const bool plain = option < 0 || isNone(g_, option) || constantInt(g_, option) == int64_t{0};
+      if (!plain) throw Failure{core::nodeLabel(g_, n) + " changes the dtype of the log-softmax"};
+      p.vocabularyOps[n] = "tp_log_softmax";
+      setOutputs(p, n, s);
+      return true;
+    }
+    const std::string base = baseKind(node.kind);
+    const bool crossEntropy = base == "aten::cross_entropy_loss" || base == "aten::cross_entropy";
+    if (!crossEntropy && !isKind(node, {"aten::nll_loss", "aten::nll_loss_nd", "aten::nll_loss2d"}))
+      return false;
+    if (rank < 2 || s.dim != 1 || s.size != shapeOf(g_, node.inputs[0])[1])
+      throw Failure{core::nodeLabel(g_, n) + " is not split along its classes (dimension 1)"};
+    const ValueId target = node.inputs.at(1);
+    const core::Type& targetType = g_.value(target).type;
+    if (p.split.count(target) || !targetType.isTensor() || targetType.dtype() != core::DType::Int64)
+      throw Failure{core::nodeLabel(g_, n) + " takes no int64 class indices (probabilities?)"};
+    if (!isNone(g_, node.inputs.at(2)))
+      throw Failure{core::nodeLabel(g_, n) + " weighs its classes"};
+    for (int i : {3, 4}) (void)intInput(n, i);  // reduction and ignore_index: constants
+    if (crossEntropy) {
+      const NodeId smoothing = node.inputs.size() > 5 ? g_.producer(node.inputs[5]) : core::kNoNode;
+      if (smoothing == core::kNoNode || g_.node(smoothing).kind != "prim::Constant")
+        throw Failure{core::nodeLabel(g_, n) + " takes its label smoothing computed at run time"};
+    }
+    p.vocabularyOps[n] = crossEntropy ? "tp_cross_entropy" : "tp_nll_loss";
+    return true;
+  }
+
+  // A batched matmul of split operands: the split must be a batch dimension.
+  Split matmul(PatternPlan& p, NodeId n, const std::vector<int>& operands, size_t outRank) {
+    const Split s = joinOperands(p, n, operands, outRank);
+    if (s.dim >= static_cast<int>(outRank) - 2)
+      throw Failure{core::nodeLabel(g_, n) + " multiplies along the split dimension"};
+    setOutputs(p, n, s);
+    return s;
+  }
+
+  const Graph& g_;
+  const std::set<NodeId>& stage_;
+  int degree_;
+  std::set<NodeId> pattern_;
+};
+
+// Why the vocabulary embedding `n` cannot be split over `degree` ranks (empty: it can): its
+// weight must be read by it alone (`tied`: the LM head's pattern checks the other readers), its
+// rows must divide by the degree, and it must not scale gradients by frequency or make them
+// sparse.
+std::string vocabularyEmbeddingProblem(const Graph& graph, NodeId n, int degree, bool tied) {
+  const core::Node& node = graph.node(n);
+  const ValueId weight = node.inputs.at(0);
+  for (NodeId c : graph.consumers(weight))
+    if (c != n && !tied) return "its weight is also read by " + core::nodeLabel(graph, c);
+  const core::Type& type = graph.value(weight).type;
+  if (!type.shapeKnown() || type.shape().empty() || type.shape()[0] % degree != 0)
+    return "its rows do not divide by " + std::to_string(degree);
+  for (size_t i = 3; i < node.inputs.size(); ++i) {  // scale_grad_by_freq, sparse
+    const std::optional<int64_t> flag = constantInt(graph, node.inputs[i]);
+    if (!flag.has_value() || *flag != 0) return "it scales gradients by frequency or is sparse";
+  }
+  if (node.inputs.size() > 2 && !constantInt(graph, node.inputs[2]).has_value())
+    return "its padding index is not a constant";
+  return "";
+}
+
+// Plans `pattern`, whose nodes `stage` holds all of, for `degree` ranks into `plan`; returns ""
+// or the line saying why it stays replicated.
+std::string planPattern(const Graph& graph, const ShardPattern& pattern,
+                        const std::set<NodeId>& stage, int degree, PatternPlan& plan) {
+  if (pattern.vocabulary == ShardPattern::Vocabulary::Embedding) {
+    const NodeId n = pattern.nodes.front();
+    const std::string why = vocabularyEmbeddingProblem(graph, n, degree, false);
+    if (!why.empty())
+      return "the vocabulary embedding at " + core::nodeLabel(graph, n) + " stays replicated: " + why;
+    plan.embedding = n;
+    plan.nodes = pattern.nodes;
+    const ValueId weight = graph.node(n).inputs.at(0);
+    plan.params[weight] = ParamShard{weight, 0, 1};
+    return "";
+  }
+  const std::string name =
+      pattern.vocabulary == ShardPattern::Vocabulary::Head
+          ? "the vocabulary head at " + core::nodeLabel(graph, pattern.head)
+          : std::string(pattern.attention ? "attention" : "MLP") + " ending at " +
+                core::nodeLabel(graph, pattern.rowLinear);
+  if (pattern.tiedEmbedding != core::kNoNode) {  // the table's rows split for both ends
+    const std::string why = vocabularyEmbeddingProblem(graph, pattern.tiedEmbedding, degree, true);
+    if (!why.empty())
+      return name + " and its tied embedding at " + core::nodeLabel(graph, pattern.tiedEmbedding) +
+             " stay replicated: the embedding: " + why;
+  }
+  try {
+    plan = Planner(graph, stage, degree).plan(pattern);
+  } catch (const Failure& f) {
+    return name + " stays replicated: " + f.reason;
+  } catch (const std::out_of_range&) {  // an operator with fewer operands than its schema
+    return name + " stays replicated: an operator has unexpected operands";
+  }
+  plan.nodes = pattern.nodes;
+  plan.embedding = pattern.tiedEmbedding;
+  return "";
+}
+
+}  // namespace
+
+std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<NodeId>& nodes,
+                                      int degree, std::vector<std::string>& skipped) {
+  AUTOSTAGE_CHECK_AS(ConfigError, degree >= 1, "tensor-parallel degree ", degree, " is not positive");
+  std::vector<PatternPlan> plans;
+  if (degree == 1) return plans;
+  const std::set<NodeId> stage(nodes.begin(), nodes.end());
+  for (const ShardPattern& pattern : findShardPatterns(graph)) {
+    const bool inside = std::all_of(pattern.nodes.begin(), pattern.nodes.end(),
+                                    [&](NodeId n) { return stage.count(n) != 0; });
+    if (!inside) continue;
+    PatternPlan plan;
+    const std::string why = planPattern(graph, pattern, stage, degree, plan);
+    if (why.empty()) plans.push_back(std::move(plan));
+    else skipped.push_back(why);
+  }
+  return plans;
+}
+
+SplitDegrees splitDegrees(const Graph& graph, const std::vector<ShardPattern>& patterns) {
+  std::set<NodeId> all;
+  for (NodeId n = 0; n < static_cast<NodeId>(graph.nodeCount()); ++n) all.insert(all.end(), n);
+  SplitDegrees result;
+  result.degrees.assign(patterns.size(), 0);
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    for (int degree : {2, 4, 8}) {
+      PatternPlan plan;
+      const std::string why = planPattern(graph, patterns[i], all, degree, plan);
+      if (why.empty()) result.degrees[i] |= 1u << degree;
+      else result.replicated[degree].push_back(why);
+    }
+  }
+  return result;
+}
+
+}  // namespace autostage::decomposer

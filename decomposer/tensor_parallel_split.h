@@ -1,0 +1,81 @@
+#pragma once
+// Whether, and how, a tensor-parallel pattern (Note [Tensor-parallel patterns] in
+// tensor_parallel_patterns.h) splits over a group of `degree` ranks: the split dimension of each
+// value, the sizes rewritten and the parameter slices (Note [Tensor-parallel stages] in
+// staging/tensor_parallel.h, which rewrites a stage by these plans), or why the pattern stays
+// replicated. Torch-free: the planner asks the same question for each degree it searches
+// (ShardableSpan::degrees), so it never counts a pattern split that the runtime leaves whole.
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/ir/graph.h"
+#include "decomposer/tensor_parallel_patterns.h"
+
+namespace autostage::decomposer {
+
+// Parameter `param` is held in slices: dimension `dim` holds `sections` equal parts (1, or the
+// parts of a fused projection), each cut into `degree` equal slices; member j holds slice j of
+// each part, concatenated.
+struct ParamShard {
+  core::ValueId param = -1;
+  int dim = 0;
+  int sections = 1;
+};
+
+// A value split over the group: dimension `dim` is `outer` repetitions of a block of `size`
+// indices, each block cut into `degree` contiguous slices; a member holds slice j of every block.
+struct Split {
+  int dim = 0;
+  int64_t size = 0;
+  core::NodeId origin = core::kNoNode;  // the column-parallel linear it comes from
+};
+
+// A size argument rewritten: entry -> value (entry -1: the argument is one int).
+using Rewrite = std::map<int, int64_t>;
+
+// How one pattern is split (Note [Tensor-parallel stages] in staging/tensor_parallel.h).
+struct PatternPlan {
+  std::map<core::ValueId, Split> split;
+  std::map<std::pair<core::NodeId, int>, Rewrite> rewrites;  // (node, input index)
+  std::map<core::ValueId, ParamShard> params;
+  std::map<core::ValueId, core::NodeId> paramOrigin;  // a column linear's own weight/bias: sections follow it
+  std::map<core::NodeId, int> sections;         // column linear -> parts (fused projection)
+  std::set<core::NodeId> columns;
+  core::NodeId row = core::kNoNode;
+  core::NodeId embedding = core::kNoNode;  // a vocabulary embedding, run as tp_embedding
+  // An LM head's log-softmax and loss over the split vocabulary -> the tp_ operator run instead
+  // (Note [Vocabulary-parallel loss] in staging/tensor_parallel_ops.h).
+  std::map<core::NodeId, const char*> vocabularyOps;
+  std::vector<core::NodeId> nodes;  // the pattern's
+};
+
+
+// The plans of the patterns a stage holding `nodes` (sorted) shards at `degree`; one line per
+// pattern it holds that stays replicated, with the reason, goes to `skipped`.
+std::vector<PatternPlan> planPatterns(const core::Graph& graph, const std::vector<core::NodeId>& nodes,
+                                      int degree, std::vector<std::string>& skipped);
+
+// Per pattern, the degrees of {2, 4, 8} at which it splits in a stage holding every node of
+// `graph` (bit 1 << t: ShardableSpan::degrees), and per degree the lines, as planPatterns'
+// `skipped`, of the patterns that stay replicated at it.
+struct SplitDegrees {
+  std::vector<unsigned> degrees;
+  std::map<int, std::vector<std::string>> replicated;
+};
+SplitDegrees splitDegrees(const core::Graph& graph, const std::vector<ShardPattern>& patterns);
+
+// Node `n`'s operator is one of `kinds` (compared without the overload, as baseKind).
+bool isKind(const core::Node& n, std::initializer_list<const char*> kinds);
+// The value of an int constant; nullopt when `v` is computed at run time.
+std::optional<int64_t> constantInt(const core::Graph& g, core::ValueId v);
+// A None argument (TorchScript's NoneType constant; torch.export's constant without a value).
+bool isNone(const core::Graph& g, core::ValueId v);
+
+}  // namespace autostage::decomposer
