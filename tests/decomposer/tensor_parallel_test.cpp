@@ -5,12 +5,14 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include "core/error.h"
 #include "decomposer/baselines.h"
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_stage_search.h"
+#include "decomposer/request_merge.h"
 #include "plan_quality.h"
 #include "random_requests.h"
 
@@ -220,6 +222,38 @@ TEST_CASE("a tensor-parallel stage's working bytes split where its patterns do",
   CHECK(back.blocks[0].replicatedWorkingBytes->fixed == 400);
   CHECK(back.blocks[0].replicatedWorkingBytes->perSample == 40);
   CHECK_FALSE(back.blocks[1].replicatedWorkingBytes.has_value());
+}
+
+TEST_CASE("merged blocks keep the working bytes outside their patterns", "[decomposer]") {
+  // request_merge.h (the DP's coarser levels): a merged block holding a pattern's group keeps,
+  // as replicatedWorkingBytes, the largest of its blocks' bytes outside every pattern (a block
+  // without a pattern's group: all of its working bytes).
+  std::mt19937 rng(2032);
+  for (int instance = 0; instance < 20; ++instance) {
+    PlanRequest request = testing::randomRequest(rng, 6 + static_cast<int>(rng() % 6), 8);
+    request.options.tensorParallel = "auto";
+    addShardableParts(rng, request);
+    const MergedRequest merged = mergeRequestBlocks(request, 3);
+    REQUIRE(merged.request.blocks.size() + 1 == merged.firstBlock.size());
+    for (size_t k = 0; k + 1 < merged.firstBlock.size(); ++k) {
+      std::optional<core::LinearCost> expected;
+      bool any = false;
+      core::LinearCost outside;
+      for (int b = merged.firstBlock[k]; b < merged.firstBlock[k + 1]; ++b) {
+        const BlockCost& c = request.blocks[b];
+        any = any || c.replicatedWorkingBytes.has_value();
+        const core::LinearCost own = c.replicatedWorkingBytes.value_or(c.workingBytes);
+        outside = {std::max(outside.fixed, own.fixed), std::max(outside.perSample, own.perSample)};
+      }
+      if (any) expected = outside;
+      const BlockCost& got = merged.request.blocks[k];
+      REQUIRE(got.replicatedWorkingBytes.has_value() == expected.has_value());
+      if (expected) {
+        CHECK(got.replicatedWorkingBytes->fixed == expected->fixed);
+        CHECK(got.replicatedWorkingBytes->perSample == expected->perSample);
+      }
+    }
+  }
 }
 
 TEST_CASE("tensor_parallel=1 plans exactly as a request with nothing shardable", "[decomposer]") {
