@@ -34,6 +34,19 @@ void PlanRequest::validate() const {
       AUTOSTAGE_CHECK_AS(PlanError, b >= 0 && b < static_cast<int>(blocks.size()),
                          "plan request: shared parameter refers to block ", b, " of ",
                          blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const std::optional<core::LinearCost>& replicated = blocks[i].replicatedWorkingBytes;
+    const core::LinearCost& working = blocks[i].workingBytes;
+    AUTOSTAGE_CHECK_AS(PlanError,
+                       !replicated || (replicated->fixed >= 0 && replicated->perSample >= 0 &&
+                                       replicated->fixed <= working.fixed &&
+                                       replicated->perSample <= working.perSample),
+                       "plan request: block ", i, "'s working bytes outside its patterns (",
+                       replicated ? replicated->fixed : 0, " + ",
+                       replicated ? replicated->perSample : 0, " per sample) must lie between 0 ",
+                       "and its working bytes (", working.fixed, " + ", working.perSample,
+                       " per sample)");
+  }
   options.tensorParallelCandidates(devicesPerNode);  // a forced degree must divide a node
   int previousLast = 0;
   for (const ShardableSpan& s : shardable) {
@@ -204,10 +217,9 @@ PlanRequest PlanRequest::parse(const std::string& text) {
                       &b.cutBytesAfter})
         readLinear(in, *c, line);
       readField(in, b.paramBytes, line);
-      double replicatedFixed = 0;
-      if (in >> replicatedFixed) {  // BlockCost::replicatedWorkingBytes, when set
-        core::LinearCost replicated{replicatedFixed, 0};
-        readField(in, replicated.perSample, line);
+      if (!(in >> std::ws).eof()) {  // BlockCost::replicatedWorkingBytes, when set
+        core::LinearCost replicated;
+        readLinear(in, replicated, line);
         b.replicatedWorkingBytes = replicated;
       }
       r.blocks.push_back(b);

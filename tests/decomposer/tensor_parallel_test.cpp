@@ -222,6 +222,13 @@ TEST_CASE("a tensor-parallel stage's working bytes split where its patterns do",
   CHECK(back.blocks[0].replicatedWorkingBytes->fixed == 400);
   CHECK(back.blocks[0].replicatedWorkingBytes->perSample == 40);
   CHECK_FALSE(back.blocks[1].replicatedWorkingBytes.has_value());
+  // A bad field is named, and so are bytes outside the patterns above the block's own.
+  std::string text = request.toText();  // block 1 has none: a field after its parameters
+  const size_t end = text.find('\n', text.find("\nblock ", text.find("\nblock ") + 1) + 1);
+  REQUIRE_THROWS_WITH(PlanRequest::parse(text.substr(0, end) + " x" + text.substr(end)),
+                      Catch::Contains("missing or bad field"));
+  request.blocks[0].replicatedWorkingBytes = core::LinearCost{2e3, 40};
+  REQUIRE_THROWS_WITH(request.validate(), Catch::Contains("block 0's working bytes outside"));
 }
 
 TEST_CASE("merged blocks keep the working bytes outside their patterns", "[decomposer]") {
