@@ -46,7 +46,8 @@
 // rather than fed to a loss (transformers' models return them). autostage.shard_patterns(ir) lists
 // what is found.
 // Each pattern becomes a ShardableSpan over the blocks holding its nodes (a stage shards it only
-// when it holds them all): its costs (the main nodes' profiled times and activations, but for what
+// when it holds them all, at the degrees the runtime's check splits it at: splitDegrees in
+// tensor_parallel_split.h): its costs (the main nodes' profiled times and activations, but for what
 // a column-parallel linear keeps: its input, whole on every member) and its parameters (those read
 // by no node outside the pattern, the row-parallel node's 1-D bias excepted; so a vocabulary weight
 // tied to both ends stays whole), with one all-reduce pair of the row-parallel output's bytes; a
