@@ -3,8 +3,10 @@
 // tensor_parallel_patterns.h) splits over a group of `degree` ranks: the split dimension of each
 // value, the sizes rewritten and the parameter slices (Note [Tensor-parallel stages] in
 // staging/tensor_parallel.h, which rewrites a stage by these plans), or why the pattern stays
-// replicated. Torch-free: the planner asks the same question for each degree it searches
-// (ShardableSpan::degrees), so it never counts a pattern split that the runtime leaves whole.
+// replicated. Torch-free: the planner asks the same question, of the whole graph, for each
+// degree it searches (ShardableSpan::degrees), so it counts a pattern split only where the
+// runtime splits it (short of a reason only a stage's cut gives, such as sizes built in another
+// stage).
 
 #include <cstdint>
 #include <initializer_list>
