@@ -70,6 +70,11 @@ struct Outcome {
   char degrees[64] = "";   // the plan's tensor-parallel degrees, e.g. "tp 1,4"
 };
 
+// One line of --phases: the phase's seconds and name.
+std::string phaseLine(const std::string& name, double seconds) {
+  return "    " + std::to_string(seconds).substr(0, 8) + " s  " + name + "\n";
+}
+
 // Plans `c` with its tensor_parallel option through makeBlocking + planStages (the planner's
 // part of planGraph without the deployment), timed the same way.
 void planTensorParallel(const Case& c, const SyntheticModel& m, const core::ClusterSpec& cluster,
@@ -78,6 +83,8 @@ void planTensorParallel(const Case& c, const SyntheticModel& m, const core::Clus
   const std::clock_t cpuStart = std::clock();
   const auto start = std::chrono::steady_clock::now();
   const Blocking blocking = makeBlocking(m.graph, m.profile, cluster, c.batch, options);
+  const double blockingSeconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const Plan plan = planStages(blocking.request);
   o.planSeconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -98,6 +105,9 @@ void planTensorParallel(const Case& c, const SyntheticModel& m, const core::Clus
         break;
       }
   std::snprintf(o.degrees, sizeof o.degrees, "%s", degrees.c_str());
+  std::string phases = phaseLine("blocking (makeBlocking)", blockingSeconds);
+  for (const auto& [name, seconds] : plan.phaseSeconds) phases += phaseLine(name, seconds);
+  std::snprintf(o.phases, sizeof o.phases, "%s", phases.c_str());
   std::snprintf(o.plan, sizeof o.plan, "    %s\n    predicted %.17g search %.17g\n",
                 plan.toString().c_str(), plan.predictedSeconds, plan.searchSeconds);
 }
@@ -133,8 +143,7 @@ Outcome runCase(const Case& c) {
     o.searchMs = r.evaluation.searchSeconds * 1e3;
     o.simulatedMs = r.simulation.iterationSeconds * 1e3;
     std::string phases;
-    for (const auto& [name, seconds] : r.plan.phaseSeconds)
-      phases += "    " + std::to_string(seconds).substr(0, 8) + " s  " + name + "\n";
+    for (const auto& [name, seconds] : r.plan.phaseSeconds) phases += phaseLine(name, seconds);
     std::snprintf(o.phases, sizeof o.phases, "%s", phases.c_str());
     std::snprintf(o.plan, sizeof o.plan, "    %s\n    predicted %.17g search %.17g\n",
                   r.plan.toString().c_str(), r.plan.predictedSeconds, r.plan.searchSeconds);

@@ -25,12 +25,15 @@ struct FrugalTimes {
 
 // Compute plus send times of stage [first, last] with r devices over the faster link, or infinity
 // when it cannot fit in memory even recomputed and holding the fewest micro-batches; sets `stop`
-// when no longer stage can fit.
+// when no longer stage can fit or beat `incumbent` (Note [Prefix bounds]).
 FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, int first, int last,
                             int r, int t, int microBatches, Schedule schedule,
-                            const std::vector<bool>& recomputeCandidates, bool zero, bool* stop) {
+                            const std::vector<bool>& recomputeCandidates, bool zero,
+                            double incumbent, bool* stop) {
   FrugalTimes best;
   double growing = kInf;
+  bool slow = true;  // every setting's compute, run M - 1 times, reaches the incumbent
+  const bool inference = model.request().options.usage == PlanUsage::Inference;
   for (bool recompute : recomputeCandidates) {
     // The smallest memory the options allow: ZeRO-1 when it may be chosen (`zero`).
     StageChoice choice{first, last, r, 0, recompute, 0, zero, t};
@@ -40,17 +43,30 @@ FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, in
       return low.totalMemoryBytes - low.commBufferBytes -
              (recompute ? low.heldMicroBatches * low.bytesPerHeldMicroBatch : 0);
     };
-    // The bound is below e, so it matters only where e grows past the limit: asked only then.
+    const auto compute = [&](const StageEstimate& low) {
+      return low.forwardSeconds + (inference ? 0.0 : low.backwardSeconds);
+    };
+    const auto tooSlow = [&](const StageEstimate& low) {
+      return (microBatches - 1) * compute(low) >= incumbent;
+    };
+    // The bound is below e, so it matters only where e grows past the limit or reaches the
+    // incumbent: asked only then.
     double grows = growth(e);
-    if (t > 1 && grows > model.memoryLimit())
-      grows = growth(model.stageLowerBound(range, choice, microBatches, schedule));
+    bool settingSlow = tooSlow(e);
+    if (t > 1 && (grows > model.memoryLimit() || settingSlow)) {
+      const StageEstimate low = model.stageLowerBound(range, choice, microBatches, schedule);
+      grows = growth(low);
+      settingSlow = tooSlow(low);
+    }
     growing = std::min(growing, grows);
-    if (e.totalMemoryBytes > model.memoryLimit()) continue;
+    slow = slow && settingSlow;
+    // Too slow by the bound (which leaves out the all-reduces and so any placement's) is too
+    // slow for this stage wherever it is placed.
+    if (e.totalMemoryBytes > model.memoryLimit() || settingSlow) continue;
     const core::CommProfile& comm = model.request().comm;
     const core::LinkCost link = fasterLink(comm.p2pIntraNode, comm.p2pInterNode);
     // The estimate's own compute times (recomputation included only when it is chosen, none
     // backward for inference: Note [Plan usage]); the sends over the faster link.
-    const bool inference = model.request().options.usage == PlanUsage::Inference;
     const double forward = e.forwardSeconds + link.seconds(e.outputBytes);
     const double backward = inference ? 0.0 : e.backwardSeconds + link.seconds(e.inputBytes);
     best.total = std::min(best.total, forward + backward);
@@ -58,7 +74,7 @@ FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, in
     best.parts[0] = std::min(best.parts[0], split ? forward : forward + backward);
     best.parts[1] = std::min(best.parts[1], split ? backward : 0.0);
   }
-  *stop = growing > model.memoryLimit();
+  *stop = growing > model.memoryLimit() || slow;
   return best;
 }
 
@@ -66,7 +82,7 @@ FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, in
 
 PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule schedule, int unit,
                            int units, const std::vector<int>& replicaUnits,
-                           const std::vector<int>& tensorParallel)
+                           const std::vector<int>& tensorParallel, double incumbent)
     : units_(units) {
   const int n = model.ranges().blockCount();
   sum_.assign(static_cast<size_t>(n + 1) * (units + 1), kInf);
@@ -102,7 +118,7 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
         bool stop = false;
         const FrugalTimes t =
             frugalStageTime(model, range, first, a - 1, shape.replicas, degree, microBatches,
-                            schedule, recompute, zero, &stop);
+                            schedule, recompute, zero, incumbent, &stop);
         if (stop) open[i] = false;
         if (t.total == kInf) continue;
         FrugalTimes& least = byWidth[width];

@@ -10,7 +10,16 @@
 //                         stage time and 0, for gpipe forward + send and backward + send),
 // where a stage's time counts its compute and its sends over the faster of the two links. Each is
 // minimised on its own, so each bounds every real plan from below.
+//
+// Given the search's incumbent (the closed-form seconds of the best plan so far), a stage whose
+// compute alone, run M - 1 times, reaches it is left out: every plan holding it is at least that
+// slow (CostModel::iterationSeconds), and the bounds then hold for every plan that can beat the
+// incumbent, the only plans the search keeps. As a stage's compute only grows with the stage (at
+// t > 1 its lower bound's: Note [Tensor-parallel stops] in cost_model.cpp), a shape stops
+// growing there, as at the memory limit: on the BERT-96 of bench/plan_scaling most stages of
+// one replica end there rather than at the memory limit.
 
+#include <limits>
 #include <vector>
 
 #include "decomposer/cost_model.h"
@@ -23,7 +32,8 @@ class PrefixBounds {
   // replica units at tensor-parallel degree t (from `tensorParallel`) spans stageShape(r, t,
   // unit) (Note [Tensor-parallel units] in dp_stage_search.h).
   PrefixBounds(const CostModel& model, int microBatches, Schedule schedule, int unit, int units,
-               const std::vector<int>& replicaUnits, const std::vector<int>& tensorParallel);
+               const std::vector<int>& replicaUnits, const std::vector<int>& tensorParallel,
+               double incumbent = std::numeric_limits<double>::infinity());
   double sum(int blocks, int units) const { return sum_[index(blocks, units)]; }
   double max(int blocks, int units) const { return max_[index(blocks, units)]; }
   double maxPart(int part, int blocks, int units) const {

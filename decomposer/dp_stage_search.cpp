@@ -140,7 +140,7 @@ class SuffixSearch {
         }
     cells_.resize(static_cast<size_t>(blocks_ + 1) * (units_ + 1));
     bounds_ = std::make_unique<PrefixBounds>(model, microBatches, schedule, unit_, units_, replicas_,
-                                             tensorParallel_);
+                                             tensorParallel_, best_.seconds);
     globalFloors_ = {bounds_->maxPart(0, blocks_, units_), bounds_->maxPart(1, blocks_, units_)};
   }
 
