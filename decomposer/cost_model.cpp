@@ -239,12 +239,8 @@ double CostModel::tensorParallelAllreduceSeconds(const ShardableCost& s,
 StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choice,
                                int microBatches, Schedule schedule) const {
   if (choice.tensorParallel <= 1) return stageOf(range, nullptr, choice, microBatches, schedule);
-  const ShardableCost shardable =
-      ranges_.shardable(choice.firstBlock, choice.lastBlock, choice.tensorParallel);
-  RangeTotals member = shardRange(range, shardable, choice.tensorParallel);
-  member.workingBytes =
-      ranges_.workingAt(choice.firstBlock, choice.lastBlock, choice.tensorParallel, false);
-  return stageOf(member, &shardable, choice, microBatches, schedule);
+  return stage(member(range, choice.firstBlock, choice.lastBlock, choice.tensorParallel, false),
+               choice, microBatches, schedule);
 }
 
 // Note [Tensor-parallel stops]
@@ -260,14 +256,37 @@ StageEstimate CostModel::stage(const RangeTotals& range, const StageChoice& choi
 StageEstimate CostModel::stageLowerBound(const RangeTotals& range, const StageChoice& choice,
                                          int microBatches, Schedule schedule) const {
   if (choice.tensorParallel <= 1) return stage(range, choice, microBatches, schedule);
-  ShardableCost shardable =
-      ranges_.shardableEndingIn(choice.firstBlock, choice.lastBlock, choice.tensorParallel);
-  shardable.allreducePairs = 0;
-  shardable.allreduceBytes = {};
-  RangeTotals member = shardRange(range, shardable, choice.tensorParallel);
-  member.workingBytes =
-      ranges_.workingAt(choice.firstBlock, choice.lastBlock, choice.tensorParallel, true);
-  return stageOf(member, &shardable, choice, microBatches, schedule);
+  return stage(member(range, choice.firstBlock, choice.lastBlock, choice.tensorParallel, true),
+               choice, microBatches, schedule);
+}
+
+MemberRange CostModel::member(const RangeTotals& range, int first, int last, int t,
+                              bool lowerBound) const {
+  MemberRange m;
+  m.tensorParallel = t;
+  if (t <= 1) {
+    m.range = range;
+    return m;
+  }
+  if (lowerBound) {
+    m.shardable = ranges_.shardableEndingIn(first, last, t);
+    m.shardable.allreducePairs = 0;
+    m.shardable.allreduceBytes = {};
+  } else {
+    m.shardable = ranges_.shardable(first, last, t);
+  }
+  m.range = shardRange(range, m.shardable, t);
+  m.range.workingBytes = ranges_.workingAt(first, last, t, lowerBound);
+  return m;
+}
+
+StageEstimate CostModel::stage(const MemberRange& member, const StageChoice& choice,
+                               int microBatches, Schedule schedule) const {
+  AUTOSTAGE_CHECK(member.tensorParallel == std::max(1, choice.tensorParallel),
+                  "a member range of degree ", member.tensorParallel, " for a stage of degree ",
+                  choice.tensorParallel);
+  return stageOf(member.range, member.tensorParallel > 1 ? &member.shardable : nullptr, choice,
+                 microBatches, schedule);
 }
 
 StageEstimate CostModel::stageOf(const RangeTotals& range, const ShardableCost* shardable,

@@ -182,6 +182,16 @@ struct StageChoice {
   int tensorParallel = 1;  // ranks per replica (Note [Tensor-parallel cost])
 };
 
+// A range as one rank of a stage of degree t holds and runs it (Note [Tensor-parallel cost]):
+// its totals with the sharded parts / t and the working bytes of that degree, and the sharded
+// parts (for the all-reduces). CostModel::member makes it once; every stage choice of that range
+// and degree then reuses it (the searches try many replica counts and settings per range).
+struct MemberRange {
+  RangeTotals range;
+  ShardableCost shardable;
+  int tensorParallel = 1;
+};
+
 // Holds a reference to the request, which must outlive it.
 class CostModel {
  public:
@@ -214,6 +224,12 @@ class CostModel {
   // (same last block, first block <= choice.firstBlock); stage() itself at degree 1.
   StageEstimate stageLowerBound(const RangeTotals& range, const StageChoice& choice,
                                 int microBatches, Schedule schedule) const;
+  // What stage() and stageLowerBound() (with `lowerBound`) make of blocks [first, last] (totals
+  // `range`) at degree t before they look at the rest of the choice; stage(member, choice)
+  // then equals them for every choice of that range and degree.
+  MemberRange member(const RangeTotals& range, int first, int last, int t, bool lowerBound) const;
+  StageEstimate stage(const MemberRange& member, const StageChoice& choice, int microBatches,
+                      Schedule schedule) const;
   bool sameNode(int rankA, int rankB) const {
     return rankA / request_.devicesPerNode == rankB / request_.devicesPerNode;
   }

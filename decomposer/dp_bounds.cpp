@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "decomposer/dp_stage_search.h"
@@ -17,6 +18,26 @@ core::LinkCost fasterLink(const core::LinkCost& a, const core::LinkCost& b) {
   return {std::min(a.latencySeconds, b.latencySeconds), std::max(a.bytesPerSecond, b.bytesPerSecond)};
 }
 
+// The member ranges (CostModel::member) of one range at each degree, made on first use: the
+// shapes of one degree share them.
+class Members {
+ public:
+  Members(const CostModel& model, const RangeTotals& range, int first, int last)
+      : model_(model), range_(range), first_(first), last_(last) {}
+  const MemberRange& get(int t, bool lowerBound) {
+    std::optional<MemberRange>& m = members_[lowerBound][degreeSlot(t)];
+    if (!m) m = model_.member(range_, first_, last_, t, lowerBound);
+    return *m;
+  }
+
+ private:
+  static int degreeSlot(int t) { return t <= 1 ? 0 : t == 2 ? 1 : t == 4 ? 2 : 3; }
+  const CostModel& model_;
+  const RangeTotals& range_;
+  const int first_, last_;
+  std::optional<MemberRange> members_[2][4];
+};
+
 // A stage's time and its two period parts (CostModel::periodParts), bounded from below.
 struct FrugalTimes {
   double total = kInf;
@@ -26,18 +47,18 @@ struct FrugalTimes {
 // Compute plus send times of stage [first, last] with r devices over the faster link, or infinity
 // when it cannot fit in memory even recomputed and holding the fewest micro-batches; sets `stop`
 // when no longer stage can fit or beat `incumbent` (Note [Prefix bounds]).
-FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, int first, int last,
+FrugalTimes frugalStageTime(const CostModel& model, Members& members, int first, int last,
                             int r, int t, int microBatches, Schedule schedule,
                             const std::vector<bool>& recomputeCandidates, bool zero,
                             double incumbent, bool* stop) {
   FrugalTimes best;
   double growing = kInf;
-  bool slow = true;  // every setting's compute, run M - 1 times, reaches the incumbent
+  bool slow = true;  // every setting's compute, run M times, reaches the incumbent
   const bool inference = model.request().options.usage == PlanUsage::Inference;
   for (bool recompute : recomputeCandidates) {
     // The smallest memory the options allow: ZeRO-1 when it may be chosen (`zero`).
     StageChoice choice{first, last, r, 0, recompute, 0, zero, t};
-    StageEstimate e = model.stage(range, choice, microBatches, schedule);
+    StageEstimate e = model.stage(members.get(t, false), choice, microBatches, schedule);
     // Note [Tensor-parallel stops] (cost_model.cpp): at t > 1 the stop uses a lower bound.
     const auto growth = [&](const StageEstimate& low) {
       return low.totalMemoryBytes - low.commBufferBytes -
@@ -47,14 +68,14 @@ FrugalTimes frugalStageTime(const CostModel& model, const RangeTotals& range, in
       return low.forwardSeconds + (inference ? 0.0 : low.backwardSeconds);
     };
     const auto tooSlow = [&](const StageEstimate& low) {
-      return (microBatches - 1) * compute(low) >= incumbent;
+      return microBatches * compute(low) >= incumbent;
     };
     // The bound is below e, so it matters only where e grows past the limit or reaches the
     // incumbent: asked only then.
     double grows = growth(e);
     bool settingSlow = tooSlow(e);
     if (t > 1 && (grows > model.memoryLimit() || settingSlow)) {
-      const StageEstimate low = model.stageLowerBound(range, choice, microBatches, schedule);
+      const StageEstimate low = model.stage(members.get(t, true), choice, microBatches, schedule);
       grows = growth(low);
       settingSlow = tooSlow(low);
     }
@@ -90,10 +111,18 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
   for (auto& part : maxPart_) part.assign(sum_.size(), kInf);
   for (int u = 0; u <= units; ++u)
     sum_[index(0, u)] = max_[index(0, u)] = maxPart_[0][index(0, u)] = maxPart_[1][index(0, u)] = 0;
-  // Stage shapes: (replica units, degree).
-  std::vector<std::pair<int, int>> shapes;
+  // Stage shapes (Note [Tensor-parallel units]) that fit the units and the micro-batches.
+  struct Shape {
+    int degree;
+    StageShape size;
+  };
+  std::vector<Shape> shapes;
   for (int r : replicaUnits)
-    for (int t : tensorParallel) shapes.emplace_back(r, t);
+    for (int t : tensorParallel) {
+      const StageShape size = stageShape(r, t, unit);
+      if (size.units <= units && model.microBatchesFit(microBatches, size.replicas))
+        shapes.push_back({t, size});
+    }
   std::vector<bool> open(shapes.size());
   const std::vector<bool> recompute = model.request().options.recomputeCandidates();
   const bool zero = model.request().options.zeroCandidates().back();
@@ -106,19 +135,16 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
   for (int a = 1; a <= n; ++a) {
     std::fill(open.begin(), open.end(), true);
     for (int first = a - 1; first >= 0; --first) {
-      RangeTotals range = model.ranges().range(first, a - 1);
+      const RangeTotals range = model.ranges().range(first, a - 1);
+      Members members(model, range, first, a - 1);
       widths.clear();
       for (size_t i = 0; i < shapes.size(); ++i) {
         if (!open[i]) continue;
-        const auto [r, degree] = shapes[i];
-        const StageShape shape = stageShape(r, degree, unit);  // Note [Tensor-parallel units]
-        const int width = shape.units;
-        if (width > units || !model.microBatchesFit(microBatches, shape.replicas))
-          continue;
+        const int degree = shapes[i].degree, width = shapes[i].size.units;
         bool stop = false;
         const FrugalTimes t =
-            frugalStageTime(model, range, first, a - 1, shape.replicas, degree, microBatches,
-                            schedule, recompute, zero, incumbent, &stop);
+            frugalStageTime(model, members, first, a - 1, shapes[i].size.replicas, degree,
+                            microBatches, schedule, recompute, zero, incumbent, &stop);
         if (stop) open[i] = false;
         if (t.total == kInf) continue;
         FrugalTimes& least = byWidth[width];

@@ -12,12 +12,12 @@
 // minimised on its own, so each bounds every real plan from below.
 //
 // Given the search's incumbent (the closed-form seconds of the best plan so far), a stage whose
-// compute alone, run M - 1 times, reaches it is left out: every plan holding it is at least that
-// slow (CostModel::iterationSeconds), and the bounds then hold for every plan that can beat the
-// incumbent, the only plans the search keeps. As a stage's compute only grows with the stage (at
-// t > 1 its lower bound's: Note [Tensor-parallel stops] in cost_model.cpp), a shape stops
-// growing there, as at the memory limit: on the BERT-96 of bench/plan_scaling most stages of
-// one replica end there rather than at the memory limit.
+// compute alone, run M times, reaches it is left out: every plan holding it is at least that slow
+// (CostModel::iterationSeconds: its stage time in the sum, and M - 1 periods of at least that
+// time, or of its forward and backward parts for gpipe), so the bounds still hold for every plan
+// that can beat the incumbent, the only plans the search keeps. A stage's compute only grows with
+// the stage (at t > 1 its lower bound's: Note [Tensor-parallel stops] in cost_model.cpp), so a
+// shape stops growing there, as at the memory limit.
 
 #include <limits>
 #include <vector>

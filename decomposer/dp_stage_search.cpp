@@ -156,6 +156,7 @@ class SuffixSearch {
     std::vector<RangeTotals> ranges(blocks_);
     for (int a = blocks_; a > 0; --a) {
       for (int first = 0; first < a; ++first) ranges[first] = model_.ranges().range(first, a - 1);
+      for (auto& slots : members_) slots.assign(a, std::nullopt);
       for (int u = 0; u <= units_; ++u) {
         const int source = cellIndex(a, u);
         if (cells_[source].empty()) continue;
@@ -301,7 +302,8 @@ class SuffixSearch {
       }
       StageChoice choice{first, a - 1, shape.size.replicas, firstRank, recompute,
                          summary.fewestStages, zero, t};
-      StageEstimate e = model_.stage(ranges[first], choice, microBatches_, schedule_);
+      StageEstimate e = model_.stage(memberOf(ranges, first, a, t, false), choice, microBatches_,
+                                     schedule_);
       // Parameters, activations and working memory only grow as the stage grows, and so does its
       // compute time: stop when either rules out every label. At t > 1, of their lower bound
       // (Note [Tensor-parallel stops] in cost_model.cpp).
@@ -313,8 +315,8 @@ class SuffixSearch {
                summary.smallestSum + (microBatches_ - 1) * compute >= best_.seconds;
       };
       // The bound is below e in both, so it can stop only where e does: asked only then.
-      if (stops(e) &&
-          (t == 1 || stops(model_.stageLowerBound(ranges[first], choice, microBatches_, schedule_))))
+      if (stops(e) && (t == 1 || stops(model_.stage(memberOf(ranges, first, a, t, true), choice,
+                                                    microBatches_, schedule_))))
         break;
       memory[first] = {e.baseMemoryBytes, e.bytesPerHeldMicroBatch};
       reachedFrom_[pass] = first;
@@ -354,6 +356,17 @@ class SuffixSearch {
         insert(cells_[target], next, floors);
       }
     }
+  }
+
+  // Blocks [first, a - 1] as a rank of a degree-t stage holds them (CostModel::member), made
+  // once per range, degree and kind while the search extends to block a: the replica counts and
+  // settings tried there share it.
+  const MemberRange& memberOf(const std::vector<RangeTotals>& ranges, int first, int a, int t,
+                              bool lowerBound) {
+    std::optional<MemberRange>& m =
+        members_[(lowerBound ? 4 : 0) + (t <= 1 ? 0 : t == 2 ? 1 : t == 4 ? 2 : 3)][first];
+    if (!m) m = model_.member(ranges[first], first, a - 1, t, lowerBound);
+    return *m;
   }
 
   // Whether a twin pass (twins_) made a label at `first` holding `held` micro-batches that fits:
@@ -425,6 +438,8 @@ class SuffixSearch {
   std::vector<size_t> twins_;               // the current pass's earlier passes covering it
   size_t dominator_ = 0;                    // insert's last dominating label
   std::unique_ptr<PrefixBounds> bounds_;  // Note [Prefix bounds] in dp_bounds.h
+  // memberOf's, per kind and degree (exact 1, 2, 4, 8, then lower bounds) and first block
+  std::vector<std::optional<MemberRange>> members_[8];
   PartFloors globalFloors_;               // of the whole plan
 };
 
