@@ -106,10 +106,11 @@ build_torch2() {
     pybind11_dir=$("$TORCH2_PYTHON" -m pybind11 --cmakedir)
     step "configuring $TORCH2_BUILD (LibTorch from $torch_prefix, AUTOSTAGE_WITH_CUDA=ON)"
     # TORCH_CUDA_ARCH_LIST only quiets LibTorch's architecture probe (no GPU here): autostage
-    # compiles no device code of its own; its CUDA and NCCL sources are host code.
+    # compiles no device code of its own; its CUDA and NCCL sources are host code. The torch-free
+    # parts' tests are the 1.13 leg's (AUTOSTAGE_TORCH_FREE_TESTS in CMakeLists.txt).
     TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
       cmake -S "$AUTOSTAGE_ROOT" -B "$TORCH2_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DAUTOSTAGE_WITH_CUDA=ON -DPython_EXECUTABLE="$TORCH2_PYTHON" \
+      -DAUTOSTAGE_WITH_CUDA=ON -DAUTOSTAGE_TORCH_FREE_TESTS=OFF -DPython_EXECUTABLE="$TORCH2_PYTHON" \
       -DTorch_DIR="$torch_prefix/Torch" -Dpybind11_DIR="$pybind11_dir" "$@"
   fi
   step "building $TORCH2_BUILD (incremental)"

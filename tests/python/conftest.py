@@ -11,3 +11,10 @@ if os.path.isdir(BUILD_PYTHON) and BUILD_PYTHON not in sys.path:
 # These tests check results, not timings: no minimum span for the profiler's timing passes
 # (Note [Measurement passes] in profiler/node_runner.h), as mpi_launch.mpi_env sets for ranks.
 os.environ.setdefault("AUTOSTAGE_PROFILE_PASS_SECONDS", "0")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "leg_independent: checks nothing the torch build changes (MPI faults between "
+        "hosts and ranks, the planning service's store); scripts/test runs it on its first leg "
+        "only (-m 'not leg_independent' on the next)")

@@ -167,6 +167,7 @@ def test_bad_inputs_raise_the_same_error_on_every_rank():
     assert "aborting the job" not in log, log
 
 
+@pytest.mark.leg_independent  # the comm layer's timeout and liveness probe (conftest.py)
 def test_killed_rank_makes_the_others_exit_within_the_timeout():
     env = mpi_env(AUTOSTAGE_COMM_TIMEOUT_S=str(COMM_TIMEOUT_S))
     # Each rank's own exit status and time (mpirun under --enable-recovery always exits 0).

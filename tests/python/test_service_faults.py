@@ -16,7 +16,9 @@ import pytest
 
 from mpi_launch import CLI
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CLI), reason="the autostage CLI missing")
+# Torch-free: the CLI and the service (conftest.py's leg_independent).
+pytestmark = [pytest.mark.skipif(not os.path.exists(CLI), reason="the autostage CLI missing"),
+              pytest.mark.leg_independent]
 
 # A small synthetic model: each plan takes milliseconds, so many calls fit in a test.
 MODEL = ["--synthetic", "mlp:layers=8", "--devices", "4", "--devices-per-node", "4"]
