@@ -17,10 +17,11 @@
 // with --plans, the plan (Plan::toString) and its two times to the last bit, for comparing plans
 // of two builds. With --tensor-parallel every case runs twice, tensor_parallel=1 and =auto, both
 // through makeBlocking + planStages (Note [Tensor-parallel cost] in decomposer/cost_model.h:
-// such a plan has no deployment yet), the rows ending in the degrees the plan uses.
+// such a plan has no deployment yet), the rows ending in the degrees the plan uses. --match TEXT
+// keeps the cases whose name and device count ("bert~100k tp=auto 1024") contain TEXT.
 //
 //   plan_scaling [--json] [--timeout S] [--max-nodes N] [--target-only] [--large] [--quality N]
-//                [--phases] [--plans] [--tensor-parallel]
+//                [--phases] [--plans] [--tensor-parallel] [--match TEXT]
 
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -211,6 +212,7 @@ int main(int argc, char** argv) {
   bool json = false, targetOnly = false, large = false, phases = false, plans = false;
   bool tensorParallel = false;
   int timeout = 600, maxNodes = 100000, quality = 0;
+  const char* match = nullptr;  // --match: only the cases whose "<case> <devices>" contains it
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) json = true;
     else if (!std::strcmp(argv[i], "--target-only")) targetOnly = true;
@@ -221,10 +223,11 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--max-nodes") && i + 1 < argc) maxNodes = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--quality") && i + 1 < argc) quality = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--match") && i + 1 < argc) match = argv[++i];
     else {
       std::fprintf(stderr, "usage: plan_scaling [--json] [--timeout S] [--max-nodes N] "
                            "[--target-only] [--large] [--quality N] [--phases] [--plans] "
-                           "[--tensor-parallel]\n");
+                           "[--tensor-parallel] [--match 'CASE DEVICES']\n");
       return 2;
     }
   }
@@ -275,6 +278,13 @@ int main(int argc, char** argv) {
       }
     cases = pairs;
   }
+  if (match)
+    cases.erase(std::remove_if(cases.begin(), cases.end(),
+                               [&](const Case& c) {
+                                 const std::string name = c.label + " " + std::to_string(c.devices);
+                                 return name.find(match) == std::string::npos;
+                               }),
+                cases.end());
   if (!json)
     std::printf("%-14s %-10s %6s %8s %6s %6s %6s %6s %11s %11s %11s %8s %10s %8s\n", "case",
                 "usage", "layers", "nodes", "devs", "batch", "blocks", "stg/v", "iter_ms",
