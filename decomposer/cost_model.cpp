@@ -280,6 +280,12 @@ MemberRange CostModel::member(const RangeTotals& range, int first, int last, int
   return m;
 }
 
+const MemberRange& MemberRanges::get(int t, bool lowerBound) {
+  std::optional<MemberRange>& m = members_[lowerBound][t <= 1 ? 0 : t == 2 ? 1 : t == 4 ? 2 : 3];
+  if (!m) m = model_->member(*range_, first_, last_, t, lowerBound);
+  return *m;
+}
+
 StageEstimate CostModel::stage(const MemberRange& member, const StageChoice& choice,
                                int microBatches, Schedule schedule) const {
   AUTOSTAGE_CHECK(member.tensorParallel == std::max(1, choice.tensorParallel),

@@ -112,6 +112,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -190,6 +191,24 @@ struct MemberRange {
   RangeTotals range;
   ShardableCost shardable;
   int tensorParallel = 1;
+};
+
+class CostModel;
+
+// The member ranges (CostModel::member) of blocks [first, last] at each degree, exact and lower
+// bound, each made on first use: the searches try many shapes and settings of one range, and
+// those of one degree share it. Holds references to the model and the totals.
+class MemberRanges {
+ public:
+  MemberRanges(const CostModel& model, const RangeTotals& range, int first, int last)
+      : model_(&model), range_(&range), first_(first), last_(last) {}
+  const MemberRange& get(int t, bool lowerBound);
+
+ private:
+  const CostModel* model_;
+  const RangeTotals* range_;
+  int first_, last_;
+  std::optional<MemberRange> members_[2][4];  // [lowerBound][degree 1, 2, 4, 8]
 };
 
 // Holds a reference to the request, which must outlive it.

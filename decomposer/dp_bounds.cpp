@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <optional>
 #include <utility>
 
 #include "decomposer/dp_stage_search.h"
@@ -18,26 +17,6 @@ core::LinkCost fasterLink(const core::LinkCost& a, const core::LinkCost& b) {
   return {std::min(a.latencySeconds, b.latencySeconds), std::max(a.bytesPerSecond, b.bytesPerSecond)};
 }
 
-// The member ranges (CostModel::member) of one range at each degree, made on first use: the
-// shapes of one degree share them.
-class Members {
- public:
-  Members(const CostModel& model, const RangeTotals& range, int first, int last)
-      : model_(model), range_(range), first_(first), last_(last) {}
-  const MemberRange& get(int t, bool lowerBound) {
-    std::optional<MemberRange>& m = members_[lowerBound][degreeSlot(t)];
-    if (!m) m = model_.member(range_, first_, last_, t, lowerBound);
-    return *m;
-  }
-
- private:
-  static int degreeSlot(int t) { return t <= 1 ? 0 : t == 2 ? 1 : t == 4 ? 2 : 3; }
-  const CostModel& model_;
-  const RangeTotals& range_;
-  const int first_, last_;
-  std::optional<MemberRange> members_[2][4];
-};
-
 // A stage's time and its two period parts (CostModel::periodParts), bounded from below.
 struct FrugalTimes {
   double total = kInf;
@@ -47,7 +26,7 @@ struct FrugalTimes {
 // Compute plus send times of stage [first, last] with r devices over the faster link, or infinity
 // when it cannot fit in memory even recomputed and holding the fewest micro-batches; sets `stop`
 // when no longer stage can fit or beat `incumbent` (Note [Prefix bounds]).
-FrugalTimes frugalStageTime(const CostModel& model, Members& members, int first, int last,
+FrugalTimes frugalStageTime(const CostModel& model, MemberRanges& members, int first, int last,
                             int r, int t, int microBatches, Schedule schedule,
                             const std::vector<bool>& recomputeCandidates, bool zero,
                             double incumbent, bool* stop) {
@@ -136,7 +115,7 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
     std::fill(open.begin(), open.end(), true);
     for (int first = a - 1; first >= 0; --first) {
       const RangeTotals range = model.ranges().range(first, a - 1);
-      Members members(model, range, first, a - 1);
+      MemberRanges members(model, range, first, a - 1);
       widths.clear();
       for (size_t i = 0; i < shapes.size(); ++i) {
         if (!open[i]) continue;

@@ -156,7 +156,8 @@ class SuffixSearch {
     std::vector<RangeTotals> ranges(blocks_);
     for (int a = blocks_; a > 0; --a) {
       for (int first = 0; first < a; ++first) ranges[first] = model_.ranges().range(first, a - 1);
-      for (auto& slots : members_) slots.assign(a, std::nullopt);
+      members_.clear();
+      for (int first = 0; first < a; ++first) members_.emplace_back(model_, ranges[first], first, a - 1);
       for (int u = 0; u <= units_; ++u) {
         const int source = cellIndex(a, u);
         if (cells_[source].empty()) continue;
@@ -302,7 +303,7 @@ class SuffixSearch {
       }
       StageChoice choice{first, a - 1, shape.size.replicas, firstRank, recompute,
                          summary.fewestStages, zero, t};
-      StageEstimate e = model_.stage(memberOf(ranges, first, a, t, false), choice, microBatches_,
+      StageEstimate e = model_.stage(members_[first].get(t, false), choice, microBatches_,
                                      schedule_);
       // Parameters, activations and working memory only grow as the stage grows, and so does its
       // compute time: stop when either rules out every label. At t > 1, of their lower bound
@@ -315,7 +316,7 @@ class SuffixSearch {
                summary.smallestSum + (microBatches_ - 1) * compute >= best_.seconds;
       };
       // The bound is below e in both, so it can stop only where e does: asked only then.
-      if (stops(e) && (t == 1 || stops(model_.stage(memberOf(ranges, first, a, t, true), choice,
+      if (stops(e) && (t == 1 || stops(model_.stage(members_[first].get(t, true), choice,
                                                     microBatches_, schedule_))))
         break;
       memory[first] = {e.baseMemoryBytes, e.bytesPerHeldMicroBatch};
@@ -356,17 +357,6 @@ class SuffixSearch {
         insert(cells_[target], next, floors);
       }
     }
-  }
-
-  // Blocks [first, a - 1] as a rank of a degree-t stage holds them (CostModel::member), made
-  // once per range, degree and kind while the search extends to block a: the replica counts and
-  // settings tried there share it.
-  const MemberRange& memberOf(const std::vector<RangeTotals>& ranges, int first, int a, int t,
-                              bool lowerBound) {
-    std::optional<MemberRange>& m =
-        members_[(lowerBound ? 4 : 0) + (t <= 1 ? 0 : t == 2 ? 1 : t == 4 ? 2 : 3)][first];
-    if (!m) m = model_.member(ranges[first], first, a - 1, t, lowerBound);
-    return *m;
   }
 
   // Whether a twin pass (twins_) made a label at `first` holding `held` micro-batches that fits:
@@ -438,8 +428,9 @@ class SuffixSearch {
   std::vector<size_t> twins_;               // the current pass's earlier passes covering it
   size_t dominator_ = 0;                    // insert's last dominating label
   std::unique_ptr<PrefixBounds> bounds_;  // Note [Prefix bounds] in dp_bounds.h
-  // memberOf's, per kind and degree (exact 1, 2, 4, 8, then lower bounds) and first block
-  std::vector<std::optional<MemberRange>> members_[8];
+  // Blocks [first, a - 1] as a rank of each degree holds them, per first block, while the search
+  // extends to block a (run()): the replica counts and settings tried there share them.
+  std::vector<MemberRanges> members_;
   PartFloors globalFloors_;               // of the whole plan
 };
 
