@@ -5,7 +5,7 @@
 #include <optional>
 #include <random>
 
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -80,7 +80,7 @@ bool addParamDerivedInputs(const torchscript::ImportedModel& model,
   try {
     torchscript::ExportedFunction function = torchscript::exportSubgraph(graph, producers);
     std::vector<c10::IValue> args = gatherArgs(graph, function, values);
-    torch::NoGradGuard noGrad;
+    at::NoGradGuard noGrad;
     std::vector<c10::IValue> outputs = executeFunction(function, std::move(args));
     for (size_t i = 0; i < outputs.size(); ++i) values[function.outputs()[i]] = outputs[i];
   } catch (const std::exception&) {
@@ -104,7 +104,7 @@ const ValueMap& ForwardPrefix::advanceTo(core::NodeId end) {
   torchscript::ExportedFunction segment =
       torchscript::exportSubgraph(model_.graph, range(position_, end));
   std::vector<c10::IValue> args = gatherArgs(model_.graph, segment, values_);
-  torch::NoGradGuard noGrad;
+  at::NoGradGuard noGrad;
   std::vector<c10::IValue> outputs = executeFunction(segment, std::move(args));
   for (size_t i = 0; i < outputs.size(); ++i) values_[segment.outputs()[i]] = outputs[i];
   position_ = end;

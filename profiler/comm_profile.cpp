@@ -6,14 +6,14 @@
 
 #include <unistd.h>
 
-#include <torch/torch.h>
+#include <ATen/ops/zeros.h>
 
 #include "core/comm_costs.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "profiler/cost_model.h"
-#include "profiler/node_runner.h"
+#include "profiler/measurement_backend.h"
 
 namespace autostage::profiler {
 namespace {
@@ -38,7 +38,7 @@ std::vector<int64_t> messageSizes(const CommProfileOptions& o) {
   return sizes;
 }
 
-at::Tensor buffer(int64_t bytes) { return torch::zeros({std::max<int64_t>(1, bytes / 4)}); }
+at::Tensor buffer(int64_t bytes) { return at::zeros({std::max<int64_t>(1, bytes / 4)}); }
 
 // Half the round trip of a ping-pong between `a` and `b`, per size (valid on rank `a`).
 std::vector<double> pingPong(comm::Backend& backend, int a, int b,

@@ -1,6 +1,8 @@
 // createMeasurementBackend: the job's device to its measurement backend.
 #include "profiler/measurement_backend.h"
 
+#include <algorithm>
+
 #include "autostage/build_config.h"
 #include "core/error.h"
 #if AUTOSTAGE_WITH_NCCL  // set with AUTOSTAGE_WITH_CUDA: the CUDA profiler is built
@@ -22,6 +24,15 @@ std::unique_ptr<MeasurementBackend> createMeasurementBackend(int cudaIndex,
                      "a LibTorch with CUDA (scripts/test-gpu does), or use device=cpu");
   return nullptr;
 #endif
+}
+
+double median(std::vector<double> values) {
+  AUTOSTAGE_INTERNAL_ASSERT(!values.empty());
+  size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + mid, values.end());
+  double upper = values[mid];
+  if (values.size() % 2) return upper;
+  return (upper + *std::max_element(values.begin(), values.begin() + mid)) / 2;
 }
 
 }  // namespace autostage::profiler

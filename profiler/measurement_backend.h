@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace autostage::profiler {
 
@@ -44,5 +45,8 @@ std::unique_ptr<MeasurementBackend> createCpuMeasurementBackend(CpuClock clock =
 // profile is keyed by the same text as the job's plans; empty: the backend's own.
 std::unique_ptr<MeasurementBackend> createMeasurementBackend(int cudaIndex,
                                                              const std::string& deviceKind = "");
+
+// Median of a non-empty sample (the profiler's timings, the comm profile's).
+double median(std::vector<double> values);
 
 }  // namespace autostage::profiler

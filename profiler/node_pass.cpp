@@ -1,7 +1,7 @@
 // The profiler's pass through a model; see node_pass.h.
 #include "profiler/node_pass.h"
 
-#include <torch/torch.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <sstream>
@@ -229,7 +229,7 @@ std::string ForwardPass::runUnit(Unit& unit, int64_t batch, GroupSamples* sample
       saveArgs(static_cast<size_t>(&unit - units_.data()), args);
     } else {
       double start = wallSeconds();
-      torch::NoGradGuard noGrad;
+      at::NoGradGuard noGrad;
       outputs = executeFunction(*unit.function, args);
       contextSeconds_ += wallSeconds() - start;
       if (reuse) {  // only once it ran: retime updates the copy

@@ -8,8 +8,11 @@
 #include <sstream>
 #include <unordered_set>
 
+#include <ATen/ops/arange.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones_like.h>
+#include <ATen/ops/randn.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/torch.h>
 
 #include "core/error.h"
 #include "frontend/torchscript/autocast.h"
@@ -44,7 +47,7 @@ int64_t distinctStorageBytes(const std::vector<at::Tensor>& tensors) {
 at::Tensor resizeTensor(const at::Tensor& t, int64_t fromBatch, int64_t batch) {
   if (t.dim() == 0 || t.size(0) != fromBatch || batch == fromBatch) return t;
   if (batch < fromBatch) return t.narrow(0, 0, batch).clone();
-  at::Tensor index = torch::arange(batch, torch::kLong).remainder(fromBatch);
+  at::Tensor index = at::arange(batch, at::kLong).remainder(fromBatch);
   return t.index_select(0, index);
 }
 
@@ -122,7 +125,7 @@ void backward(const std::vector<at::Tensor>& outputs, const std::vector<at::Tens
 
 std::vector<at::Tensor> onesLike(const std::vector<at::Tensor>& tensors) {
   std::vector<at::Tensor> ones;
-  for (const auto& t : tensors) ones.push_back(torch::ones_like(t));
+  for (const auto& t : tensors) ones.push_back(at::ones_like(t));
   return ones;
 }
 
@@ -171,13 +174,13 @@ double loadScale(MeasurementBackend& backend) {
     const c10::Device where(device);
     const int64_t n = where.is_cpu() ? 128 : 2048;
     at::NoGradGuard noGrad;
-    probe.a = torch::randn({n, n}, torch::TensorOptions().device(where));
-    probe.b = torch::randn({n, n}, torch::TensorOptions().device(where));
+    probe.a = at::randn({n, n}, at::TensorOptions().device(where));
+    probe.b = at::randn({n, n}, at::TensorOptions().device(where));
   }
   if (wallSeconds() - probe.lastRefresh > kRefreshSeconds) {
     std::vector<double> times;
     for (int i = 0; i < 3; ++i)
-      times.push_back(backend.time([&] { (void)torch::mm(probe.a, probe.b); }));
+      times.push_back(backend.time([&] { (void)at::mm(probe.a, probe.b); }));
     probe.current = median(times);
     probe.best = std::min(probe.best, probe.current);
     probe.lastRefresh = wallSeconds();
@@ -331,15 +334,6 @@ double wallSeconds() {
 
 bool wantsAnotherPass(int done, int passes, double started, double minSeconds) {
   return done < kMaxPasses && (done < passes || wallSeconds() - started < minSeconds);
-}
-
-double median(std::vector<double> values) {
-  AUTOSTAGE_INTERNAL_ASSERT(!values.empty());
-  size_t mid = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + mid, values.end());
-  double upper = values[mid];
-  if (values.size() % 2) return upper;
-  return (upper + *std::max_element(values.begin(), values.begin() + mid)) / 2;
 }
 
 namespace {

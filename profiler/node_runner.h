@@ -131,7 +131,5 @@ bool wantsAnotherPass(int done, int passes, double started, double minSeconds);
 // Seconds on the steady clock (for wall-time breakdowns, not for measurements).
 double wallSeconds();
 
-// Median of a non-empty sample.
-double median(std::vector<double> values);
 
 }  // namespace autostage::profiler

@@ -5,7 +5,6 @@
 #include <memory>
 #include <sstream>
 
-#include <torch/torch.h>
 
 #include "core/error.h"
 #include "core/log.h"
