@@ -278,6 +278,7 @@ void Module::switchTo(core::PlanUsage usage, const std::vector<at::Tensor>& inpu
     deploy(inputs, usage);
   } else {
     executor_ = found->second;
+    executor_->sliceHeldParameters();  // cut again after a switch joined them
   }
   if (usage != core::PlanUsage::Inference) followTraining(executor_);
 }
@@ -396,7 +397,7 @@ std::vector<std::pair<std::string, at::Tensor>> Module::stateDict() {
   AUTOSTAGE_CHECK(executor_ != nullptr, "state_dict of a module that is not deployed yet: the "
                   "module's own state_dict is current until its first forward call");
   agreeOnHow(*backend_, "state_dict", {}, "state_dict()", "");  // Note [Calls in different modes]
-  return gatherState(*model_, executor_->deployment(), *backend_);
+  return gatherState(*model_, executor_->deployment(), *backend_, executor_->slicesHeld());
 }
 
 void Module::loadStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state,
@@ -406,7 +407,7 @@ void Module::loadStateDict(const std::vector<std::pair<std::string, at::Tensor>>
 
 std::vector<std::pair<std::string, at::Tensor>> Module::sliceState(
     std::vector<std::pair<std::string, at::Tensor>> state) const {
-  if (!executor_) return state;
+  if (!executor_ || !executor_->slicesHeld()) return state;
   for (const staging::Executor::HeldSlice& slice : executor_->heldSlices())
     for (auto& [name, tensor] : state)
       if (name == slice.name && tensor.sizes().vec() == slice.whole)
@@ -416,7 +417,9 @@ std::vector<std::pair<std::string, at::Tensor>> Module::sliceState(
 
 void Module::shareState() {
   AUTOSTAGE_CHECK(executor_ != nullptr, "shareState of a module that is not deployed yet");
-  staging::shareState(*model_, executor_->deployment(), *backend_);
+  // Note [Sharing sliced parameters] in staging/checkpoint.cpp
+  staging::shareState(*model_, executor_->deployment(), *backend_, executor_->slicesHeld());
+  executor_->slicesJoined();
 }
 
 const core::Deployment& Module::deployment() const {

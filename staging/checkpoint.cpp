@@ -108,13 +108,33 @@ std::map<core::ValueId, SlicedParam> slicedParams(const core::Graph& graph,
   return out;
 }
 
+// The whole tensor of a sliced parameter on every rank, from the slices its first group holds
+// (Note [Tensor-parallel parameters] in executor.cpp: member j broadcasts its slice j; every rank
+// joins them). `own` is this rank's tensor (a slice on the group's members).
+at::Tensor joinSlices(const at::Tensor& own, const SlicedParam& s,
+                      const std::vector<int64_t>& whole, comm::Backend& backend) {
+  std::vector<int64_t> sliceShape = whole;
+  sliceShape[s.shard.dim] /= s.degree;
+  const int self = backend.rank();
+  std::vector<at::Tensor> slices;
+  for (int j = 0; j < s.degree; ++j) {
+    at::Tensor piece = self == s.members[j] ? own.detach().clone().contiguous()
+                                            : at::empty(sliceShape, own.options());
+    backend.broadcast(piece, s.members[j], backend.world());
+    slices.push_back(piece);
+  }
+  return unshardTensor(slices, s.shard);
+}
+
 }  // namespace
 
 NamedTensors gatherState(const torchscript::ImportedModel& model,
-                         const core::Deployment& deployment, comm::Backend& backend) {
+                         const core::Deployment& deployment, comm::Backend& backend,
+                         bool slicesHeld) {
   at::NoGradGuard noGrad;
   const std::vector<int> sources = stateSources(model, deployment);
-  const std::map<core::ValueId, SlicedParam> sliced = slicedParams(model.graph, deployment);
+  const std::map<core::ValueId, SlicedParam> sliced =
+      slicesHeld ? slicedParams(model.graph, deployment) : std::map<core::ValueId, SlicedParam>{};
   const std::vector<core::ValueId> params = model.graph.paramInputs();
   NamedTensors state;
   const comm::Group world = backend.world();
@@ -127,44 +147,50 @@ NamedTensors gatherState(const torchscript::ImportedModel& model,
       state.emplace_back(model.paramNames[i], copy);
       continue;
     }
-    // Note [Tensor-parallel parameters] in executor.cpp: member j of the first group broadcasts
-    // its slice j; every rank joins them.
-    const SlicedParam& s = slice->second;
-    const std::vector<int64_t>& full = model.graph.value(params[i]).type.shape();
-    std::vector<int64_t> sliceShape = full;
-    sliceShape[s.shard.dim] /= s.degree;
-    const int self = backend.rank();
-    std::vector<at::Tensor> slices;
-    for (int j = 0; j < s.degree; ++j) {
-      at::Tensor piece = self == s.members[j] ? own.detach().clone().contiguous()
-                                              : at::empty(sliceShape, own.options());
-      backend.broadcast(piece, s.members[j], world);
-      slices.push_back(piece);
-    }
-    state.emplace_back(model.paramNames[i], unshardTensor(slices, s.shard));
+    state.emplace_back(model.paramNames[i],
+                       joinSlices(own, slice->second,
+                                  model.graph.value(params[i]).type.shape(), backend));
   }
   return state;
 }
 
+// Note [Sharing sliced parameters]
+// A deployment with tensor-parallel stages holds some parameters as slices (the model's own
+// tensors take the slice as their data). Another deployment of the same tensors (the other
+// train/eval mode, another usage, a replan) expects whole tensors, so sharing joins the first
+// group's slices into the whole value and gives it to every rank's tensor (set_data); the
+// deployment cuts its slices again when it is the current one once more
+// (Executor::sliceHeldParameters). Whether the slices are held now is the executor's to say
+// (`slicesHeld`), the same on every rank: every rank runs the same calls and switches, where
+// only the group's members could tell it from their tensors' shapes. A slice's gradient is
+// dropped with it: as on any switch, gradients accumulated across it without zero_grad()
+// survive only where a parameter keeps its holders and its shape. Every rank holds every whole
+// parameter meanwhile, as it does before the first deployment.
 void shareState(const torchscript::ImportedModel& model, const core::Deployment& deployment,
-                comm::Backend& backend) {
-  for (const core::StageDeployment& stage : deployment.stages)  // the same on every rank
-    AUTOSTAGE_CHECK_AS(UnsupportedError, stage.tensorParallel == 1, "stage ", stage.name,
-                       " holds its parameters in tensor-parallel slices (tp=",
-                       stage.tensorParallel, "), which another deployment of the module (train "
-                       "and eval modes) cannot share yet; keep one mode, or plan with "
-                       "tensor_parallel=1");
+                comm::Backend& backend, bool slicesHeld) {
   if (backend.worldSize() == 1) return;
   at::NoGradGuard noGrad;
   const std::vector<int> sources = stateSources(model, deployment);
+  const std::map<core::ValueId, SlicedParam> sliced =
+      slicesHeld ? slicedParams(model.graph, deployment) : std::map<core::ValueId, SlicedParam>{};
+  const std::vector<core::ValueId> params = model.graph.paramInputs();
   const comm::Group world = backend.world();
+  int joined = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
-    const at::Tensor& t = model.paramTensors[i];
+    at::Tensor t = model.paramTensors[i];
+    auto slice = sliced.find(params[i]);
+    if (slice != sliced.end()) {  // Note [Sharing sliced parameters]
+      t.set_data(joinSlices(t, slice->second, model.graph.value(params[i]).type.shape(), backend));
+      if (t.grad().defined() && t.grad().sizes() != t.sizes()) t.mutable_grad() = at::Tensor();
+      ++joined;
+      continue;
+    }
     AUTOSTAGE_CHECK_AS(UnsupportedError, t.is_contiguous(), "parameter '", model.paramNames[i],
                        "' is not contiguous; make it contiguous before wrapping the module");
     backend.broadcast(t.detach(), sources[i], world);
   }
-  core::logger("Module")->debug("shared {} tensors from their holders", sources.size());
+  core::logger("Module")->debug("shared {} tensors from their holders ({} joined from "
+                                "tensor-parallel slices)", sources.size(), joined);
 }
 
 NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned,

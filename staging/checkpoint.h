@@ -33,16 +33,21 @@ namespace autostage::staging {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Copies of every graph parameter and buffer with its state_dict key, current on every rank.
+// Copies of every graph parameter and buffer with its state_dict key, current on every rank;
+// with `slicesHeld`, the tensor-parallel slices the deployment holds now joined into whole
+// tensors.
 NamedTensors gatherState(const torchscript::ImportedModel& model,
-                         const core::Deployment& deployment, comm::Backend& backend);
+                         const core::Deployment& deployment, comm::Backend& backend,
+                         bool slicesHeld);
 
 // Writes the current value of every graph parameter and buffer (from its lowest holder, Note
 // [Gathering the state]) into every rank's own tensor, in place, so that another deployment of
 // the same tensors (the model's other train/eval mode) starts from current values on any rank.
+// With `slicesHeld`, the deployment's tensor-parallel parameters are slices now: they are joined
+// into whole tensors on every rank (Note [Sharing sliced parameters] in checkpoint.cpp).
 // Collective over the world.
 void shareState(const torchscript::ImportedModel& model, const core::Deployment& deployment,
-                comm::Backend& backend);
+                comm::Backend& backend, bool slicesHeld);
 
 // Every rank's owned tensors, one per name, on every rank, sorted by name (Note [Gathering from
 // owners]), on the backend's tensorDevice(). Names must not contain tabs or newlines. Collective

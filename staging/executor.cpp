@@ -101,22 +101,43 @@ Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment d
 // model's own tensors take the slice as their data (at::Tensor::set_data), so an optimizer over
 // them steps the slice and the whole parameter is no longer held. The slices are cut after the
 // parameters are synchronized, from the same values on every member.
+// After a switch to another deployment joined the slices (Note [Sharing sliced parameters] in
+// checkpoint.cpp), the tensors are whole again on every rank and are cut the same way.
 void Executor::shardParameters() {
   for (const LocalStage& local : local_) {
     const core::StageDeployment& stage = deployment_.stages[local.id];
     if (stage.tensorParallel <= 1) continue;
     std::set<core::ValueId> sliced;
     for (const ParamShard& shard : local.runner->shards()) {
-      at::Tensor param = params_.tensor(shard.param);
-      at::NoGradGuard noGrad;
-      param.set_data(shardTensor(param, shard, stage.tensorParallel, local.member));
       sliced.insert(shard.param);
       heldSlices_.push_back({params_.name(shard.param), shard, stage.tensorParallel, local.member,
-                             model_.graph.value(shard.param).type.shape()});
+                             model_.graph.value(shard.param).type.shape(), at::Tensor()});
     }
     for (core::ValueId p : stageParams(model_.graph, stage))
       if (!sliced.count(p)) replicatedInGroup_.emplace(p, stage.tensorParallel);
   }
+  sliceHeldParameters();
+}
+
+void Executor::sliceHeldParameters() {
+  if (slicesHeld_) return;
+  at::NoGradGuard noGrad;
+  for (HeldSlice& held : heldSlices_) {
+    at::Tensor param = params_.tensor(held.shard.param);
+    AUTOSTAGE_INTERNAL_ASSERT(param.sizes().vec() == held.whole, "parameter '", held.name,
+                              "' is not whole when its slice is cut");
+    at::Tensor cut = shardTensor(param, held.shard, held.degree, held.index);
+    if (held.data.defined()) {
+      held.data.copy_(cut);
+    } else {
+      held.data = cut;
+    }
+    param.set_data(held.data);
+    // A gradient of the whole tensor (another deployment's) does not fit the slice.
+    if (param.grad().defined() && param.grad().sizes() != param.sizes())
+      param.mutable_grad() = at::Tensor();
+  }
+  slicesHeld_ = true;
 }
 
 Executor::~Executor() {

@@ -111,8 +111,19 @@ class Executor {
     int degree = 1;
     int index = 0;
     std::vector<int64_t> whole;  // the whole tensor's shape
+    // The slice's tensor, whose storage the parameter uses while the slice is held: cut again
+    // into the same storage (Executor::sliceHeldParameters), so views of it (ZeRO-1's pieces)
+    // and its data_ptr stay valid across switches.
+    at::Tensor data;
   };
   const std::vector<HeldSlice>& heldSlices() const { return heldSlices_; }
+  // Whether this deployment's tensor-parallel parameters are slices now (on every rank alike:
+  // Note [Sharing sliced parameters] in checkpoint.cpp). They are from construction until
+  // shareState joins them for another deployment (slicesJoined); sliceHeldParameters cuts this
+  // rank's slices again from the whole tensors (nothing to do while held).
+  bool slicesHeld() const { return slicesHeld_; }
+  void slicesJoined() { slicesHeld_ = false; }
+  void sliceHeldParameters();
   const ParamStorage& params() const { return params_; }
   // This rank's stage ids in pipeline order (several with virtual stages), empty when it holds
   // none; localStage() is the first, or -1.
@@ -189,6 +200,7 @@ class Executor {
   // (Note [Tensor-parallel gradients] in gradient_sync.h).
   std::map<core::ValueId, int> replicatedInGroup_;  // once per parameter (virtual stages)
   std::vector<HeldSlice> heldSlices_;
+  bool slicesHeld_ = false;
   // Broadcasts the leader's output gradients of `stage` to its tensor-parallel group.
   void shareOutputGradients(const LocalStage& stage, int micro, std::vector<at::Tensor>& grads);
   std::vector<double> lossSums_;       // per route: this rank's weighted loss pieces

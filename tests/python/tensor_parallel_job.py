@@ -11,6 +11,10 @@ DistributedDataParallel does). Phases:
   tied     the head tied to the embedding (one table, split once by rows for both), tp=2;
   zero     the block with ZeRO-1 too (on 4 ranks: each slice's optimizer state split over the
            two replicas);
+  modes    the block (tp=2, ZeRO-1 on 4 ranks) with other deployments between its steps: an
+           eval-mode forward (its own tp=2 plan) after each step, and a forward under no_grad
+           in train mode (the inference usage) after the second; the training deployment
+           takes its slices back each time (Note [Sharing sliced parameters]);
   auto     the MLP with tensor_parallel=auto: trains as plain PyTorch whatever the degree chosen;
   resume   (after `block CHECKPOINT`, which saves its gathered state there after its 3 steps)
            loads that checkpoint without tensor parallelism, on however many ranks it runs,
@@ -106,7 +110,7 @@ def gap(got, want):
 
 
 torch.manual_seed(3)
-if phase in ("block", "block4", "zero", "resume"):
+if phase in ("block", "block4", "zero", "resume", "modes"):
     make = Block
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     steps, degree, first = 3, {"block4": 4, "resume": 1}.get(phase, 2), "q.weight"
@@ -143,7 +147,7 @@ optimizer = optimizer_of(model.parameters())
 # The planner may leave ranks idle for so small a block (its all-reduces cost more than the
 # replicas save); data_parallel keeps the shape these phases check: replicas of `degree` ranks.
 options = {"decomposer": "data_parallel"} if phase not in ("mlp", "auto") else {}
-if phase == "zero":
+if phase == "zero" or (phase == "modes" and world == 4):
     options["zero"] = 1
 wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
 ref_optimizer = optimizer_of(reference.parameters())
@@ -166,6 +170,18 @@ for step in range(steps):
     ref_optimizer.zero_grad()
     if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], rtol=1e-5, atol=1e-6):
         failures.append(f"step {step}: outputs differ from plain PyTorch")
+    if phase == "modes":
+        between = [("eval", False)] + ([("no_grad in train mode", True)] if step == 1 else [])
+        for what, training in between:
+            wrapped.train(training)
+            reference.train(training)
+            with torch.no_grad():
+                got, want = wrapped(local), reference(x)[rows * rank:rows * (rank + 1)]
+            if not torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+                failures.append(f"after step {step}: the {what} forward differs from plain "
+                                f"PyTorch{gap(got, want)}")
+        wrapped.train()
+        reference.train()
 state = wrapped.state_dict()  # gathered from the stages' ranks and their slices
 for key, want in reference.state_dict().items():
     got = state.get(key)

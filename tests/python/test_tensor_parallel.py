@@ -109,15 +109,18 @@ def test_whatif_reports_the_degrees():
 @needs_mpirun
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
-                          ("vocabulary", 2), ("head", 2), ("tied", 2), ("auto", 2)])
+                          ("modes", 2), ("modes", 4), ("vocabulary", 2), ("head", 2),
+                          ("tied", 2), ("auto", 2)])
 def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
     log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
     if phase != "auto":
         assert (" tp=4 " if phase == "block4" else " tp=2 ") in log, log  # the partition log
-    if phase == "zero":
+    if phase == "zero" or (phase, ranks) == ("modes", 4):
         assert " repl=2 tp=2 zero=1 " in log, log
+    if phase == "modes":  # the eval deployment and the inference usage's, both tensor-parallel
+        assert log.count("Switching from") >= 4, log
     if phase in ("vocabulary", "head", "tied"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
 
