@@ -89,6 +89,8 @@ std::map<std::string, TensorMeta> collectOwners(const std::vector<std::string>& 
 }
 
 // A parameter held in slices by a tensor-parallel stage: how, and the first group's members.
+// None while the deployment's slices are joined (`slicesHeld` false: Note [Sharing sliced
+// parameters]).
 struct SlicedParam {
   ParamShard shard;
   int degree = 1;
@@ -96,8 +98,10 @@ struct SlicedParam {
 };
 
 std::map<core::ValueId, SlicedParam> slicedParams(const core::Graph& graph,
-                                                  const core::Deployment& deployment) {
+                                                  const core::Deployment& deployment,
+                                                  bool slicesHeld) {
   std::map<core::ValueId, SlicedParam> out;
+  if (!slicesHeld) return out;
   for (const core::StageDeployment& stage : deployment.stages) {
     if (stage.tensorParallel <= 1) continue;
     for (const ParamShard& shard : shardedParameters(graph, stage.nodes, stage.tensorParallel))
@@ -134,7 +138,7 @@ NamedTensors gatherState(const torchscript::ImportedModel& model,
   at::NoGradGuard noGrad;
   const std::vector<int> sources = stateSources(model, deployment);
   const std::map<core::ValueId, SlicedParam> sliced =
-      slicesHeld ? slicedParams(model.graph, deployment) : std::map<core::ValueId, SlicedParam>{};
+      slicedParams(model.graph, deployment, slicesHeld);
   const std::vector<core::ValueId> params = model.graph.paramInputs();
   NamedTensors state;
   const comm::Group world = backend.world();
@@ -172,16 +176,16 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
   at::NoGradGuard noGrad;
   const std::vector<int> sources = stateSources(model, deployment);
   const std::map<core::ValueId, SlicedParam> sliced =
-      slicesHeld ? slicedParams(model.graph, deployment) : std::map<core::ValueId, SlicedParam>{};
+      slicedParams(model.graph, deployment, slicesHeld);
   const std::vector<core::ValueId> params = model.graph.paramInputs();
   const comm::Group world = backend.world();
   int joined = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
-    at::Tensor t = model.paramTensors[i];
+    const at::Tensor& t = model.paramTensors[i];
     auto slice = sliced.find(params[i]);
     if (slice != sliced.end()) {  // Note [Sharing sliced parameters]
-      t.set_data(joinSlices(t, slice->second, model.graph.value(params[i]).type.shape(), backend));
-      if (t.grad().defined() && t.grad().sizes() != t.sizes()) t.mutable_grad() = at::Tensor();
+      replaceParamData(t, joinSlices(t, slice->second,
+                                     model.graph.value(params[i]).type.shape(), backend));
       ++joined;
       continue;
     }

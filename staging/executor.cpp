@@ -132,10 +132,7 @@ void Executor::sliceHeldParameters() {
     } else {
       held.data = cut;
     }
-    param.set_data(held.data);
-    // A gradient of the whole tensor (another deployment's) does not fit the slice.
-    if (param.grad().defined() && param.grad().sizes() != param.sizes())
-      param.mutable_grad() = at::Tensor();
+    replaceParamData(param, held.data);  // a whole tensor's gradient does not fit the slice
   }
   slicesHeld_ = true;
 }

@@ -325,4 +325,10 @@ at::Tensor unshardTensor(const std::vector<at::Tensor>& slices, const ParamShard
   return at::cat(pieces, shard.dim);
 }
 
+void replaceParamData(const at::Tensor& param, const at::Tensor& data) {
+  at::Tensor p = param;
+  p.set_data(data);
+  if (p.grad().defined() && p.grad().sizes() != p.sizes()) p.mutable_grad() = at::Tensor();
+}
+
 }  // namespace autostage::staging

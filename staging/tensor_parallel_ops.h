@@ -91,5 +91,8 @@ class TensorParallelGroup {
 at::Tensor shardTensor(const at::Tensor& full, const ParamShard& shard, int degree, int index);
 // The full tensor from every member's slice (`slices` in member order): shardTensor's inverse.
 at::Tensor unshardTensor(const std::vector<at::Tensor>& slices, const ParamShard& shard);
+// Gives `param` the data `data` (a slice of it, or the whole it was cut from: Note [Sharing
+// sliced parameters] in checkpoint.cpp) and drops a gradient whose shape no longer fits.
+void replaceParamData(const at::Tensor& param, const at::Tensor& data);
 
 }  // namespace autostage::staging
