@@ -6,7 +6,8 @@ bool NodeProfile::operator==(const NodeProfile& o) const {
   return node == o.node && forwardSeconds == o.forwardSeconds &&
          backwardSeconds == o.backwardSeconds && outputBytes == o.outputBytes &&
          activationBytes == o.activationBytes && workingBytes == o.workingBytes &&
-         paramBytes == o.paramBytes && maxBatch == o.maxBatch && failure == o.failure;
+         paramBytes == o.paramBytes && maxBatch == o.maxBatch && failure == o.failure &&
+         split == o.split;
 }
 
 bool CommProfile::operator==(const CommProfile& o) const {

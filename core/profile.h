@@ -20,6 +20,18 @@ struct LinearCost {
   bool operator==(const LinearCost& o) const { return fixed == o.fixed && perSample == o.perSample; }
 };
 
+// A node group's times on one member of a tensor-parallel group of `degree` ranks: the group run
+// on that member's slices (Note [Tensor-parallel profile] in profiler/split_profile.h).
+struct SplitTimes {
+  int degree = 0;
+  LinearCost forwardSeconds;
+  LinearCost backwardSeconds;
+  bool operator==(const SplitTimes& o) const {
+    return degree == o.degree && forwardSeconds == o.forwardSeconds &&
+           backwardSeconds == o.backwardSeconds;
+  }
+};
+
 // Costs of one node group (a BATCH/LOSS node with the PARAM/CONST nodes feeding only it), keyed by
 // the BATCH/LOSS node. PARAM/CONST nodes have all-zero profiles except paramBytes where relevant.
 struct NodeProfile {
@@ -34,6 +46,14 @@ struct NodeProfile {
   // larger batches infeasible for the planner; `failure` says what happened.
   int64_t maxBatch = -1;
   std::string failure;
+  // Measured where a tensor-parallel pattern holding this group splits at the degree and the
+  // job allows tensor parallelism; ascending degree. Absent: the planner divides by the degree.
+  std::vector<SplitTimes> split;
+  const SplitTimes* splitAt(int degree) const {
+    for (const SplitTimes& s : split)
+      if (s.degree == degree) return &s;
+    return nullptr;
+  }
   bool operator==(const NodeProfile& o) const;
 };
 

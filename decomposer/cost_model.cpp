@@ -34,14 +34,36 @@ std::vector<std::vector<double>> sparseTable(const std::vector<double>& values) 
 }  // namespace
 
 ShardableCost operator+(const ShardableCost& a, const ShardableCost& b) {
-  return {a.forwardSeconds + b.forwardSeconds,   a.backwardSeconds + b.backwardSeconds,
-          a.activationBytes + b.activationBytes, a.paramBytes + b.paramBytes,
-          a.allreducePairs + b.allreducePairs,   a.allreduceBytes + b.allreduceBytes};
+  return {a.forwardSeconds + b.forwardSeconds,
+          a.backwardSeconds + b.backwardSeconds,
+          a.activationBytes + b.activationBytes,
+          a.paramBytes + b.paramBytes,
+          a.allreducePairs + b.allreducePairs,
+          a.allreduceBytes + b.allreduceBytes,
+          a.memberForwardSeconds + b.memberForwardSeconds,
+          a.memberBackwardSeconds + b.memberBackwardSeconds};
 }
 ShardableCost operator-(const ShardableCost& a, const ShardableCost& b) {
-  return {a.forwardSeconds - b.forwardSeconds,   a.backwardSeconds - b.backwardSeconds,
-          a.activationBytes - b.activationBytes, a.paramBytes - b.paramBytes,
-          a.allreducePairs - b.allreducePairs,   a.allreduceBytes - b.allreduceBytes};
+  return {a.forwardSeconds - b.forwardSeconds,
+          a.backwardSeconds - b.backwardSeconds,
+          a.activationBytes - b.activationBytes,
+          a.paramBytes - b.paramBytes,
+          a.allreducePairs - b.allreducePairs,
+          a.allreduceBytes - b.allreduceBytes,
+          a.memberForwardSeconds - b.memberForwardSeconds,
+          a.memberBackwardSeconds - b.memberBackwardSeconds};
+}
+
+ShardableCost ShardableSpan::costAt(int t) const {
+  ShardableCost c = cost;
+  if (const std::optional<MemberTimes>& m = measured[slot(t)]) {
+    c.memberForwardSeconds = m->forwardSeconds;
+    c.memberBackwardSeconds = m->backwardSeconds;
+  } else {
+    c.memberForwardSeconds = c.forwardSeconds / t;
+    c.memberBackwardSeconds = c.backwardSeconds / t;
+  }
+  return c;
 }
 
 RangeIndex::RangeIndex(const PlanRequest& request)
@@ -88,7 +110,7 @@ RangeIndex::RangeIndex(const PlanRequest& request)
       std::vector<ShardableCost>& sums = shardableByLast_[degreeIndex(t)];
       sums.assign(n + 1, {});
       for (const ShardableSpan& s : request.shardable)
-        if (s.splitsAt(t)) sums[s.lastBlock + 1] = sums[s.lastBlock + 1] + s.cost;
+        if (s.splitsAt(t)) sums[s.lastBlock + 1] = sums[s.lastBlock + 1] + s.costAt(t);
       for (int i = 0; i < n; ++i) sums[i + 1] = sums[i + 1] + sums[i];
     }
   }
@@ -122,7 +144,7 @@ ShardableCost RangeIndex::shardable(int first, int last, int t) const {
   if (straddling_.empty()) return {};
   ShardableCost sum = shardableEndingIn(first, last, t);
   for (const ShardableSpan* s : straddling_[first])
-    if (s->lastBlock <= last && s->splitsAt(t)) sum = sum - s->cost;
+    if (s->lastBlock <= last && s->splitsAt(t)) sum = sum - s->costAt(t);
   return sum;
 }
 
@@ -215,8 +237,8 @@ StageEstimate CostModel::stage(const StageChoice& choice, int microBatches, Sche
 // Note [Tensor-parallel cost]: the sharded parts / t, the rest whole.
 RangeTotals CostModel::shardRange(const RangeTotals& range, const ShardableCost& s, int t) {
   RangeTotals r = range;
-  r.forwardSeconds = range.forwardSeconds - s.forwardSeconds + s.forwardSeconds / t;
-  r.backwardSeconds = range.backwardSeconds - s.backwardSeconds + s.backwardSeconds / t;
+  r.forwardSeconds = range.forwardSeconds - s.forwardSeconds + s.memberForwardSeconds;
+  r.backwardSeconds = range.backwardSeconds - s.backwardSeconds + s.memberBackwardSeconds;
   r.activationBytes = range.activationBytes - s.activationBytes + s.activationBytes / t;
   r.paramBytes = range.paramBytes - s.paramBytes + s.paramBytes / t;
   return r;

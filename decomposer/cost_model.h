@@ -77,7 +77,10 @@
 // all-reduce, counted as a pair of half its bytes each way, a head tied to its embedding both
 // (Note [Tensor-parallel patterns]).
 // Per replica, at micro-batch mb, with S the ShardableCost summed over those spans:
-//   F  = (F_all - S.fwd) + S.fwd / t + ARf     Bw = (B_all - S.bwd) + S.bwd / t + ARb
+//   F  = (F_all - S.fwd) + S.fwd_t + ARf     Bw = (B_all - S.bwd) + S.bwd_t + ARb
+//   where S.fwd_t, S.bwd_t are the sharded operations' times on one member at t: measured by the
+//   profiler on a member's slices (ShardableSpan::measured; Note [Tensor-parallel profile] in
+//   profiler/split_profile.h), else S.fwd / t and S.bwd / t
 //   ARf = ARb = S.pairs * lat + 2 (t-1)/t * S.allreduceBytes(mb) / bw   (the comm profile's
 //     all-reduce among t ranks of a node, CommProfile::allreduceWithinNode(t))
 //   params per rank P = (P_all - S.params) + S.params / t; gradients P; optimizer state

@@ -5,6 +5,7 @@
 // the cluster shape, the global batch and the options. Its text form (toText/parse) lets a bad
 // plan be replayed without the graph. Everything is plain data; no torch, no MPI.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -96,6 +97,9 @@ struct ShardableCost {
   // part's output forward and one of its gradient backward each.
   int allreducePairs = 0;
   core::LinearCost allreduceBytes;  // the pairs' row-parallel output bytes, summed
+  // The sharded operations' times on one member at the degree these costs are summed for
+  // (RangeIndex's per-degree sums; ShardableSpan::costAt): measured, or the whole ones / t.
+  core::LinearCost memberForwardSeconds, memberBackwardSeconds;
 };
 ShardableCost operator+(const ShardableCost& a, const ShardableCost& b);  // field by field
 ShardableCost operator-(const ShardableCost& a, const ShardableCost& b);
@@ -111,6 +115,16 @@ struct ShardableSpan {
   ShardableCost cost;
   unsigned degrees = kAllDegrees;
   bool splitsAt(int t) const { return t >= 1 && t < 32 && ((degrees >> t) & 1u) != 0; }
+  // Per degree 2, 4, 8 (slot 0, 1, 2): the sharded operations' forward and backward times on one
+  // member, from the profile's SplitTimes (Note [Tensor-parallel profile] in
+  // profiler/split_profile.h), each no more than the whole; absent: the whole ones / t.
+  struct MemberTimes {
+    core::LinearCost forwardSeconds, backwardSeconds;
+  };
+  std::array<std::optional<MemberTimes>, 3> measured;
+  static int slot(int t) { return t <= 2 ? 0 : t <= 4 ? 1 : 2; }
+  // `cost` with its member times at degree t (> 1).
+  ShardableCost costAt(int t) const;
 };
 
 // Costs of one block of the linear block sequence. Times and bytes grow with the per-replica

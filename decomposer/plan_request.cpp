@@ -59,6 +59,19 @@ void PlanRequest::validate() const {
                        " (", s.cost.paramBytes, " parameter bytes, ", s.cost.allreducePairs,
                        " pairs) must lie within the ", blocks.size(), " blocks, ascending by its "
                        "last block, with bytes and pairs >= 0");
+    for (int t : {2, 4, 8}) {  // the search's lower bounds need no more than the whole
+      const auto& m = s.measured[ShardableSpan::slot(t)];
+      auto within = [](const core::LinearCost& part, const core::LinearCost& whole) {
+        return part.fixed >= 0 && part.perSample >= 0 && part.fixed <= whole.fixed &&
+               part.perSample <= whole.perSample;
+      };
+      AUTOSTAGE_CHECK_AS(PlanError,
+                         !m || (within(m->forwardSeconds, s.cost.forwardSeconds) &&
+                                within(m->backwardSeconds, s.cost.backwardSeconds)),
+                         "plan request: shardable span over blocks ", s.firstBlock, "..",
+                         s.lastBlock, ": its measured times at degree ", t, " must lie between 0 "
+                         "and its whole times (fixed and per sample)");
+    }
     previousLast = s.lastBlock;
   }
 }
@@ -165,7 +178,14 @@ std::string PlanRequest::toText() const {
     for (const auto* l : {&c.forwardSeconds, &c.backwardSeconds, &c.activationBytes,
                           &c.allreduceBytes})
       writeLinear(out, *l);
-    out << ' ' << c.paramBytes << ' ' << c.allreducePairs << ' ' << degreesText(sp.degrees) << '\n';
+    out << ' ' << c.paramBytes << ' ' << c.allreducePairs << ' ' << degreesText(sp.degrees);
+    for (int t : {2, 4, 8})  // ShardableSpan::measured: "at<t>" and the member's times
+      if (const auto& m = sp.measured[ShardableSpan::slot(t)]) {
+        out << " at" << t;
+        writeLinear(out, m->forwardSeconds);
+        writeLinear(out, m->backwardSeconds);
+      }
+    out << '\n';
   }
   return out.str();
 }
@@ -240,6 +260,17 @@ PlanRequest PlanRequest::parse(const std::string& text) {
       readField(in, c.allreducePairs, line);
       std::string degrees;
       if (in >> degrees) sp.degrees = parseDegrees(degrees, line);  // absent: every degree
+      std::string at;
+      while (in >> at) {
+        const int t = at == "at2" ? 2 : at == "at4" ? 4 : at == "at8" ? 8 : 0;
+        if (t == 0)
+          throw FormatError("plan request text, line " + std::to_string(line) + ": '" + at +
+                            "' is not a degree's measured times (at2, at4 or at8)");
+        ShardableSpan::MemberTimes m;
+        readLinear(in, m.forwardSeconds, line);
+        readLinear(in, m.backwardSeconds, line);
+        sp.measured[ShardableSpan::slot(t)] = m;
+      }
       r.shardable.push_back(sp);
     } else {
       throw FormatError("plan request text, line " + std::to_string(line) + ": unknown record '" + tag + "'");

@@ -2,6 +2,7 @@
 #include "decomposer/tensor_parallel_patterns.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <string>
@@ -418,13 +419,34 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     ShardableSpan span{b.blockCount(), -1, {}, split.degrees[i]};
     ShardableCost& s = span.cost;
     std::map<ValueId, int> inPattern;
+    // Note [Tensor-parallel profile] (profiler/split_profile.h): a group's measured times on one
+    // member where the profile has them (calibrated as groupCosts calibrates the whole ones, and
+    // no more than those), else the whole ones / t.
+    std::array<ShardableSpan::MemberTimes, 3> member;
+    std::array<bool, 3> anyMeasured{};
     for (NodeId n : pattern.nodes) {
       const int gi = groupOf[n];
       if (gi < 0) continue;  // not a group's main node: no cost of its own
       span.firstBlock = std::min(span.firstBlock, blockOf[gi]);
       span.lastBlock = std::max(span.lastBlock, blockOf[gi]);
-      add(s.forwardSeconds, groupCost[gi].forwardSeconds);
-      add(s.backwardSeconds, groupCost[gi].backwardSeconds);
+      const BlockCost& whole = groupCost[gi];
+      add(s.forwardSeconds, whole.forwardSeconds);
+      add(s.backwardSeconds, whole.backwardSeconds);
+      for (int t : {2, 4, 8}) {
+        const int k = ShardableSpan::slot(t);
+        const core::SplitTimes* measured = profile.nodes[n].splitAt(t);
+        anyMeasured[k] = anyMeasured[k] || measured;
+        auto part = [&](const core::LinearCost& wholeCost, const core::LinearCost* split) {
+          if (!split) return core::LinearCost{wholeCost.fixed / t, wholeCost.perSample / t};
+          return core::LinearCost{
+              std::min(wholeCost.fixed, split->fixed * profile.calibration),
+              std::min(wholeCost.perSample, split->perSample * profile.calibration)};
+        };
+        add(member[k].forwardSeconds,
+            part(whole.forwardSeconds, measured ? &measured->forwardSeconds : nullptr));
+        add(member[k].backwardSeconds,
+            part(whole.backwardSeconds, measured ? &measured->backwardSeconds : nullptr));
+      }
       // A column-parallel linear keeps its input for backward, and that input is whole on every
       // member (bench/memory_accuracy: dividing it by t put tp=2 plans 12-22% under the
       // measured peak); what the others keep is split (their inputs are the linears' slices).
@@ -437,6 +459,8 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       }
     }
     if (span.lastBlock < 0) continue;
+    for (int k = 0; k < 3; ++k)
+      if (anyMeasured[k]) span.measured[k] = member[k];
     for (const auto& [param, count] : inPattern) {
       const int64_t bytes = g.value(param).type.bytes();
       if (count == paramGroups[param] && bytes > 0) s.paramBytes += static_cast<double>(bytes);

@@ -15,6 +15,7 @@
 #include "core/proto/deployment_file.h"
 #include "core/proto/profile_file.h"
 #include "decomposer/plan_option_fields.h"
+#include "driver/split_models.h"
 #include "profiler/comm_profile.h"
 #include "service/plan_call.h"
 
@@ -117,6 +118,9 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in, bool* fromStore) {
   service::Planner& planner = plannerFor(config);
   profiler::ProfilerOptions profilerOptions = profiler::ProfilerOptions::fromConfig();
   if (fixedRows > 0) profilerOptions.batchSizes = {fixedRows};  // all the graph runs
+  // Note [Tensor-parallel profile]: the patterns' times on a member at the degrees it may use.
+  profilerOptions.splitDegrees =
+      splitProfileDegrees(in.model.graph, options, in.cluster.devicesPerNode, in.worldSize);
   const profiler::ProfileKey key =
       profiler::profileKey(in.model, in.exampleInputs, profilerOptions, in.cluster.deviceKind);
   proto::PlanCall call =
@@ -138,8 +142,8 @@ core::Deployment AutoPlanner::plan(const PlanningInput& in, bool* fromStore) {
       auto measurement = profiler::createMeasurementBackend(placement_.cudaIndex(),
                                                             placement_.device.kindText());
       ModelStateGuard keep(in.model.paramTensors);
-      profile_ =
-          profiler::profileGraph(in.model, in.exampleInputs, *measurement, profilerOptions);
+      profile_ = profiler::profileGraph(in.model, in.exampleInputs, *measurement, profilerOptions,
+                                        [&](int degree) { return memberModel(in.model, degree); });
       profiledKey_ = key.text;
     }
   } else {

@@ -16,6 +16,7 @@
 #include "profiler/node_pass.h"
 #include "profiler/node_runner.h"
 #include "profiler/progress.h"
+#include "profiler/split_profile.h"
 
 namespace autostage::profiler {
 namespace {
@@ -120,11 +121,19 @@ namespace {
 core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
                                        const std::vector<c10::IValue>& exampleInputs,
                                        MeasurementBackend& backend,
-                                       const ProfilerOptions& options, ValueMap* lastValues) {
+                                       const ProfilerOptions& options, ValueMap* lastValues,
+                                       const std::vector<core::NodeId>* only) {
   options.validate();
   const core::Graph& graph = model.graph;
   std::vector<int64_t> batches = resolveBatchSizes(options, exampleBatchSizeOf(exampleInputs));
   std::vector<NodeGroup> groups = nodeGroups(graph);
+  if (only) {  // the other groups' nodes run for their values only
+    std::vector<char> wanted(graph.nodeCount(), 0);
+    for (core::NodeId n : *only) wanted.at(n) = 1;
+    groups.erase(std::remove_if(groups.begin(), groups.end(),
+                                [&](const NodeGroup& g) { return !wanted[g.key]; }),
+                 groups.end());
+  }
   double start = wallSeconds();
   std::vector<Unit> units = buildUnits(graph, groups);
   if (options.reuseIdenticalGroups) markIdenticalGroups(graph, units);
@@ -187,15 +196,19 @@ core::GraphProfile profileNodesKeeping(const torchscript::ImportedModel& model,
 
 core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
                                 const std::vector<c10::IValue>& exampleInputs,
-                                MeasurementBackend& backend, const ProfilerOptions& options) {
+                                MeasurementBackend& backend, const ProfilerOptions& options,
+                                const std::vector<core::NodeId>* only) {
   torchscript::AutocastGuard autocast(options.precision, c10::Device(backend.device()).type());
-  return profileNodesKeeping(model, exampleInputs, backend, options, nullptr);
+  return profileNodesKeeping(model, exampleInputs, backend, options, nullptr, only);
 }
 
 core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
                                 const std::vector<c10::IValue>& exampleInputs,
-                                MeasurementBackend& backend, const ProfilerOptions& options) {
+                                MeasurementBackend& backend, const ProfilerOptions& options,
+                                const SplitModelMaker& split) {
   options.validate();
+  AUTOSTAGE_CHECK(options.splitDegrees.empty() || split, "profiler options ask for times at "
+                  "tensor-parallel degrees but no member model was given");
   auto log = core::logger("Profiler");
   log->info("profiler options: {}", options.toString());
   const ProfileKey key = profileKey(model, exampleInputs, options, backend.deviceKind());
@@ -209,7 +222,7 @@ core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
   torchscript::AutocastGuard autocast(options.precision, c10::Device(backend.device()).type());
   ValueMap lastValues;
   core::GraphProfile profile =
-      profileNodesKeeping(model, exampleInputs, backend, options, &lastValues);
+      profileNodesKeeping(model, exampleInputs, backend, options, &lastValues, nullptr);
   if (options.calibrationBlocks > 0) {
     double start = wallSeconds();
     CalibrationResult result = calibrate(model, exampleInputs, profile, backend, options,
@@ -218,6 +231,9 @@ core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
     profile.calibration = result.factor;
     profile.calibrationError = result.error;
   }
+  lastValues.clear();
+  if (!options.splitDegrees.empty())  // Note [Tensor-parallel profile]
+    addSplitTimes(model, exampleInputs, backend, options, split, profile);
   profile.comm = configuredCommProfile();
   if (!path.empty()) {
     std::filesystem::path parent = std::filesystem::path(path).parent_path();

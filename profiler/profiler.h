@@ -16,6 +16,7 @@
 #include "frontend/torchscript/importer.h"
 #include "profiler/measurement_backend.h"
 #include "profiler/profiler_options.h"
+#include "profiler/split_profile.h"
 
 namespace autostage::profiler {
 
@@ -24,14 +25,19 @@ namespace autostage::profiler {
 //
 // Full run: cache lookup, node profiles, calibration, cache store. The comm part of the result
 // holds the configured fallbacks (see profileComm for measured ones).
+// With options.splitDegrees, `split` makes the member models whose times it adds (Note
+// [Tensor-parallel profile] in split_profile.h).
 core::GraphProfile profileGraph(const torchscript::ImportedModel& model,
                                 const std::vector<c10::IValue>& exampleInputs,
-                                MeasurementBackend& backend, const ProfilerOptions& options);
+                                MeasurementBackend& backend, const ProfilerOptions& options,
+                                const SplitModelMaker& split = {});
 
-// Node profiles only (no cache, calibration 1).
+// Node profiles only (no cache, calibration 1); with `only`, of the groups keyed by those nodes
+// (the other nodes run for their values).
 core::GraphProfile profileNodes(const torchscript::ImportedModel& model,
                                 const std::vector<c10::IValue>& exampleInputs,
-                                MeasurementBackend& backend, const ProfilerOptions& options);
+                                MeasurementBackend& backend, const ProfilerOptions& options,
+                                const std::vector<core::NodeId>* only = nullptr);
 
 // The batch sizes profiled for an example batch of `exampleBatch` (options.batchSizes, sorted,
 // or a quarter and a half of the example batch; {1, 2} below 8, {1} for a batch of 1).

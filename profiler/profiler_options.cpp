@@ -50,6 +50,10 @@ void ProfilerOptions::validate() const {
                      "profiler calibrationMinSeconds must be >= 0, got ", calibrationMinSeconds);
   AUTOSTAGE_CHECK_AS(ConfigError, optParamFactor >= 0, "opt_param_factor must be >= 0, got ",
                      optParamFactor);
+  for (int t : splitDegrees)
+    AUTOSTAGE_CHECK_AS(ConfigError, t == 2 || t == 4 || t == 8,
+                       "profiler splitDegrees holds ", t,
+                       "; tensor-parallel degrees are 2, 4 or 8");
 }
 
 std::string ProfilerOptions::toString() const {
@@ -68,6 +72,10 @@ std::string ProfilerOptions::measurementText() const {
       << " calibration_repeats=" << calibrationRepeats << " seed=" << seed
       << " normalize_load=" << normalizeLoad << " reuse_identical=" << reuseIdenticalGroups
       << " opt_param_factor=" << optParamFactor << " precision=" << core::precisionName(precision);
+  if (!splitDegrees.empty()) {  // Note [Tensor-parallel profile]: keys without it stay as they were
+    out << " split_degrees=";
+    for (size_t i = 0; i < splitDegrees.size(); ++i) out << (i ? "," : "") << splitDegrees[i];
+  }
   return out.str();
 }
 

@@ -50,6 +50,10 @@ struct ProfilerOptions {
   // Nodes run under the stages' autocast (config key precision), so times and bytes are those
   // of the mixed-precision stages; part of the profile cache key (as the dtype's suffix).
   core::Precision precision = core::Precision::Fp32;
+  // Tensor-parallel degrees (2, 4, 8) at which the split patterns' node groups are measured on
+  // one member's slices as well (Note [Tensor-parallel profile] in split_profile.h); set by the
+  // driver from the option tensor_parallel, part of the profile key when not empty.
+  std::vector<int> splitDegrees;
 
   // Throws ConfigError naming the bad field, what came and what would be valid.
   void validate() const;

@@ -143,6 +143,8 @@ class Builder {
       attributes.clear();
     }
     const NodeId created = out_.addNode(op, inputs, types, attributes, node.scope, names);
+    origin_.resize(out_.nodeCount(), core::kNoNode);
+    origin_[created] = n;
     if (!node.body.empty()) out_.setBody(created, node.body);
     for (size_t i = 0; i < node.outputs.size(); ++i) map_[node.outputs[i]] = out_.node(created).outputs[i];
     if (plan && plan->row == n) {
@@ -164,6 +166,11 @@ class Builder {
 
   void output(ValueId v) { out_.addOutput(map_.at(v)); }
   Graph take() { return std::move(out_); }
+  std::vector<NodeId> origin() const {
+    std::vector<NodeId> o = origin_;
+    o.resize(out_.nodeCount(), core::kNoNode);
+    return o;
+  }
 
  private:
   const Graph& g_;
@@ -173,6 +180,7 @@ class Builder {
   Graph out_;
   std::map<ValueId, ValueId> map_;
   std::map<ValueId, ValueId> copies_;
+  std::vector<NodeId> origin_;  // per node of out_ made so far (ShardedStage::origin)
 };
 
 // A random operator other than the dropout the rewrite turns into tp_dropout.
@@ -248,6 +256,7 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
     builder.output(v);
     result.outputs.push_back(v);
   }
+  result.origin = builder.origin();
   result.graph = builder.take();
   result.shards = shardsOf(plans);
   return result;

@@ -48,6 +48,9 @@ struct ShardedStage {
   core::Graph graph;                   // the stage for one member (the same for every member)
   std::vector<core::ValueId> inputs;   // graph.inputs()[i] stands for original value inputs[i]
   std::vector<core::ValueId> outputs;  // graph.outputs()[i] stands for original value outputs[i]
+  // Per node of `graph`: the node of the original graph it runs (rewritten or not), kNoNode for
+  // what the rewrite adds (constants, lists, tp_copy, tp_reduce).
+  std::vector<core::NodeId> origin;
   std::vector<ParamShard> shards;      // ascending param
   int sharded = 0;                     // patterns sharded
   // One line per pattern left replicated, with the reason, and per random operator that draws

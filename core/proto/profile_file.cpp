@@ -34,6 +34,12 @@ void nodeToProto(const NodeProfile& node, proto::NodeProfile* out) {
   out->set_param_bytes(node.paramBytes);
   out->set_max_batch(node.maxBatch);
   out->set_failure(node.failure);
+  for (const SplitTimes& split : node.split) {
+    proto::SplitTimes* times = out->add_split();
+    times->set_degree(split.degree);
+    linearToProto(split.forwardSeconds, times->mutable_forward_seconds());
+    linearToProto(split.backwardSeconds, times->mutable_backward_seconds());
+  }
 }
 
 NodeProfile nodeFromProto(const proto::NodeProfile& message) {
@@ -47,6 +53,9 @@ NodeProfile nodeFromProto(const proto::NodeProfile& message) {
   node.paramBytes = message.param_bytes();
   node.maxBatch = message.max_batch();
   node.failure = message.failure();
+  for (const proto::SplitTimes& times : message.split())
+    node.split.push_back({times.degree(), linearFromProto(times.forward_seconds()),
+                          linearFromProto(times.backward_seconds())});
   return node;
 }
 

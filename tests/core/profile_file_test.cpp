@@ -43,6 +43,8 @@ GraphProfile sampleProfile() {
     n.paramBytes = int64_t{1} << (30 + i);
     n.maxBatch = i == 2 ? 32 : -1;
     n.failure = i == 2 ? "CUDA out of memory at batch 64" : "";
+    if (i == 1)  // measured on tensor-parallel members (Note [Tensor-parallel profile])
+      n.split = {{2, {6e-6, 1.1e-7}, {1.6e-5, 2.1e-7}}, {4, {4e-6, 6e-8}, {9e-6, 1.2e-7}}};
     p.nodes.push_back(n);
   }
   p.nodes.push_back(NodeProfile{});  // an entry nobody filled
@@ -75,6 +77,10 @@ TEST_CASE("profile files round-trip every field", "[core][proto]") {
   REQUIRE(back.comm.allreduceGroups.size() == 2);
   REQUIRE(back.comm.allreduceGroups.at(4).latencySeconds == 6e-6);
   REQUIRE(back.batchSizes == std::vector<int64_t>{1, 8, 64});
+  REQUIRE(back.nodes[1].split.size() == 2);
+  REQUIRE(back.nodes[1].splitAt(4)->backwardSeconds.perSample == 1.2e-7);
+  REQUIRE(back.nodes[1].splitAt(8) == nullptr);
+  REQUIRE(back.nodes[2].split.empty());
   REQUIRE(readBytes(path) == encodeProfile(p));
   REQUIRE(encodeProfile(p) == encodeProfile(back));
   REQUIRE(decodeProfile(encodeProfile(GraphProfile{})) == GraphProfile{});
@@ -95,6 +101,9 @@ TEST_CASE("profile operator== sees every field", "[core][proto]") {
   REQUIRE(differs([](GraphProfile& q) { q.nodes[1].activationBytes.fixed = 0; }));
   REQUIRE(differs([](GraphProfile& q) { q.nodes[2].maxBatch = 64; }));
   REQUIRE(differs([](GraphProfile& q) { q.nodes[2].failure.clear(); }));
+  REQUIRE(differs([](GraphProfile& q) { q.nodes[1].split[1].forwardSeconds.fixed = 0; }));
+  REQUIRE(differs([](GraphProfile& q) { q.nodes[1].split[0].degree = 8; }));
+  REQUIRE(differs([](GraphProfile& q) { q.nodes[1].split.pop_back(); }));
   REQUIRE(differs([](GraphProfile& q) { q.comm.measured = false; }));
   REQUIRE(differs([](GraphProfile& q) { q.comm.p2pInterNode.latencySeconds = 0; }));
   REQUIRE(differs([](GraphProfile& q) { q.comm.allreduceGroups.at(2).bytesPerSecond = 1; }));

@@ -309,3 +309,58 @@ TEST_CASE("a pattern is counted split only at the degrees the runtime splits it 
   options.tensorParallel = "2";
   REQUIRE(makeBlocking(odd.graph, odd.profile, cluster, 8, options).request.shardable.size() == 2);
 }
+
+TEST_CASE("a pattern's time on a member comes from the profile's split times where measured",
+          "[decomposer]") {
+  // Note [Tensor-parallel profile]: at degree 2 every pattern node measured but one (its whole
+  // / 2 then), one of them slower split than whole (counted as the whole); none at 4.
+  const SyntheticModel m = smallTransformer(2);
+  core::GraphProfile profile = m.profile;
+  profile.calibration = 0.5;
+  const std::vector<ShardPattern> patterns = findShardPatterns(m.graph);
+  REQUIRE(patterns.size() == 4);
+  const Blocking plain = buildBlocking(m.graph, profile, 256, 8, true);
+  std::vector<bool> main(m.graph.nodeCount());
+  for (const AtomicGroup& g : plain.groups) main[g.main] = true;
+  const core::NodeId unmeasured = patterns[0].rowLinear, slower = patterns[1].rowLinear;
+  double expectForward = 0, expectBackward = 0, wholeForward = 0;
+  for (const ShardPattern& p : patterns)
+    for (core::NodeId n : p.nodes) {
+      if (!main[n]) continue;
+      core::NodeProfile& node = profile.nodes[n];
+      const core::LinearCost f = node.forwardSeconds, b = node.backwardSeconds;
+      wholeForward += 0.5 * f.perSample;
+      if (n == unmeasured) {
+        expectForward += 0.5 * f.perSample / 2;
+        expectBackward += 0.5 * b.perSample / 2;
+        continue;
+      }
+      const double share = n == slower ? 3.0 : 0.7;
+      node.split.push_back({2, {f.fixed * share, f.perSample * share},
+                            {b.fixed * 0.6, b.perSample * 0.6}});
+      expectForward += 0.5 * f.perSample * std::min(1.0, share);
+      expectBackward += 0.5 * b.perSample * 0.6;
+    }
+  const Blocking b = buildBlocking(m.graph, profile, 256, 8, true);
+  REQUIRE(b.blockFirstGroup == plain.blockFirstGroup);
+  double forward = 0, backward = 0, whole = 0;
+  for (const ShardableSpan& s : b.request.shardable) {
+    REQUIRE(s.measured[ShardableSpan::slot(2)].has_value());
+    CHECK_FALSE(s.measured[ShardableSpan::slot(4)].has_value());
+    forward += s.measured[0]->forwardSeconds.perSample;
+    backward += s.measured[0]->backwardSeconds.perSample;
+    whole += s.cost.forwardSeconds.perSample;
+    // At 4 (not measured): the whole / 4.
+    CHECK(s.costAt(4).memberForwardSeconds.perSample ==
+          Approx(s.cost.forwardSeconds.perSample / 4));
+    CHECK(s.costAt(2).memberForwardSeconds.perSample == s.measured[0]->forwardSeconds.perSample);
+  }
+  CHECK(whole == Approx(wholeForward));
+  CHECK(forward == Approx(expectForward));
+  CHECK(backward == Approx(expectBackward));
+  PlanRequest request = b.request;  // each member time within its whole
+  request.devices = request.devicesPerNode = 8;
+  request.deviceMemory = 1e12;
+  request.batchSize = 8;
+  request.validate();
+}

@@ -57,6 +57,17 @@ void addShardableParts(std::mt19937& rng, PlanRequest& request) {
     const double d = unit(rng);
     if (d < 0.1) span.degrees = 1u << 2;
     else if (d < 0.2) span.degrees = (1u << 2) | (1u << 4);
+    // Half the patterns measured on a member at some degrees (Note [Tensor-parallel profile]):
+    // between the whole / t and the whole (a small split runs the cores less well).
+    for (int t : {2, 4, 8}) {
+      if (unit(rng) < 0.5) continue;
+      auto part = [&](const core::LinearCost& whole) {
+        const double f = between(1.0 / t, 1.0);
+        return core::LinearCost{whole.fixed * f, whole.perSample * f};
+      };
+      span.measured[ShardableSpan::slot(t)] =
+          ShardableSpan::MemberTimes{part(s.forwardSeconds), part(s.backwardSeconds)};
+    }
     request.shardable.push_back(span);
     // The groups outside the pattern need part of the blocks' working bytes, or none.
     for (int b = first; b <= last; ++b) {
@@ -449,6 +460,57 @@ TEST_CASE("the evaluator refuses tensor-parallel stages it cannot place", "[deco
   REQUIRE(evaluatePlan(request, plan).feasible);
   request.devicesPerNode = 1;
   REQUIRE_THAT(evaluatePlan(request, plan).problem, Catch::Contains("tensor_parallel=2"));
+}
+
+TEST_CASE("a stage's sharded time is the profile's measured time on a member where it has one",
+          "[decomposer]") {
+  // Note [Tensor-parallel profile] (profiler/split_profile.h): block 0's pattern measured at 2.
+  PlanRequest request = oneLayer();
+  const ShardableSpan::MemberTimes measured{{5e-4, 6e-5}, {1.1e-3, 1.2e-4}};
+  request.shardable[0].measured[ShardableSpan::slot(2)] = measured;
+  const CostModel model(request);
+  for (int t : {2, 4}) {
+    INFO("degree " << t);
+    StageChoice split{0, 0, 4 / t, 0, false, 0, false, t};
+    const StageEstimate e = model.stage(split, 4, Schedule::GPipe);
+    // 16 rows, 4 micro-batches, 4 / t replicas
+    REQUIRE(e.microBatchPerReplica == (t == 2 ? 2 : 4));
+    const double b = e.microBatchPerReplica;
+    const double fwd = t == 2 ? 5e-4 + 6e-5 * b : (8e-4 + 8e-5 * b) / 4;
+    const double bwd = t == 2 ? 1.1e-3 + 1.2e-4 * b : (1.6e-3 + 1.6e-4 * b) / 4;
+    REQUIRE(near(e.forwardSeconds,
+                 (1e-3 - 8e-4) + (1e-4 - 8e-5) * b + fwd + e.tensorParallelForwardSeconds));
+    REQUIRE(near(e.backwardSeconds,
+                 (2e-3 - 1.6e-3) + (2e-4 - 1.6e-4) * b + bwd + e.tensorParallelBackwardSeconds));
+    // Block 1's pattern, not measured, is the whole / t at every degree.
+    split.firstBlock = split.lastBlock = 1;
+    const StageEstimate other = model.stage(split, 4, Schedule::GPipe);
+    REQUIRE(near(other.forwardSeconds, (1e-3 - 8e-4) + (1e-4 - 8e-5) * b + (8e-4 + 8e-5 * b) / t +
+                                           other.tensorParallelForwardSeconds));
+  }
+  // Two blocks in one stage: the measured span and the divided one, summed.
+  const StageEstimate both = model.stage(StageChoice{0, 1, 2, 0, false, 0, false, 2}, 4,
+                                         Schedule::GPipe);
+  REQUIRE(near(both.forwardSeconds, 2 * ((1e-3 - 8e-4) + (1e-4 - 8e-5) * 2) + 5e-4 + 6e-5 * 2 +
+                                        (8e-4 + 8e-5 * 2) / 2 + both.tensorParallelForwardSeconds));
+
+  // The text form keeps the measured times; the DP plans the same from it.
+  const std::string text = request.toText();
+  REQUIRE(text.find(" at2 ") != std::string::npos);
+  const PlanRequest back = PlanRequest::parse(text);
+  REQUIRE(back.shardable[0].measured[0].has_value());
+  CHECK(back.shardable[0].measured[0]->backwardSeconds.perSample == 1.2e-4);
+  CHECK_FALSE(back.shardable[0].measured[1].has_value());
+  CHECK_FALSE(back.shardable[1].measured[0].has_value());
+  REQUIRE(back.toText() == text);
+  REQUIRE(planStages(back).toString() == planStages(request).toString());
+  std::string bad = text;
+  bad.replace(bad.find(" at2 "), 5, " at3 ");
+  REQUIRE_THROWS_WITH(PlanRequest::parse(bad), Catch::Contains("'at3'"));
+  // A member's time above the whole would break the search's lower bounds: refused.
+  PlanRequest slower = request;
+  slower.shardable[0].measured[0]->forwardSeconds.fixed = 9e-4;
+  REQUIRE_THROWS_WITH(slower.validate(), Catch::Contains("measured times at degree 2"));
 }
 
 TEST_CASE("a request's shardable spans survive its text form, and so does its plan",

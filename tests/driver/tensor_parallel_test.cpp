@@ -7,6 +7,7 @@
 // embedding and an LM head split over the vocabulary, the head's loss computed on the slices
 // (Note [Vocabulary-parallel loss]), its operators against torch's losses.
 #include <functional>
+#include <set>
 
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/torch.h>
@@ -16,6 +17,8 @@
 #include "comm/thread_backend.h"
 #include "decomposer/tensor_parallel_patterns.h"
 #include "driver/module.h"
+#include "driver/split_models.h"
+#include "profiler/profiler.h"
 #include "staging/tensor_parallel.h"
 #include "staging/tensor_parallel_ops.h"
 #include "test_support.h"
@@ -663,6 +666,94 @@ TEST_CASE("a tensor-parallel stage's dropouts draw the group's masks", "[staging
   }
   CHECK(splits == std::vector<int64_t>{0, 1, 0});
   CHECK(stage.sharded == 2);
+}
+
+}  // namespace
+}  // namespace autostage::driver
+
+namespace autostage::driver {
+namespace {
+
+// Note [Tensor-parallel profile]: the member model the profiler runs at a degree, and the times
+// it adds to the profile.
+TEST_CASE("the profiler times the block's patterns on a member's slices", "[profiler]") {
+  torch::manual_seed(41);
+  const std::vector<c10::IValue> inputs{torch::randn({8, 4, 16}), torch::randn({8, 4, 16})};
+  const torchscript::ImportedModel model = torchscript::importModule(makeBlock(), inputs);
+
+  decomposer::PlanOptions options;
+  options.tensorParallel = "auto";
+  CHECK(splitProfileDegrees(model.graph, options, 4, 4) == std::vector<int>{2, 4});
+  CHECK(splitProfileDegrees(model.graph, options, 4, 2) == std::vector<int>{2});
+  CHECK(splitProfileDegrees(model.graph, options, 8, 8) == std::vector<int>{2, 4, 8});
+  options.tensorParallel = "4";
+  CHECK(splitProfileDegrees(model.graph, options, 4, 4) == std::vector<int>{4});
+  options.tensorParallel = "1";
+  CHECK(splitProfileDegrees(model.graph, options, 4, 4).empty());
+
+  std::optional<profiler::SplitModel> split = memberModel(model, 2);
+  REQUIRE(split);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (size_t i = 0; i < split->model.paramTensors.size(); ++i) {
+    const at::Tensor& t = split->model.paramTensors[i];
+    shapes[split->model.paramNames.at(i)] = t.sizes().vec();
+    CHECK(t.requires_grad());
+  }
+  CHECK(shapes.at("q.weight") == std::vector<int64_t>{8, 16});   // column-parallel: rows halved
+  CHECK(shapes.at("q.bias") == std::vector<int64_t>{8});
+  CHECK(shapes.at("up.weight") == std::vector<int64_t>{16, 16});
+  CHECK(shapes.at("o.weight") == std::vector<int64_t>{16, 8});   // row-parallel: columns halved
+  CHECK(shapes.at("o.bias") == std::vector<int64_t>{16});        // added after the all-reduce
+  CHECK(shapes.at("down.weight") == std::vector<int64_t>{16, 16});
+  CHECK(split->model.graph.batchInputs().size() == 2);
+  std::set<core::NodeId> patternNodes;
+  for (const decomposer::ShardPattern& p : decomposer::findShardPatterns(model.graph))
+    patternNodes.insert(p.nodes.begin(), p.nodes.end());
+  REQUIRE(!split->measured.empty());
+  for (core::NodeId n : split->measured) CHECK(patternNodes.count(split->origin.at(n)) == 1);
+
+  profiler::ProfilerOptions profilerOptions;
+  profilerOptions.calibrationBlocks = 0;
+  profilerOptions.passes = 1;
+  profilerOptions.passSeconds = 0;
+  profilerOptions.progressBar = false;
+  profilerOptions.batchSizes = {2, 4};
+  const auto backend = profiler::createCpuMeasurementBackend();
+  const core::GraphProfile plain =
+      profiler::profileGraph(model, inputs, *backend, profilerOptions);
+  profilerOptions.splitDegrees = {2, 4};
+  const core::GraphProfile profile = profiler::profileGraph(
+      model, inputs, *backend, profilerOptions,
+      [&](int degree) { return memberModel(model, degree); });
+  REQUIRE(profile.nodes.size() == model.graph.nodeCount());
+  // Every measured group's original node has times at 2 and 4, and only pattern nodes have them;
+  // the linear layers all do (the q, k, v, o, up and down groups).
+  int measured = 0, linears = 0;
+  for (core::NodeId n = 0; n < static_cast<core::NodeId>(model.graph.nodeCount()); ++n) {
+    const core::NodeProfile& p = profile.nodes[n];
+    CHECK(plain.nodes[n].split.empty());
+    if (p.split.empty()) continue;
+    INFO(core::nodeLabel(model.graph, n));
+    ++measured;
+    CHECK(patternNodes.count(n) == 1);
+    REQUIRE(p.split.size() == 2);
+    CHECK(p.split[0].degree == 2);
+    CHECK(p.split[1].degree == 4);
+    for (const core::SplitTimes& s : p.split)
+      CHECK(s.forwardSeconds.at(4) + s.backwardSeconds.at(4) > 0);
+    linears += decomposer::isLinearNode(model.graph, n);
+  }
+  CHECK(linears == 6);
+  CHECK(measured >= 6);
+  // The profile's key names the degrees measured, so a profile without them is not reused.
+  profiler::ProfilerOptions without = profilerOptions;
+  without.splitDegrees.clear();
+  CHECK(profiler::profileKey(model, inputs, profilerOptions, "cpu").text !=
+        profiler::profileKey(model, inputs, without, "cpu").text);
+  CHECK(profilerOptions.measurementText().find("split_degrees=2,4") != std::string::npos);
+  // Asked for degrees without a way to make the member models: refused.
+  CHECK_THROWS_WITH(profiler::profileGraph(model, inputs, *backend, profilerOptions),
+                    Catch::Contains("no member model"));
 }
 
 }  // namespace

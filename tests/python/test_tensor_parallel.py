@@ -3,6 +3,7 @@ graphs (`autostage plan`, `whatif`, `show`, the partition log), refuses what it 
 training jobs run them (Note [Tensor-parallel stages] in staging/tensor_parallel.h)."""
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -117,6 +118,10 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
     if phase != "auto":
         assert (" tp=4 " if phase == "block4" else " tp=2 ") in log, log  # the partition log
+    # Note [Tensor-parallel profile]: the patterns measured on a member's slices at the degree.
+    measured = re.search(r"tensor-parallel degree %d: (\d+) node groups measured;"
+                         % (4 if phase == "block4" else 2), log)
+    assert measured and int(measured.group(1)) > 0, log
     if phase == "zero" or (phase, ranks) == ("modes", 4):
         assert " repl=2 tp=2 zero=1 " in log, log
     if phase == "modes":  # the eval deployment and the inference usage's, both tensor-parallel
