@@ -96,8 +96,9 @@
 // {1}, and then the request carries no spans and the search is the one without tensor
 // parallelism). A stage of degree t starts at a rank that is a multiple of t (dividing the
 // devices per node), so each replica's t ranks share a node (evaluatePlan refuses other
-// layouts). Interleaved plans stay at degree 1 for now; the baselines (data_parallel, uniform,
-// param_balanced) give every stage the same degree, the fastest the option allows.
+// layouts). Interleaved plans give all their stages one degree, each the option allows (Note
+// [Interleaved search]); so do the baselines (data_parallel, uniform, param_balanced), the
+// fastest the option allows.
 
 // Note [Tensor-parallel working memory]
 // A stage's working bytes are the largest temporary set of one node group, the block's largest

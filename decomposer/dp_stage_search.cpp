@@ -605,11 +605,8 @@ Plan planDynamicProgramming(const PlanRequest& request) {
     }
   }
   auto log = core::logger("DPStaging");
-  // Interleaved plans run at tensor-parallel degree 1 (Note [Tensor-parallel cost]).
-  const bool plainDegree =
-      request.options.tensorParallelCandidates(request.devicesPerNode).front() == 1;
   for (int v : virtualStages) {
-    if (v == 1 || !plainDegree) continue;
+    if (v == 1) continue;
     PhaseClock clock(phases);
     Refinement refined;
     std::optional<Plan> interleaved = searchInterleaved(model, v, &refined);

@@ -41,7 +41,6 @@ std::string tensorParallelProblem(const PlanRequest& request, const Plan& plan, 
     return "tensor_parallel=" + std::to_string(t) + " needs each replica's " + std::to_string(t) +
            " ranks on one node (first rank " + std::to_string(st.firstRank) + ", " +
            std::to_string(request.devicesPerNode) + " devices per node)";
-  if (plan.virtualStages > 1) return "tensor_parallel > 1 with virtual stages is not costed yet";
   return "";
 }
 
@@ -132,9 +131,12 @@ PlanEvaluation evaluateInterleaved(const CostModel& model, const Plan& plan) {
   for (int s = 0; s < count; ++s) {
     const StagePlan& st = plan.stages[s];
     StageChoice choice{st.firstBlock, st.lastBlock, st.replicaCount, st.firstRank, st.recompute,
-                       count - 1 - s, st.zero};
-    StageEstimate e = model.stage(choice, plan.microBatchCount, plan.schedule);
-    const int last = st.firstRank + st.replicaCount - 1;
+                       count - 1 - s, st.zero, st.tensorParallel};
+    const RangeTotals range = model.ranges().range(st.firstBlock, st.lastBlock);
+    const MemberRange member =
+        model.member(range, st.firstBlock, st.lastBlock, st.tensorParallel, false);
+    StageEstimate e = model.stage(member, choice, plan.microBatchCount, plan.schedule);
+    const int last = st.firstRank + st.rankCount() - 1;
     const core::CommProfile& comm = request.comm;
     if (s % positions == positions - 1 && s + 1 < count) {
       const int next = plan.stages[0].firstRank;
@@ -144,7 +146,7 @@ PlanEvaluation evaluateInterleaved(const CostModel& model, const Plan& plan) {
     }
     if (s % positions == 0 && s > 0) {
       const StagePlan& previous = plan.stages[positions - 1];
-      const int previousLast = previous.firstRank + previous.replicaCount - 1;
+      const int previousLast = previous.firstRank + previous.rankCount() - 1;
       e.sendBackwardSeconds = (model.sameNode(previousLast, last) ? comm.p2pIntraNode
                                                                    : comm.p2pInterNode)
                                   .seconds(e.inputBytes);
@@ -152,8 +154,8 @@ PlanEvaluation evaluateInterleaved(const CostModel& model, const Plan& plan) {
     e.stageSeconds = e.forwardSeconds + e.backwardSeconds + e.sendForwardSeconds +
                      e.sendBackwardSeconds;
     const double mb = static_cast<double>(e.microBatchPerReplica);
-    recomputeBytes.push_back(
-        st.recompute ? model.ranges().range(st.firstBlock, st.lastBlock).activationBytes.at(mb) : 0);
+    // A recompute stage's one re-run micro-batch: its activations on one rank (1/t sharded).
+    recomputeBytes.push_back(st.recompute ? member.range.activationBytes.at(mb) : 0);
     result.stages.push_back(e);
   }
   const SimulationResult sim = simulateEstimates(result.stages, recomputeBytes,

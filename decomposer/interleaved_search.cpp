@@ -34,10 +34,12 @@ std::vector<std::pair<int, int>> greedyCuts(const std::vector<double>& cost, int
   return cuts;
 }
 
-std::vector<double> chunkCosts(const CostModel& model, double microBatch, bool recompute) {
+// Each block's compute on one rank of a stage of degree t (a pattern over several blocks counted
+// whole: the cut is a heuristic, the evaluation of the plan exact).
+std::vector<double> chunkCosts(const CostModel& model, double microBatch, bool recompute, int t) {
   std::vector<double> cost;
   for (int b = 0; b < model.ranges().blockCount(); ++b) {
-    const RangeTotals block = model.ranges().range(b, b);
+    const RangeTotals block = model.member(model.ranges().range(b, b), b, b, t, false).range;
     const double forward = block.forwardSeconds.at(microBatch);
     cost.push_back(forward * (recompute ? 2 : 1) + block.backwardSeconds.at(microBatch));
   }
@@ -66,32 +68,38 @@ std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages,
   const int blocks = model.ranges().blockCount();
   std::optional<Plan> best;
   double bestSeconds = std::numeric_limits<double>::infinity();
-  for (int positions = 2; positions <= std::min(request.devices, blocks / virtualStages);
-       ++positions) {
-    if (request.devices % positions != 0) continue;
-    if (options.partitionNum > 0 && positions * virtualStages != options.partitionNum) continue;
-    const int replicas = request.devices / positions;
-    for (int microBatches : options.microBatchCandidates()) {
-      if (microBatches % positions != 0 ||
-          static_cast<int64_t>(microBatches) * replicas > request.batchSize)
-        continue;
-      const double mb = static_cast<double>(model.microBatchPerReplica(microBatches, replicas));
-      for (bool recompute : options.recomputeCandidates()) {
-        const auto cuts = minMaxCuts(chunkCosts(model, mb, recompute), positions * virtualStages);
-        for (bool zero : options.zeroCandidates()) {
-          if (zero && replicas == 1) continue;  // nothing to shard
-          Plan plan;
-          plan.microBatchCount = microBatches;
-          plan.schedule = Schedule::OneFOneB;
-          plan.virtualStages = virtualStages;
-          for (size_t k = 0; k < cuts.size(); ++k)
-            plan.stages.push_back({cuts[k].first, cuts[k].second, replicas,
-                                   static_cast<int>(k % positions) * replicas, recompute, zero});
-          const PlanEvaluation e = evaluatePlanWith(model, plan);
-          if (!e.feasible || e.iterationSeconds >= bestSeconds) continue;
-          bestSeconds = e.iterationSeconds;
-          plan.predictedSeconds = plan.searchSeconds = e.iterationSeconds;
-          best = plan;
+  // Every stage at one tensor-parallel degree t (Note [Tensor-parallel cost]): a position's
+  // replicas are groups of t ranks, each on one node.
+  for (int t : options.tensorParallelCandidates(request.devicesPerNode)) {
+    for (int positions = 2; positions <= std::min(request.devices / t, blocks / virtualStages);
+         ++positions) {
+      if (request.devices % (positions * t) != 0) continue;
+      if (options.partitionNum > 0 && positions * virtualStages != options.partitionNum) continue;
+      const int replicas = request.devices / (positions * t);
+      for (int microBatches : options.microBatchCandidates()) {
+        if (microBatches % positions != 0 ||
+            static_cast<int64_t>(microBatches) * replicas > request.batchSize)
+          continue;
+        const double mb = static_cast<double>(model.microBatchPerReplica(microBatches, replicas));
+        for (bool recompute : options.recomputeCandidates()) {
+          const auto cuts =
+              minMaxCuts(chunkCosts(model, mb, recompute, t), positions * virtualStages);
+          for (bool zero : options.zeroCandidates()) {
+            if (zero && replicas == 1) continue;  // nothing to shard
+            Plan plan;
+            plan.microBatchCount = microBatches;
+            plan.schedule = Schedule::OneFOneB;
+            plan.virtualStages = virtualStages;
+            for (size_t k = 0; k < cuts.size(); ++k)
+              plan.stages.push_back({cuts[k].first, cuts[k].second, replicas,
+                                     static_cast<int>(k % positions) * replicas * t, recompute,
+                                     zero, t});
+            const PlanEvaluation e = evaluatePlanWith(model, plan);
+            if (!e.feasible || e.iterationSeconds >= bestSeconds) continue;
+            bestSeconds = e.iterationSeconds;
+            plan.predictedSeconds = plan.searchSeconds = e.iterationSeconds;
+            best = plan;
+          }
         }
       }
     }

@@ -8,18 +8,21 @@
 // core/pipeline_schedule.h). Its time and memory come from simulating that order (Note
 // [Interleaved evaluation] in evaluate.cpp), which no DP label summarises, so it is searched in a
 // smaller family where every candidate is simulated:
-//   - S divides the device count (S = 2 .. min(devices, blocks / v)) and every position has
-//     r = devices / S replicas (with partition_num set: S v = partition_num);
+//   - every stage has one tensor-parallel degree t of the option's candidates (Note
+//     [Tensor-parallel cost]; 1 unless tensor_parallel allows more), S t divides the device count
+//     (S = 2 .. min(devices / t, blocks / v)) and every position has r = devices / (S t)
+//     replicas of t ranks (with partition_num set: S v = partition_num);
 //   - M is a micro-batch candidate that is a multiple of S with M r <= batch;
 //   - the blocks are cut into S v contiguous chunks minimising the largest chunk's compute time
-//     (forward + backward at the per-replica micro-batch; binary search on that time with a
-//     greedy cut, exact for min-max contiguous partitions);
+//     (forward + backward at the per-replica micro-batch on one rank of degree t, a pattern
+//     spanning blocks counted whole; binary search on that time with a greedy cut, exact for
+//     min-max contiguous partitions);
 //   - recompute and zero are chosen for all stages alike, over their candidates;
 // and the family's fastest plan is then refined by simulation (Note [Simulated refinement]).
 // The fastest feasible candidate per v competes with the DP's plan (v = 1) by simulated iteration
 // time and replaces it only when faster (planDynamicProgramming; the log says which won and by
-// how much). The family is small (for 32 devices: 5 depths x up to 6 micro-batch counts x 4), so
-// the search adds milliseconds. It is not exact: uneven replica counts per position and
+// how much). The family is small (for 32 devices: 5 depths x up to 6 micro-batch counts x 4, per
+// degree), so the search adds milliseconds. It is not exact: uneven replica counts per position and
 // per-stage recompute/zero are not tried with interleaving.
 
 #include <optional>

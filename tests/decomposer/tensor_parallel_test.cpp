@@ -394,6 +394,69 @@ TEST_CASE("a layer too large for one device is planned tensor-parallel", "[decom
   }
 }
 
+TEST_CASE("interleaved plans shard their stages where the option allows", "[decomposer]") {
+  // Note [Interleaved search]: 4 GPT-sized layers (as above) on 2 nodes of 8 devices, 2 virtual
+  // stages per position. Unsharded no position fits; at degree 4 or 8 each rank holds 1/t of the
+  // linear layers of its 2 stages.
+  PlanRequest request;
+  for (int i = 0; i < 4; ++i) {
+    BlockCost b;
+    b.name = "layer" + std::to_string(i);
+    b.forwardSeconds = {1e-3, 5e-3};
+    b.backwardSeconds = {2e-3, 1e-2};
+    b.activationBytes = {0, 2e8};
+    b.workingBytes = {0, 1e7};
+    b.cutBytesAfter = {0, 2e7};
+    b.paramBytes = 8e9;
+    request.blocks.push_back(b);
+    request.shardable.push_back(
+        {i, i, {{9e-4, 4.5e-3}, {1.8e-3, 9e-3}, {0, 1.5e8}, 7.9e9, 2, {0, 4e7}}});
+  }
+  request.devices = 16;
+  request.devicesPerNode = 8;
+  request.deviceMemory = 16e9;
+  request.batchSize = 16;
+  request.comm.allreduceIntraNode = {1e-5, 1e11};
+  request.comm.allreduceInterNode = {5e-5, 1e10};
+  request.comm.p2pIntraNode = {1e-6, 1e11};
+  request.comm.p2pInterNode = {1e-5, 1e10};
+  request.options.virtualStages = "2";
+  request.options.schedule = "1f1b";
+  REQUIRE_THROWS_AS(planStages(request), PlanError);  // tensor_parallel=1: nothing fits
+
+  request.options.tensorParallel = "auto";
+  const Plan plan = planStages(request);
+  INFO(plan.toString());
+  REQUIRE(plan.virtualStages == 2);
+  REQUIRE(plan.stages.size() == 4);
+  const PlanEvaluation e = evaluatePlan(request, plan);
+  REQUIRE(e.feasible);
+  REQUIRE(e.peakMemoryBytes <= request.memoryLimit());
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    const StagePlan& st = plan.stages[s];
+    CHECK(st.tensorParallel == plan.stages[0].tensorParallel);  // one degree for all
+    CHECK(st.tensorParallel > 1);
+    CHECK(st.firstRank % st.tensorParallel == 0);
+    CHECK(st.firstRank == plan.stages[s % 2].firstRank);  // a position's virtual stages
+  }
+  // Each stage's estimate is the cost model's at its degree (the transfers that wrap around
+  // aside): the sharded compute / t with the all-reduces.
+  const CostModel model(request);
+  const StagePlan& st = plan.stages[1];
+  const StageEstimate alone =
+      model.stage(StageChoice{st.firstBlock, st.lastBlock, st.replicaCount, st.firstRank,
+                              st.recompute, 2, st.zero, st.tensorParallel},
+                  plan.microBatchCount, plan.schedule);
+  CHECK(e.stages[1].forwardSeconds == Approx(alone.forwardSeconds));
+  CHECK(e.stages[1].paramBytes == Approx(alone.paramBytes));
+  CHECK(alone.tensorParallelForwardSeconds > 0);
+  // A virtual stage off its position's degree is named.
+  Plan bad = plan;
+  bad.stages[3].tensorParallel = st.tensorParallel == 8 ? 4 : 8;
+  bad.stages[3].replicaCount = 8 / bad.stages[3].tensorParallel;
+  REQUIRE_THAT(evaluatePlan(request, bad).problem, Catch::Contains("virtual stage 1"));
+}
+
 TEST_CASE("tensor_parallel option: values, candidates and node fit", "[decomposer]") {
   PlanOptions options;
   REQUIRE(options.tensorParallelCandidates(8) == std::vector<int>{1});

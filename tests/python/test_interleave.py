@@ -31,6 +31,14 @@ def test_interleaved_equals_plain_pytorch(ranks, virtual, zero):
 
 
 @needs_mpirun
+def test_interleaved_tensor_parallel_stages_equal_plain_pytorch():
+    # Issue 30: 2 positions of tp=2 groups, 2 virtual stages each.
+    log = run(4, "tensor", 2)
+    assert re.search(r"Estimated profiles .* schedule=1f1b v=2 ", log), log
+    assert len(re.findall(r"graph=STAGE_\d+_\d+ repl=1 tp=2 ", log)) == 4, log
+
+
+@needs_mpirun
 def test_planner_picks_interleaving_when_it_simulates_faster():
     log = run(2, "auto")
     assert re.search(r"Interleaved 1f1b v=\d simulates [\d.]+ ms against [\d.]+ ms "
