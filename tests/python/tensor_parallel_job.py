@@ -15,6 +15,9 @@ DistributedDataParallel does). Phases:
            eval-mode forward (its own tp=2 plan) after each step, and a forward under no_grad
            in train mode (the inference usage) after the second; the training deployment
            takes its slices back each time (Note [Sharing sliced parameters]);
+  accumulate  the block (tp=2) accumulating the gradients of two batches before each step;
+  bf16     the block (tp=2) with precision="bf16" against plain PyTorch under
+           torch.autocast("cpu", dtype=torch.bfloat16), three SGD steps (tolerances below);
   auto     the MLP with tensor_parallel=auto: trains as plain PyTorch whatever the degree chosen;
   resume   (after `block CHECKPOINT`, which saves its gathered state there after its 3 steps)
            loads that checkpoint without tensor parallelism, on however many ranks it runs,
@@ -89,6 +92,18 @@ class Head(torch.nn.Module):
         return losses.view(ids.shape[0], -1)
 
 
+# Outputs: rtol 1e-5 in fp32. Under bf16 (an 8-bit significand: a rounding step is 2^-8 of a
+# value) the split changes where products are rounded: a row-parallel linear rounds each
+# member's partial sum to bf16 before the all-reduce adds them, where plain autocast rounds the
+# whole sum once; so outputs within 2.5 steps (rtol 2e-2) and atol 4e-3, as
+# tests/python/precision_check.py allows plain bf16 stages (measured here: at most 3.7e-3 on
+# values near 0.8). Parameters after 3 SGD steps (lr 1e-3, no momentum) move by lr times
+# gradients that agree within 2.5 bf16 steps: for this block's gradients (|g| up to about 5)
+# 3 x 1e-3 x (2e-2 x 5 + 4e-3) = 3e-4 (measured: at most 1.1e-4), rtol 1e-3.
+BF16 = phase == "bf16"
+OUT_TOL = dict(rtol=2e-2, atol=4e-3) if BF16 else dict(rtol=1e-5, atol=1e-6)
+
+
 def state_close(got, want, atol=1e-6):
     """A parameter or optimizer state as plain PyTorch's. With an LM head the gradients sum
     16,384 classes' terms in float32: their rounding is relative to the tensor's scale, not to
@@ -96,6 +111,8 @@ def state_close(got, want, atol=1e-6):
     got, want = torch.as_tensor(got), torch.as_tensor(want)
     if phase in ("head", "tied"):
         atol = 1e-5 * float(want.abs().max())
+    if BF16:
+        return got.shape == want.shape and torch.allclose(got, want, rtol=1e-3, atol=3e-4)
     return got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=atol)
 
 
@@ -110,9 +127,10 @@ def gap(got, want):
 
 
 torch.manual_seed(3)
-if phase in ("block", "block4", "zero", "resume", "modes"):
+if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16"):
     make = Block
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
+    x2 = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(6))
     steps, degree, first = 3, {"block4": 4, "resume": 1}.get(phase, 2), "q.weight"
 elif phase in ("vocabulary", "head", "tied"):
     make = {"vocabulary": Vocabulary, "head": Head, "tied": lambda: Head(tied=True)}[phase]
@@ -138,6 +156,8 @@ def optimizer_of(params):
         # plain PyTorch's, where SGD agrees within 1e-5: Adam's g / (sqrt(v) + eps) magnifies
         # float rounding in the gradients of the many weights whose gradient is near zero.
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    if BF16:
+        return torch.optim.SGD(params, lr=1e-3)
     if phase not in ("mlp", "auto"):
         return torch.optim.Adam(params, lr=0.01)
     return torch.optim.SGD(params, lr=0.1)
@@ -149,6 +169,14 @@ optimizer = optimizer_of(model.parameters())
 options = {"decomposer": "data_parallel"} if phase not in ("mlp", "auto") else {}
 if phase == "zero" or (phase == "modes" and world == 4):
     options["zero"] = 1
+if BF16:
+    options["precision"] = "bf16"
+
+
+def reference_forward(inputs):
+    """Plain PyTorch's forward, under bf16 autocast as the stages run in the bf16 phase."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=BF16):
+        return reference(inputs)
 wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
 ref_optimizer = optimizer_of(reference.parameters())
 if phase == "resume":
@@ -162,14 +190,19 @@ if phase == "resume":
 for step in range(steps):
     out = wrapped(local)
     out.pow(2).sum().backward()
+    if phase == "accumulate":  # a second batch's gradients added to the slices' before the step
+        wrapped(x2[rows * rank:rows * (rank + 1)]).pow(2).sum().backward()
     optimizer.step()
     optimizer.zero_grad()
-    expected = reference(x)
+    expected = reference_forward(x)
     (expected.pow(2).sum() / world).backward()
+    if phase == "accumulate":
+        (reference_forward(x2).pow(2).sum() / world).backward()
     ref_optimizer.step()
     ref_optimizer.zero_grad()
-    if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], rtol=1e-5, atol=1e-6):
-        failures.append(f"step {step}: outputs differ from plain PyTorch")
+    if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], **OUT_TOL):
+        failures.append(f"step {step}: outputs differ from plain PyTorch"
+                        f"{gap(out, expected[rows * rank:rows * (rank + 1)])}")
     if phase == "modes":
         between = [("eval", False)] + ([("no_grad in train mode", True)] if step == 1 else [])
         for what, training in between:
@@ -200,7 +233,13 @@ if phase not in ("mlp", "auto", "resume"):
     want_state = ref_optimizer.state_dict()["state"]
     for index, entry in want_state.items():
         for key, value in entry.items():
-            got = global_state["state"].get(index, {}).get(key)
+            mine = global_state["state"].get(index, {})
+            got = mine.get(key)
+            if value is None:  # plain SGD's momentum_buffer: none on either side
+                if key not in mine or got is not None:
+                    failures.append(f"optimizer state {index}.{key} is not None as plain "
+                                    "PyTorch's")
+                continue
             if got is None or not state_close(got, value, atol=1e-7):
                 failures.append(f"optimizer state {index}.{key} differs from plain PyTorch"
                                 f"{gap(got, value)}")
@@ -209,10 +248,10 @@ if phase not in ("mlp", "auto", "resume"):
     out = wrapped(local)
     out.pow(2).sum().backward()
     optimizer.step()
-    expected = reference(x)
+    expected = reference_forward(x)
     (expected.pow(2).sum() / world).backward()
     ref_optimizer.step()
-    if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], rtol=1e-5, atol=1e-6):
+    if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], **OUT_TOL):
         failures.append("outputs after loading the state differ from plain PyTorch")
     for key, want in reference.state_dict().items():
         if not state_close(wrapped.state_dict()[key], want):

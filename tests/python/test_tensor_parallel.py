@@ -46,11 +46,18 @@ def test_a_trillion_parameter_gpt_plans_tensor_parallel(tmp_path):
     # Every stage fits, and the stages' ranks (replicas x degree, contiguous) fit the devices.
     usable = 80 * 2**30 * 0.9
     assert all(s["memory_bytes"] <= usable for s in stages), stages
-    ranks = [s["replicas"] * s["tensor_parallel"] for s in stages]
+    # With v virtual stages, stage k runs on the ranks of position k mod (stages / v).
+    v = plan["virtual_stages"]
+    positions = stages[:len(stages) // v]
+    ranks = [s["replicas"] * s["tensor_parallel"] for s in positions]
     assert sum(ranks) <= 3072
-    for s, width, following in zip(stages, ranks, stages[1:]):
+    for s, width, following in zip(positions, ranks, positions[1:]):
         assert following["first_rank"] == s["first_rank"] + width
+    for k, s in enumerate(stages):
         assert s["first_rank"] % s["tensor_parallel"] == 0  # each group on one node of 8
+        home = positions[k % len(positions)]
+        assert (s["first_rank"], s["replicas"], s["tensor_parallel"]) == \
+            (home["first_rank"], home["replicas"], home["tensor_parallel"])
     # The partition log says each stage's degree, and the ranks of each replica's group.
     log = done.stderr
     lines = [line for line in log.splitlines() if "[DPStaging] [info] graph=STAGE_" in line]
@@ -110,7 +117,8 @@ def test_whatif_reports_the_degrees():
 @needs_mpirun
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
-                          ("modes", 2), ("modes", 4), ("vocabulary", 2), ("head", 2),
+                          ("modes", 2), ("modes", 4), ("accumulate", 2), ("bf16", 2),
+                          ("vocabulary", 2), ("head", 2),
                           ("tied", 2), ("auto", 2)])
 def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
     log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
