@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "comm/agreement.h"
+#include "core/error.h"
 
 namespace autostage::driver {
 namespace {
@@ -59,6 +60,7 @@ struct PipelineStep : torch::CustomClassHolder {
   int rank = 0;
   std::vector<at::Tensor> outputs;  // on the stages' device
   c10::Device callerDevice = c10::Device(c10::DeviceType::CPU);  // where the outputs go
+  bool backwardRan = false;  // the pipeline backward of this forward ran (it frees its state)
 };
 
 // The autograd node behind Module::forward's outputs: its backward is the pipeline backward.
@@ -75,6 +77,14 @@ struct PipelineFunction : public torch::autograd::Function<PipelineFunction> {
     auto step = c10::static_intrusive_pointer_cast<PipelineStep>(
         ctx->saved_data["step"].toCapsule());
     try {
+      // A second backward through the same outputs (retain_graph=True, or a loss computed from
+      // them after the first backward) would find the stages' forward state released.
+      AUTOSTAGE_CHECK_AS(UnsupportedError, !step->backwardRan,
+                         "backward through the outputs of this forward ran already: the pipeline "
+                         "backward runs once per forward (retain_graph cannot keep the stages' "
+                         "state); sum the losses and call backward once, or detach what is "
+                         "computed from the outputs after their backward, or run forward again");
+      step->backwardRan = true;
       step->executor->backward(grads);
     } catch (...) {
       rethrowAt(whereOf(*step->executor, step->rank));

@@ -89,6 +89,11 @@ Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment d
                                                    member);
       for (const std::string& line : local.runner->replicatedPatterns())
         core::logger("Runtime")->warn("stage {} (tp={}): {}", stage.name, stage.tensorParallel, line);
+      if (const int random = local.runner->seededRandomOperators())
+        core::logger("Runtime")->info(
+            "stage {} (tp={}): {} random operator(s) besides dropout draw from generators seeded "
+            "alike on every member (Note [Tensor-parallel random operators])",
+            stage.name, stage.tensorParallel, random);
     }
     memory_ = MemoryWatch(options_.memoryMeter, deployment_, localStages());
   }

@@ -44,4 +44,12 @@ RngStates swapRngStates(const RngStates& states) {
   return old;
 }
 
+void seedRngStates(const std::vector<c10::Device>& devices, uint64_t seed) {
+  for (const c10::Device& device : devices) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_current_seed(seed);
+  }
+}
+
 }  // namespace autostage::staging

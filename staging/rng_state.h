@@ -10,6 +10,7 @@
 // the re-run draws the forward's masks. Which generators: rngDevices(), a pure function of the
 // devices, testable without a GPU.
 
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -31,5 +32,8 @@ RngStates saveRngStates(const std::vector<c10::Device>& devices);
 
 // Sets each listed device's default generator to its state; returns the states they had.
 RngStates swapRngStates(const RngStates& states);
+
+// Seeds the default generators of `devices` with `seed` (as torch.manual_seed would each).
+void seedRngStates(const std::vector<c10::Device>& devices, uint64_t seed);
 
 }  // namespace autostage::staging

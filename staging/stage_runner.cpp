@@ -78,6 +78,7 @@ torchscript::ExportedFunction StageRunner::makeFunction(const core::Graph& graph
   ShardedStage sharded = shardStage(graph, stage_.nodes, stage_.tensorParallel, group_->handle());
   shards_ = sharded.shards;
   replicated_ = sharded.skipped;
+  ownRandom_ = sharded.ownRandom;
   std::vector<core::NodeId> all;
   for (const core::Node& n : sharded.graph.nodes()) all.push_back(n.id);
   torchscript::ExportedFunction function = torchscript::exportSubgraph(sharded.graph, all);
@@ -119,8 +120,31 @@ StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& 
 // boundary). On a leaf that requires grad autograd refuses that, and a recompute stage must find
 // its saved inputs unchanged when it re-runs, so those inputs are fed as copies (a clone is
 // differentiable: the gradient still reaches the leaf).
+namespace {
+
+// Note [Tensor-parallel random operators]: the default generators of `devices` seeded with
+// `seed` while it lives, then put back as they were.
+class SeededGenerators {
+ public:
+  SeededGenerators(const std::vector<c10::Device>& devices, uint64_t seed)
+      : own_(saveRngStates(devices)) {
+    seedRngStates(devices, seed);
+  }
+  ~SeededGenerators() { swapRngStates(own_); }
+  SeededGenerators(const SeededGenerators&) = delete;
+  SeededGenerators& operator=(const SeededGenerators&) = delete;
+
+ private:
+  RngStates own_;
+};
+
+}  // namespace
+
 std::vector<at::Tensor> StageRunner::run(
     const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
+  std::optional<SeededGenerators> seeded;
+  if (group_ && ownRandom_ > 0)
+    seeded.emplace(rngDevices(tensorDevices(inputs)), group_->nextSeed());
   torchscript::AutocastGuard autocast(precision_, device_);  // Note [Autocast execution]
   std::unordered_map<core::ValueId, c10::IValue> derived;
   if (prelude_) {

@@ -18,6 +18,20 @@
 // restored after the re-run, so in-place buffer updates (BatchNorm running statistics,
 // num_batches_tracked) happen once per micro-batch, as without recompute.
 //
+// Note [Tensor-parallel random operators]
+// The members of a tensor-parallel group compute the stage's replicated activations in full
+// (Note [Tensor-parallel stages] in staging/tensor_parallel.h). A random operator other than the
+// dropouts the rewrite turns into tp_dropout (torch.randn_like noise, bernoulli, ...) draws from
+// the rank's default generators, which differ between members, so its copies would part ways
+// and so would the replicated parameters. When the stage has such operators
+// (ShardedStage::ownRandom), every run of it -- forward, and a recompute stage's re-run --
+// seeds the default generators of its devices (the CPU's, and its CUDA devices') with the next
+// seed of the group's stream (TensorParallelGroup::nextSeed: the same on every member, the
+// stream's draw count its state, which a recompute stage restores for the re-run) and puts the
+// rank's own states back afterwards. The members then draw the same numbers; an operator on a
+// split activation draws the same numbers for each member's slice (only dropout, through
+// tp_dropout, gets a member's own). Without such operators the generators are left alone.
+//
 // With a mixed precision (core/precision.h) every run of the stage's functions -- forward and a
 // recompute stage's re-run alike -- happens inside its own autocast region (Note [Autocast
 // execution], Note [Autocast cache] in frontend/torchscript/autocast.h).
@@ -66,6 +80,9 @@ class StageRunner {
   // patterns that stayed replicated (Note [Tensor-parallel stages]).
   const std::vector<ParamShard>& shards() const { return shards_; }
   const std::vector<std::string>& replicatedPatterns() const { return replicated_; }
+  // Random operators the runner seeds alike on every member (Note [Tensor-parallel random
+  // operators]).
+  int seededRandomOperators() const { return ownRandom_; }
 
   const core::StageDeployment& stage() const { return stage_; }
   // Routed values the stage reads (batch values from the feeder or other stages).
@@ -105,6 +122,7 @@ class StageRunner {
   std::unique_ptr<TensorParallelGroup> group_;  // before function_: the graph names its handle
   std::vector<ParamShard> shards_;
   std::vector<std::string> replicated_;
+  int ownRandom_ = 0;  // Note [Tensor-parallel random operators]
   torchscript::ExportedFunction function_;
   std::unique_ptr<torchscript::ExportedFunction> prelude_;
   std::vector<core::ValueId> routedInputs_;

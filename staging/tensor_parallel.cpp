@@ -247,10 +247,7 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
   for (NodeId n : nodes) {
     auto it = planOf.find(n);
     builder.node(n, it == planOf.end() ? nullptr : it->second, splitTypes);
-    if (degree > 1 && drawsOwnRandom(graph.node(n)))
-      result.skipped.push_back(core::nodeLabel(graph, n) + " draws from each rank's own random "
-                               "generator, not the group's: the members' copies of its output "
-                               "may differ (Note [Tensor-parallel dropout])");
+    if (degree > 1 && drawsOwnRandom(graph.node(n))) ++result.ownRandom;
   }
   for (ValueId v : boundary.outputs) {
     builder.output(v);

@@ -53,8 +53,11 @@ struct ShardedStage {
   std::vector<core::NodeId> origin;
   std::vector<ParamShard> shards;      // ascending param
   int sharded = 0;                     // patterns sharded
-  // One line per pattern left replicated, with the reason, and per random operator that draws
-  // from the rank's own generator (Note [Tensor-parallel dropout] in tensor_parallel_ops.h).
+  // Random operators other than the dropouts rewritten to tp_dropout (torch.randn_like,
+  // bernoulli, ...): the runner seeds every member's generators alike around the stage's run
+  // (Note [Tensor-parallel random operators] in staging/stage_runner.h).
+  int ownRandom = 0;
+  // One line per pattern left replicated, with the reason.
   std::vector<std::string> skipped;
 };
 

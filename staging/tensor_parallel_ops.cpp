@@ -303,6 +303,10 @@ TensorParallelGroup::~TensorParallelGroup() {
 uint64_t TensorParallelGroup::seed() const { return state_->seed; }
 uint64_t TensorParallelGroup::draws() const { return state_->draws.load(); }
 void TensorParallelGroup::setDraws(uint64_t draws) { state_->draws.store(draws); }
+uint64_t TensorParallelGroup::nextSeed() {
+  // Tagged apart from tp_dropout's seeds of the same draw count.
+  return mix(state_->seed ^ mix(state_->draws.fetch_add(1)) ^ 0x5eedULL);
+}
 
 at::Tensor shardTensor(const at::Tensor& full, const ParamShard& shard, int degree, int index) {
   const int64_t size = full.size(shard.dim);

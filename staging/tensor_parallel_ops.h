@@ -32,8 +32,9 @@
 // with its forward and restores it for the re-run, which draws the same masks. A mask of CPU
 // tensors comes from a CPU generator made for the draw; one of CUDA tensors from the device's
 // default generator, seeded for the draw and then put back as it was. Other random operators in a
-// tensor-parallel stage (torch.rand, bernoulli, ...) still draw from each rank's own generator:
-// the rewrite names them.
+// tensor-parallel stage (torch.rand, bernoulli, ...) draw from the default generators, which the
+// runner seeds alike on every member around the stage's run (Note [Tensor-parallel random
+// operators] in stage_runner.h).
 //
 // Note [Vocabulary-parallel loss]
 // An LM head split over the vocabulary leaves each member the logits of its classes
@@ -81,6 +82,9 @@ class TensorParallelGroup {
   uint64_t seed() const;
   uint64_t draws() const;
   void setDraws(uint64_t draws);
+  // A seed from the stream, the same on every member, drawn as one draw (Note [Tensor-parallel
+  // random operators] in stage_runner.h).
+  uint64_t nextSeed();
 
  private:
   std::shared_ptr<GroupState> state_;

@@ -18,6 +18,9 @@ DistributedDataParallel does). Phases:
   accumulate  the block (tp=2) accumulating the gradients of two batches before each step;
   bf16     the block (tp=2) with precision="bf16" against plain PyTorch under
            torch.autocast("cpu", dtype=torch.bfloat16), three SGD steps (tolerances below);
+  noise    the block with torch.randn_like noise added to its input (tp=2), the noise returned
+           too: the outputs are plain PyTorch's on the input plus that noise, which holds only
+           when every member drew the same (Note [Tensor-parallel random operators]);
   auto     the MLP with tensor_parallel=auto: trains as plain PyTorch whatever the degree chosen;
   resume   (after `block CHECKPOINT`, which saves its gathered state there after its 3 steps)
            loads that checkpoint without tensor parallelism, on however many ranks it runs,
@@ -60,6 +63,14 @@ class Block(torch.nn.Module):
         att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
         x = x + self.o(att.transpose(1, 2).reshape(x.shape))
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Noisy(Block):
+    """The block with noise drawn from the default generator on its input; returns the noise."""
+
+    def forward(self, x):
+        noise = 0.1 * torch.randn_like(x)
+        return super().forward(x + noise), noise
 
 
 class Vocabulary(torch.nn.Module):
@@ -127,8 +138,8 @@ def gap(got, want):
 
 
 torch.manual_seed(3)
-if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16"):
-    make = Block
+if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "noise"):
+    make = Noisy if phase == "noise" else Block
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     x2 = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(6))
     steps, degree, first = 3, {"block4": 4, "resume": 1}.get(phase, 2), "q.weight"
@@ -179,6 +190,30 @@ def reference_forward(inputs):
         return reference(inputs)
 wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
 ref_optimizer = optimizer_of(reference.parameters())
+if phase == "noise":
+    # Plain PyTorch draws other noise, so the block runs on the input plus the noise the stage
+    # returns (the first member's). A member drawing noise of its own would feed its heads and
+    # its MLP slice other activations: the all-reduced outputs would be no input's. Each rank
+    # seeds its generator apart, as a job wanting other noise per replica does.
+    torch.manual_seed(1000 + rank)
+    for step in range(steps):
+        out, noise = wrapped(local)
+        noise = noise.detach()  # the reference's graph must not lead back into the pipeline's
+        want = Block.forward(reference, local + noise)
+        if float(noise.abs().max()) == 0:
+            failures.append(f"step {step}: no noise was drawn")
+        if not torch.allclose(out, want, rtol=1e-5, atol=1e-6):
+            failures.append(f"step {step}: the outputs are not plain PyTorch's on the input plus "
+                            f"the noise drawn{gap(out, want)}")
+        out.pow(2).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        (want.pow(2).sum() / world).backward()  # this rank's rows; the other rank's: its own
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+        break  # the reference stepped on this rank's rows only: later steps would differ
+    print(f"rank {rank}: tensor_parallel {phase} checked; {len(failures)} failures", flush=True)
+    finish(rank, failures)
 if phase == "resume":
     # The checkpoint of a tensor_parallel=2 job: whole tensors under the original keys.
     saved = torch.load(checkpoint)

@@ -242,3 +242,23 @@ def test_uncaught_agreed_error_ends_every_rank_normally():
     shutil.rmtree(outputs)
     assert "aborting the job" not in log, log
     assert "step 0 done" not in log, log
+
+
+def test_a_second_backward_through_the_same_outputs_is_refused():
+    """The pipeline backward runs once per forward; a second one through the same outputs
+    (retain_graph=True, or a loss computed from them afterwards) is an error that says what to
+    do (it crashed the rank before), and the module keeps working. torch's autograd engine
+    re-raises an error of a backward as RuntimeError."""
+    import torch
+    import autostage
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    wrapped = autostage.Module(model, partition_num=1)
+    out = wrapped(torch.randn(4, 3))
+    out.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="rank 0.*ran already.*sum the losses"):
+        out.pow(2).sum().backward()
+    model.zero_grad()
+    again = wrapped(torch.randn(4, 3))
+    again.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())

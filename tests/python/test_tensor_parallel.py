@@ -118,6 +118,7 @@ def test_whatif_reports_the_degrees():
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
                           ("modes", 2), ("modes", 4), ("accumulate", 2), ("bf16", 2),
+                          ("noise", 2),
                           ("vocabulary", 2), ("head", 2),
                           ("tied", 2), ("auto", 2)])
 def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
@@ -136,6 +137,8 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert log.count("Switching from") >= 4, log
     if phase in ("vocabulary", "head", "tied"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
+    if phase == "noise":
+        assert "1 random operator(s) besides dropout draw from generators seeded alike" in log, log
 
 
 @needs_mpirun
