@@ -99,7 +99,7 @@ struct ShardableCost {
   core::LinearCost allreduceBytes;  // the pairs' row-parallel output bytes, summed
   // The sharded operations' times on one member at the degree these costs are summed for
   // (RangeIndex's per-degree sums; ShardableSpan::costAt): measured, or the whole ones / t.
-  core::LinearCost memberForwardSeconds, memberBackwardSeconds;
+  core::LinearCost memberForwardSeconds{}, memberBackwardSeconds{};
 };
 ShardableCost operator+(const ShardableCost& a, const ShardableCost& b);  // field by field
 ShardableCost operator-(const ShardableCost& a, const ShardableCost& b);
@@ -121,7 +121,7 @@ struct ShardableSpan {
   struct MemberTimes {
     core::LinearCost forwardSeconds, backwardSeconds;
   };
-  std::array<std::optional<MemberTimes>, 3> measured;
+  std::array<std::optional<MemberTimes>, 3> measured{};
   static int slot(int t) { return t <= 2 ? 0 : t <= 4 ? 1 : 2; }
   // `cost` with its member times at degree t (> 1).
   ShardableCost costAt(int t) const;

@@ -115,11 +115,6 @@ StageRunner::StageRunner(const core::Graph& graph, const core::StageDeployment& 
   }
 }
 
-// Note [Stage inputs are copied]
-// The stage's graph may update an input in place (ResNet's `relu_` or `add_` right after a stage
-// boundary). On a leaf that requires grad autograd refuses that, and a recompute stage must find
-// its saved inputs unchanged when it re-runs, so those inputs are fed as copies (a clone is
-// differentiable: the gradient still reaches the leaf).
 namespace {
 
 // Note [Tensor-parallel random operators]: the default generators of `devices` seeded with
@@ -140,6 +135,11 @@ class SeededGenerators {
 
 }  // namespace
 
+// Note [Stage inputs are copied]
+// The stage's graph may update an input in place (ResNet's `relu_` or `add_` right after a stage
+// boundary). On a leaf that requires grad autograd refuses that, and a recompute stage must find
+// its saved inputs unchanged when it re-runs, so those inputs are fed as copies (a clone is
+// differentiable: the gradient still reaches the leaf).
 std::vector<at::Tensor> StageRunner::run(
     const std::unordered_map<core::ValueId, at::Tensor>& inputs) {
   std::optional<SeededGenerators> seeded;

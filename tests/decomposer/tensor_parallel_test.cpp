@@ -346,12 +346,15 @@ TEST_CASE("DP with tensor_parallel=auto equals exhaustive search over the same s
   REQUIRE(sharded >= 10);
 }
 
-TEST_CASE("a layer too large for one device is planned tensor-parallel", "[decomposer]") {
-  // A GPT layer's shape of costs: 8 GB of parameters, 7.9 GB in its linear layers; with Adam
-  // (opt_param_factor 2) 32 GB per device unsharded, over the 14.4 GB usable of 16 GB even with
-  // ZeRO-1 over 8 replicas (8 + 8 + 16/8 GB). Sharded 8 ways it needs about 4.2 GB.
+namespace {
+
+// `layers` blocks shaped as a GPT layer's costs: 8 GB of parameters, 7.9 GB in its linear
+// layers; with Adam (opt_param_factor 2) 32 GB per device unsharded, over the 14.4 GB usable of
+// 16 GB devices even with ZeRO-1 over 8 replicas (8 + 8 + 16/8 GB). Sharded 8 ways a layer needs
+// about 4.2 GB.
+PlanRequest gptLayers(int layers, int devices, int64_t batch) {
   PlanRequest request;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < layers; ++i) {
     BlockCost b;
     b.name = "layer" + std::to_string(i);
     b.forwardSeconds = {1e-3, 5e-3};
@@ -364,14 +367,21 @@ TEST_CASE("a layer too large for one device is planned tensor-parallel", "[decom
     request.shardable.push_back(
         {i, i, {{9e-4, 4.5e-3}, {1.8e-3, 9e-3}, {0, 1.5e8}, 7.9e9, 2, {0, 4e7}}});
   }
-  request.devices = 8;
+  request.devices = devices;
   request.devicesPerNode = 8;
   request.deviceMemory = 16e9;
-  request.batchSize = 8;
+  request.batchSize = batch;
   request.comm.allreduceIntraNode = {1e-5, 1e11};
   request.comm.allreduceInterNode = {5e-5, 1e10};
   request.comm.p2pIntraNode = {1e-6, 1e11};
   request.comm.p2pInterNode = {1e-5, 1e10};
+  return request;
+}
+
+}  // namespace
+
+TEST_CASE("a layer too large for one device is planned tensor-parallel", "[decomposer]") {
+  PlanRequest request = gptLayers(3, 8, 8);
 
   SECTION("tensor_parallel=1: a PlanError that names tensor_parallel") {
     try {
@@ -395,31 +405,10 @@ TEST_CASE("a layer too large for one device is planned tensor-parallel", "[decom
 }
 
 TEST_CASE("interleaved plans shard their stages where the option allows", "[decomposer]") {
-  // Note [Interleaved search]: 4 GPT-sized layers (as above) on 2 nodes of 8 devices, 2 virtual
-  // stages per position. Unsharded no position fits; at degree 4 or 8 each rank holds 1/t of the
-  // linear layers of its 2 stages.
-  PlanRequest request;
-  for (int i = 0; i < 4; ++i) {
-    BlockCost b;
-    b.name = "layer" + std::to_string(i);
-    b.forwardSeconds = {1e-3, 5e-3};
-    b.backwardSeconds = {2e-3, 1e-2};
-    b.activationBytes = {0, 2e8};
-    b.workingBytes = {0, 1e7};
-    b.cutBytesAfter = {0, 2e7};
-    b.paramBytes = 8e9;
-    request.blocks.push_back(b);
-    request.shardable.push_back(
-        {i, i, {{9e-4, 4.5e-3}, {1.8e-3, 9e-3}, {0, 1.5e8}, 7.9e9, 2, {0, 4e7}}});
-  }
-  request.devices = 16;
-  request.devicesPerNode = 8;
-  request.deviceMemory = 16e9;
-  request.batchSize = 16;
-  request.comm.allreduceIntraNode = {1e-5, 1e11};
-  request.comm.allreduceInterNode = {5e-5, 1e10};
-  request.comm.p2pIntraNode = {1e-6, 1e11};
-  request.comm.p2pInterNode = {1e-5, 1e10};
+  // Note [Interleaved search]: 4 GPT-sized layers on 2 nodes of 8 devices, 2 virtual stages per
+  // position. Unsharded no position fits; at degree 4 or 8 each rank holds 1/t of the linear
+  // layers of its 2 stages.
+  PlanRequest request = gptLayers(4, 16, 16);
   request.options.virtualStages = "2";
   request.options.schedule = "1f1b";
   REQUIRE_THROWS_AS(planStages(request), PlanError);  // tensor_parallel=1: nothing fits
