@@ -61,58 +61,77 @@ std::vector<std::pair<int, int>> minMaxCuts(const std::vector<double>& cost, int
   return greedyCuts(cost, parts, high * (1 + 1e-12));
 }
 
-std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages,
-                                      Refinement* refinement) {
+namespace {
+
+// The fastest feasible plan found so far.
+struct BestPlan {
+  std::optional<Plan> plan;
+  double seconds = std::numeric_limits<double>::infinity();
+};
+
+// An interleaved plan of `cuts` (positions * virtualStages chunks, chunk k on position
+// k % positions), each position `replicas` groups of t ranks.
+Plan interleavedPlan(const std::vector<std::pair<int, int>>& cuts, int positions, int replicas,
+                     int t, int microBatches, int virtualStages, bool recompute, bool zero) {
+  Plan plan;
+  plan.microBatchCount = microBatches;
+  plan.schedule = Schedule::OneFOneB;
+  plan.virtualStages = virtualStages;
+  for (size_t k = 0; k < cuts.size(); ++k)
+    plan.stages.push_back({cuts[k].first, cuts[k].second, replicas,
+                           static_cast<int>(k % positions) * replicas * t, recompute, zero, t});
+  return plan;
+}
+
+// The candidates with every stage at tensor-parallel degree t (Note [Tensor-parallel cost]): a
+// position's replicas are groups of t ranks, each on one node.
+void searchDegree(const CostModel& model, int virtualStages, int t, BestPlan& best) {
   const PlanRequest& request = model.request();
   const PlanOptions& options = request.options;
   const int blocks = model.ranges().blockCount();
-  std::optional<Plan> best;
-  double bestSeconds = std::numeric_limits<double>::infinity();
-  // Every stage at one tensor-parallel degree t (Note [Tensor-parallel cost]): a position's
-  // replicas are groups of t ranks, each on one node.
-  for (int t : options.tensorParallelCandidates(request.devicesPerNode)) {
-    for (int positions = 2; positions <= std::min(request.devices / t, blocks / virtualStages);
-         ++positions) {
-      if (request.devices % (positions * t) != 0) continue;
-      if (options.partitionNum > 0 && positions * virtualStages != options.partitionNum) continue;
-      const int replicas = request.devices / (positions * t);
-      for (int microBatches : options.microBatchCandidates()) {
-        if (microBatches % positions != 0 ||
-            static_cast<int64_t>(microBatches) * replicas > request.batchSize)
-          continue;
-        const double mb = static_cast<double>(model.microBatchPerReplica(microBatches, replicas));
-        for (bool recompute : options.recomputeCandidates()) {
-          const auto cuts =
-              minMaxCuts(chunkCosts(model, mb, recompute, t), positions * virtualStages);
-          for (bool zero : options.zeroCandidates()) {
-            if (zero && replicas == 1) continue;  // nothing to shard
-            Plan plan;
-            plan.microBatchCount = microBatches;
-            plan.schedule = Schedule::OneFOneB;
-            plan.virtualStages = virtualStages;
-            for (size_t k = 0; k < cuts.size(); ++k)
-              plan.stages.push_back({cuts[k].first, cuts[k].second, replicas,
-                                     static_cast<int>(k % positions) * replicas * t, recompute,
-                                     zero, t});
-            const PlanEvaluation e = evaluatePlanWith(model, plan);
-            if (!e.feasible || e.iterationSeconds >= bestSeconds) continue;
-            bestSeconds = e.iterationSeconds;
-            plan.predictedSeconds = plan.searchSeconds = e.iterationSeconds;
-            best = plan;
-          }
+  for (int positions = 2; positions <= std::min(request.devices / t, blocks / virtualStages);
+       ++positions) {
+    if (request.devices % (positions * t) != 0) continue;
+    if (options.partitionNum > 0 && positions * virtualStages != options.partitionNum) continue;
+    const int replicas = request.devices / (positions * t);
+    for (int microBatches : options.microBatchCandidates()) {
+      if (microBatches % positions != 0 ||
+          static_cast<int64_t>(microBatches) * replicas > request.batchSize)
+        continue;
+      const double mb = static_cast<double>(model.microBatchPerReplica(microBatches, replicas));
+      for (bool recompute : options.recomputeCandidates()) {
+        const auto cuts =
+            minMaxCuts(chunkCosts(model, mb, recompute, t), positions * virtualStages);
+        for (bool zero : options.zeroCandidates()) {
+          if (zero && replicas == 1) continue;  // nothing to shard
+          Plan plan = interleavedPlan(cuts, positions, replicas, t, microBatches, virtualStages,
+                                      recompute, zero);
+          const PlanEvaluation e = evaluatePlanWith(model, plan);
+          if (!e.feasible || e.iterationSeconds >= best.seconds) continue;
+          best.seconds = plan.predictedSeconds = plan.searchSeconds = e.iterationSeconds;
+          best.plan = std::move(plan);
         }
       }
     }
   }
-  if (!best) return best;
+}
+
+}  // namespace
+
+std::optional<Plan> searchInterleaved(const CostModel& model, int virtualStages,
+                                      Refinement* refinement) {
+  BestPlan found;
+  for (int t : model.request().options.tensorParallelCandidates(model.request().devicesPerNode))
+    searchDegree(model, virtualStages, t, found);
+  if (!found.plan) return std::nullopt;
   // Note [Simulated refinement]: from the family's fastest plan to a local optimum.
-  const Refinement refined = refinePlan(model, *best, kRefineWork);
+  const Refinement refined = refinePlan(model, *found.plan, kRefineWork);
   if (refinement) *refinement = refined;
-  if (refined.seconds < bestSeconds) {
-    best = refined.plan;
-    best->predictedSeconds = best->searchSeconds = refined.seconds;
+  if (refined.seconds < found.seconds) {
+    found.plan = refined.plan;
+    found.plan->predictedSeconds = found.plan->searchSeconds = refined.seconds;
   }
-  return best;
+  return found.plan;
 }
 
 }  // namespace autostage::decomposer

@@ -54,14 +54,10 @@ std::optional<profiler::SplitModel> memberModel(const torchscript::ImportedModel
   const core::Graph& graph = model.graph;
   std::vector<core::NodeId> all(graph.nodeCount());
   std::iota(all.begin(), all.end(), 0);
-  std::vector<std::string> skipped;
-  std::set<core::NodeId> inPattern;
-  for (const decomposer::PatternPlan& plan : decomposer::planPatterns(graph, all, degree, skipped))
-    inPattern.insert(plan.nodes.begin(), plan.nodes.end());
-  if (inPattern.empty()) return std::nullopt;
-
   auto solo = std::make_shared<SoloGroup>();
   staging::ShardedStage stage = staging::shardStage(graph, all, degree, solo->group.handle());
+  if (stage.patternNodes.empty()) return std::nullopt;
+  const std::set<core::NodeId> inPattern(stage.patternNodes.begin(), stage.patternNodes.end());
   std::map<core::ValueId, size_t> paramIndex;
   const std::vector<core::ValueId> params = graph.paramInputs();
   for (size_t i = 0; i < params.size(); ++i) paramIndex[params[i]] = i;

@@ -50,10 +50,15 @@ void ProfilerOptions::validate() const {
                      "profiler calibrationMinSeconds must be >= 0, got ", calibrationMinSeconds);
   AUTOSTAGE_CHECK_AS(ConfigError, optParamFactor >= 0, "opt_param_factor must be >= 0, got ",
                      optParamFactor);
-  for (int t : splitDegrees)
+  for (size_t i = 0; i < splitDegrees.size(); ++i) {
+    const int t = splitDegrees[i];
     AUTOSTAGE_CHECK_AS(ConfigError, t == 2 || t == 4 || t == 8,
                        "profiler splitDegrees holds ", t,
                        "; tensor-parallel degrees are 2, 4 or 8");
+    AUTOSTAGE_CHECK_AS(ConfigError, i == 0 || splitDegrees[i - 1] < t,
+                       "profiler splitDegrees must ascend without repeats; ", splitDegrees[i - 1],
+                       " is followed by ", t);
+  }
 }
 
 std::string ProfilerOptions::toString() const {

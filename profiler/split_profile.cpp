@@ -83,12 +83,8 @@ void addSplitTimes(const torchscript::ImportedModel& model,
         const core::NodeProfile& p = member.nodes.at(n);
         const core::NodeId o = split->origin[n];
         if (!p.failure.empty()) continue;  // the planner divides its whole time
-        std::vector<core::SplitTimes>& times = profile.nodes.at(o).split;
-        times.push_back({t, p.forwardSeconds, p.backwardSeconds});
-        std::sort(times.begin(), times.end(),
-                  [](const core::SplitTimes& a, const core::SplitTimes& b) {
-                    return a.degree < b.degree;
-                  });
+        // Ascending by degree, as options.splitDegrees are (validate).
+        profile.nodes.at(o).split.push_back({t, p.forwardSeconds, p.backwardSeconds});
         measured.push_back(n);
         originals.push_back(o);
       }

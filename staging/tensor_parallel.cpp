@@ -228,6 +228,7 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
   for (const PatternPlan& p : plans)
     for (NodeId n : p.nodes) planOf[n] = &p;
   result.sharded = static_cast<int>(plans.size());
+  for (const auto& [n, plan] : planOf) result.patternNodes.push_back(n);
 
   std::map<ValueId, core::Type> splitTypes;
   for (const PatternPlan& p : plans)

@@ -53,6 +53,7 @@ struct ShardedStage {
   std::vector<core::NodeId> origin;
   std::vector<ParamShard> shards;      // ascending param
   int sharded = 0;                     // patterns sharded
+  std::vector<core::NodeId> patternNodes;  // the original nodes of the sharded patterns, ascending
   // Random operators other than the dropouts rewritten to tp_dropout (torch.randn_like,
   // bernoulli, ...): the runner seeds every member's generators alike around the stage's run
   // (Note [Tensor-parallel random operators] in staging/stage_runner.h).

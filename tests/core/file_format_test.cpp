@@ -11,21 +11,15 @@
 #include <vector>
 
 #include "core/error.h"
+#include "scratch_files.h"
 
 using namespace autostage;
 using namespace autostage::core;
 namespace fs = std::filesystem;
 
 namespace {
-std::string readBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-fs::path scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / "autostage_file_format_test";
-  fs::create_directories(dir);
-  return dir / name;
-}
+std::string readBytes(const std::string& path) { return testing::readFileBytes(path); }
+fs::path scratch(const std::string& name) { return testing::scratchPath("file_format_test", name); }
 }  // namespace
 
 TEST_CASE("framed files round-trip payload, kind and version", "[core]") {

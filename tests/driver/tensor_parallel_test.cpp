@@ -6,6 +6,7 @@
 // its dropouts drawing the group's masks (Note [Tensor-parallel dropout]). Also a vocabulary
 // embedding and an LM head split over the vocabulary, the head's loss computed on the slices
 // (Note [Vocabulary-parallel loss]), its operators against torch's losses.
+#include <algorithm>
 #include <functional>
 #include <set>
 
@@ -236,6 +237,16 @@ TEST_CASE("the block's attention and MLP shard for a tensor-parallel member", "[
   CHECK(reduces == 2);  // o and down
   CHECK(stage.inputs == model.graph.boundary(all).inputs);
   CHECK(stage.outputs == model.graph.boundary(all).outputs);
+  // patternNodes: the patterns' own nodes, each run by a node of the member's graph.
+  std::vector<core::NodeId> inPatterns;
+  std::vector<std::string> unused;
+  for (const decomposer::PatternPlan& p : decomposer::planPatterns(model.graph, all, 2, unused))
+    inPatterns.insert(inPatterns.end(), p.nodes.begin(), p.nodes.end());
+  std::sort(inPatterns.begin(), inPatterns.end());
+  CHECK(stage.patternNodes == inPatterns);
+  CHECK(stage.patternNodes.size() < all.size());
+  for (core::NodeId n : stage.patternNodes)
+    CHECK(std::count(stage.origin.begin(), stage.origin.end(), n) == 1);
 }
 
 TEST_CASE("tensor-parallel stages train as the plain module: tp=2, with replicas, in 2 stages",
@@ -493,6 +504,7 @@ TEST_CASE("a table tied to the embedding and the LM head is split once for both"
   ShardedStage last = shardStage(model.graph, tail, 2, 7);
   CHECK(last.shards.empty());
   CHECK(last.sharded == 0);
+  CHECK(last.patternNodes.empty());
 }
 
 TEST_CASE("tp_cross_entropy and tp_nll_loss on vocabulary slices match torch's losses",

@@ -355,6 +355,15 @@ TEST_CASE("profiler options validate and come from the config table", "[profiler
   spread.passes = 2;
   spread.passSeconds = -1;
   CHECK_THROWS_WITH(spread.validate(), Catch::Contains("profile_pass_seconds must be >= 0"));
+  ProfilerOptions degrees;  // Note [Tensor-parallel profile]: 2, 4, 8, ascending
+  degrees.splitDegrees = {2, 4, 8};
+  CHECK_NOTHROW(degrees.validate());
+  degrees.splitDegrees = {3};
+  CHECK_THROWS_WITH(degrees.validate(), Catch::Contains("splitDegrees holds 3"));
+  degrees.splitDegrees = {4, 2};
+  CHECK_THROWS_WITH(degrees.validate(), Catch::Contains("4 is followed by 2"));
+  degrees.splitDegrees = {2, 2};
+  CHECK_THROWS_AS(degrees.validate(), ConfigError);
 }
 
 TEST_CASE("bf16 profiling measures the nodes under autocast", "[profiler]") {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "scratch_files.h"
 
 using namespace autostage;
 using namespace autostage::cli;
@@ -80,8 +81,7 @@ TEST_CASE("measured trace: memory of the step shown, ascending rank - old files 
   REQUIRE(old.step == 3);
   REQUIRE(old.memory.empty());
   // Through loadMeasuredTrace: one file per rank, one of them without memory records.
-  const auto dir = std::filesystem::temp_directory_path() / "autostage_measured_trace_test";
-  std::filesystem::remove_all(dir);
+  const auto dir = testing::scratchPath("measured_trace_test", "traces");
   std::filesystem::create_directories(dir);
   std::ofstream(dir / "trace_rank0.json") << trace({forward(0, 3, 1000)});
   std::ofstream(dir / "trace_rank1.json") << trace({forward(1, 3, 1000), peak(1, 3, 150)});
@@ -89,7 +89,6 @@ TEST_CASE("measured trace: memory of the step shown, ascending rank - old files 
   REQUIRE(loaded.ranks == std::vector<int>{0, 1});
   REQUIRE(loaded.memory.size() == 1);
   REQUIRE(loaded.memory[0].rank == 1);
-  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("measured trace: a peak_memory field of the wrong type is a FormatError naming the file",

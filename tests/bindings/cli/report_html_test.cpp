@@ -16,6 +16,7 @@
 #include "core/error.h"
 #include "core/proto/deployment_file.h"
 #include "core/proto/file_format.h"
+#include "scratch_files.h"
 
 using namespace autostage;
 using namespace autostage::cli;
@@ -274,7 +275,7 @@ TEST_CASE("simulated deployment: gpipe stage times add up as the flow-shop formu
 }
 
 TEST_CASE("show and report refuse a file of another kind with the file format's FormatError", "[cli]") {
-  const std::string path = (std::filesystem::temp_directory_path() / "report_html_test_graph.pb").string();
+  const std::string path = testing::scratchPath("report_html_test", "graph.pb").string();
   core::writeFramedFile(path, "graph", 1, "not a deployment");
   std::ostringstream out;
   try {
@@ -341,8 +342,7 @@ TEST_CASE("autostage show and the report give each stage's tensor-parallel degre
 TEST_CASE("show and report of a saved deployment name its hosts and the stages on each", "[cli]") {
   core::Deployment d = sample();  // Note [Hosts of a deployment]: ranks 0-3 on alpha, 4-7 on beta
   d.rankHosts = {"alpha", "alpha", "alpha", "alpha", "beta", "beta", "beta", "beta"};
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "report_html_test_hosts.pb").string();
+  const std::string path = testing::scratchPath("report_html_test", "hosts.pb").string();
   core::saveDeployment(d, path);
   std::ostringstream shown;
   REQUIRE(runShowCommand({path}, shown) == 0);
