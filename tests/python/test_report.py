@@ -72,6 +72,7 @@ def write_trace(path, stages, micro_batches):
         json.dump({"traceEvents": events}, f)
 
 
+@pytest.mark.leg_independent  # the CLI's HTML of a synthetic plan (conftest.py)
 def test_report_renders_in_headless_chromium(plan):
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (apt-get install chromium; scripts/common.sh lists it)")

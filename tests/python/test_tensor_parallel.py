@@ -14,6 +14,8 @@ import autostage
 from mpi_launch import CLI, run_driver
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
+# The CLI's planning of synthetic specs: torch-free (conftest.py's leg_independent).
+leg_independent = pytest.mark.leg_independent
 
 # Megatron-LM's 1-trillion-parameter GPT (Narayanan et al., SC'21, Table 1): 3,072 A100s of
 # 80 GB, 8 per node, batch 3,072. It needs micro-batches of a few samples, which max_pipeline=512
@@ -27,6 +29,7 @@ def cli(*args):
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300)
 
 
+@leg_independent
 def test_a_trillion_parameter_gpt_plans_tensor_parallel(tmp_path):
     default = cli("plan", *TRILLION, "--json")
     assert default.returncode != 0 and "no plan fits" in default.stderr, default.stderr
@@ -74,6 +77,7 @@ def test_a_trillion_parameter_gpt_plans_tensor_parallel(tmp_path):
     assert [int(r[4]) for r in rows[:len(stages)]] == degrees
 
 
+@leg_independent
 def test_a_forced_degree_must_fit_a_node():
     done = cli("plan", "--synthetic", "gpt:layers=4,hidden=1024,heads=16,seq=512", "--devices", "8",
                "--devices-per-node", "2", "--device-memory", "16GiB", "--batch", "16",
@@ -83,6 +87,7 @@ def test_a_forced_degree_must_fit_a_node():
     assert "node has 2 devices" in done.stderr, done.stderr
 
 
+@leg_independent
 def test_a_model_without_shardable_operations():
     args = ["plan", "--synthetic", "resnet:blocks=4", "--devices", "4", "--devices-per-node", "4",
             "--device-memory", "16GiB", "--batch", "16"]
@@ -96,6 +101,7 @@ def test_a_model_without_shardable_operations():
     assert set(json.loads(auto.stdout)["tensor_parallel"].split(",")) == {"1"}
 
 
+@leg_independent
 def test_whatif_reports_the_degrees():
     done = cli("whatif", "--synthetic", "gpt:layers=8,hidden=4096,heads=32,seq=1024",
                "--devices", "8,16", "--devices-per-node", "8", "--device-memory", "16GiB",
