@@ -60,22 +60,36 @@ FrugalTimes frugalStageTime(const CostModel& model, MemberRanges& members, int f
     }
     growing = std::min(growing, grows);
     slow = slow && settingSlow;
+    const bool fits = e.totalMemoryBytes <= model.memoryLimit();
     // Too slow by the bound (which leaves out the all-reduces and so any placement's) is too
     // slow for this stage wherever it is placed.
-    if (e.totalMemoryBytes > model.memoryLimit() || settingSlow) continue;
-    const core::CommProfile& comm = model.request().comm;
-    const core::LinkCost link = fasterLink(comm.p2pIntraNode, comm.p2pInterNode);
-    // The estimate's own compute times (recomputation included only when it is chosen, none
-    // backward for inference: Note [Plan usage]); the sends over the faster link.
-    const double forward = e.forwardSeconds + link.seconds(e.outputBytes);
-    const double backward = inference ? 0.0 : e.backwardSeconds + link.seconds(e.inputBytes);
-    best.total = std::min(best.total, forward + backward);
-    const bool split = schedule == Schedule::GPipe;
-    best.parts[0] = std::min(best.parts[0], split ? forward : forward + backward);
-    best.parts[1] = std::min(best.parts[1], split ? backward : 0.0);
+    if (fits && !settingSlow) {
+      const core::CommProfile& comm = model.request().comm;
+      const core::LinkCost link = fasterLink(comm.p2pIntraNode, comm.p2pInterNode);
+      // The estimate's own compute times (recomputation included only when it is chosen, none
+      // backward for inference: Note [Plan usage]); the sends over the faster link.
+      const double forward = e.forwardSeconds + link.seconds(e.outputBytes);
+      const double backward = inference ? 0.0 : e.backwardSeconds + link.seconds(e.inputBytes);
+      best.total = std::min(best.total, forward + backward);
+      const bool split = schedule == Schedule::GPipe;
+      best.parts[0] = std::min(best.parts[0], split ? forward : forward + backward);
+      best.parts[1] = std::min(best.parts[1], split ? backward : 0.0);
+    }
+    // Note [Bounds without recomputation]
+    // Recomputing adds a forward to the backward and keeps the sends: where the stage fits
+    // without it (the candidates put false first), its recomputed setting is no faster in any
+    // figure above, nor faster to compute (so slow where this one is), and the memory stop cannot
+    // hold (this setting's growth is within the limit). It adds nothing and is not estimated.
+    if (!recompute && fits) break;
   }
   *stop = growing > model.memoryLimit() || slow;
   return best;
+}
+
+// to[i] = min(to[i], f(from[i])) for i < count; the rows do not overlap.
+template <typename F>
+void relaxRow(const double* __restrict from, double* __restrict to, size_t count, F f) {
+  for (size_t i = 0; i < count; ++i) to[i] = std::min(to[i], f(from[i]));
 }
 
 }  // namespace
@@ -134,13 +148,15 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
       for (int width : widths) {
         const FrugalTimes t = byWidth[width];
         byWidth[width] = FrugalTimes{};
-        for (int u = width; u <= units; ++u) {
-          const size_t from = index(first, u - width), to = index(a, u);
-          sum_[to] = std::min(sum_[to], sum_[from] + t.total);
-          max_[to] = std::min(max_[to], std::max(max_[from], t.total));
-          for (int k = 0; k < 2; ++k)
-            maxPart_[k][to] = std::min(maxPart_[k][to], std::max(maxPart_[k][from], t.parts[k]));
-        }
+        // Row `first` shifted by the width into row `a` (a > first: the rows do not overlap),
+        // one array at a time so that each loop vectorizes.
+        const size_t from = index(first, 0), to = index(a, width), count = units + 1 - width;
+        relaxRow(sum_.data() + from, sum_.data() + to, count, [&](double x) { return x + t.total; });
+        relaxRow(max_.data() + from, max_.data() + to, count,
+                 [&](double x) { return std::max(x, t.total); });
+        for (int k = 0; k < 2; ++k)
+          relaxRow(maxPart_[k].data() + from, maxPart_[k].data() + to, count,
+                   [&](double x) { return std::max(x, t.parts[k]); });
       }
     }
     for (int u = 1; u <= units; ++u) {  // more units never hurt

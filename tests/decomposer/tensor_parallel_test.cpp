@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "decomposer/baselines.h"
 #include "decomposer/cost_model.h"
+#include "decomposer/dp_bounds.h"
 #include "decomposer/dp_stage_search.h"
 #include "decomposer/request_merge.h"
 #include "plan_quality.h"
@@ -344,6 +345,54 @@ TEST_CASE("DP with tensor_parallel=auto equals exhaustive search over the same s
   REQUIRE(feasible >= 60);
   REQUIRE(infeasible >= 5);
   REQUIRE(sharded >= 10);
+}
+
+// Note [Bounds without recomputation] in decomposer/dp_bounds.cpp: with recompute=auto the bounds
+// take, per stage, the least over both settings of those that fit. They skip the recomputed
+// setting where the stage fits without it; had that skipped a faster recomputed stage, the
+// auto bounds would exceed the always-recompute ones somewhere.
+TEST_CASE("prefix bounds with recompute=auto are below those of either forced setting",
+          "[decomposer]") {
+  std::mt19937 rng(77);
+  int compared = 0, below = 0;
+  for (int instance = 0; instance < 120; ++instance) {
+    const int blocks = 1 + static_cast<int>(rng() % 8);
+    const int devices = 1 + static_cast<int>(rng() % 8);
+    PlanRequest request = testing::randomRequest(rng, blocks, devices);
+    request.devicesPerNode = std::vector<int>{2, 4, 8}[rng() % 3];
+    if (instance % 2 == 0) {
+      request.options.tensorParallel = "auto";
+      addShardableParts(rng, request);
+    }
+    const int unit = deviceUnit(devices), units = devices / unit;
+    const std::vector<int> replicaUnits = replicaCandidates(units);
+    const std::vector<int> degrees = request.options.tensorParallelCandidates(request.devicesPerNode);
+    const int microBatches = std::vector<int>{1, 2, 4}[rng() % 3];
+    const Schedule schedule = instance % 3 == 0 ? Schedule::OneFOneB : Schedule::GPipe;
+    auto bounds = [&](const char* recompute) {
+      PlanRequest r = request;
+      r.options.recompute = recompute;
+      return PrefixBounds(CostModel(r), microBatches, schedule, unit, units, replicaUnits,
+                          degrees);
+    };
+    const PrefixBounds automatic = bounds("auto"), never = bounds("never"),
+                       always = bounds("always");
+    INFO("instance " << instance << "\n" << request.toText());
+    for (int a = 0; a <= blocks; ++a)
+      for (int u = 0; u <= units; ++u) {
+        const double least = std::min(never.sum(a, u), always.sum(a, u));
+        REQUIRE(automatic.sum(a, u) <= least * (1 + 1e-12));
+        REQUIRE(automatic.max(a, u) <= std::min(never.max(a, u), always.max(a, u)) * (1 + 1e-12));
+        for (int k = 0; k < 2; ++k)
+          REQUIRE(automatic.maxPart(k, a, u) <=
+                  std::min(never.maxPart(k, a, u), always.maxPart(k, a, u)) * (1 + 1e-12));
+        if (least < kInf) ++compared;
+        if (automatic.sum(a, u) < least * (1 - 1e-9)) ++below;  // each stage its own setting
+      }
+  }
+  INFO(compared << " finite cells, " << below << " strictly below both");
+  REQUIRE(compared > 500);
+  REQUIRE(below > 0);
 }
 
 namespace {
