@@ -151,7 +151,8 @@ PrefixBounds::PrefixBounds(const CostModel& model, int microBatches, Schedule sc
         // Row `first` shifted by the width into row `a` (a > first: the rows do not overlap),
         // one array at a time so that each loop vectorizes.
         const size_t from = index(first, 0), to = index(a, width), count = units + 1 - width;
-        relaxRow(sum_.data() + from, sum_.data() + to, count, [&](double x) { return x + t.total; });
+        relaxRow(sum_.data() + from, sum_.data() + to, count,
+                 [&](double x) { return x + t.total; });
         relaxRow(max_.data() + from, max_.data() + to, count,
                  [&](double x) { return std::max(x, t.total); });
         for (int k = 0; k < 2; ++k)

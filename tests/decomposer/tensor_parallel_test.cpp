@@ -366,14 +366,14 @@ TEST_CASE("prefix bounds with recompute=auto are below those of either forced se
     }
     const int unit = deviceUnit(devices), units = devices / unit;
     const std::vector<int> replicaUnits = replicaCandidates(units);
-    const std::vector<int> degrees = request.options.tensorParallelCandidates(request.devicesPerNode);
+    const std::vector<int> degrees =
+        request.options.tensorParallelCandidates(request.devicesPerNode);
     const int microBatches = std::vector<int>{1, 2, 4}[rng() % 3];
     const Schedule schedule = instance % 3 == 0 ? Schedule::OneFOneB : Schedule::GPipe;
     auto bounds = [&](const char* recompute) {
       PlanRequest r = request;
       r.options.recompute = recompute;
-      return PrefixBounds(CostModel(r), microBatches, schedule, unit, units, replicaUnits,
-                          degrees);
+      return PrefixBounds(CostModel(r), microBatches, schedule, unit, units, replicaUnits, degrees);
     };
     const PrefixBounds automatic = bounds("auto"), never = bounds("never"),
                        always = bounds("always");
