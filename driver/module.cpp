@@ -178,7 +178,7 @@ std::vector<at::Tensor> Module::prepareStep(const std::vector<c10::IValue>& inpu
   tensors = movedTo(tensors, stageDevice_);
   const bool training = isTraining();
   if (training != importedTraining_ && (model_ || parked_.count(training)))
-    switchMode(training);  // also back to a parked mode after a failed import of the other
+    switchMode(training, usage);  // also back to a parked mode after a failed import of the other
   if (!model_) {
     importFor(tensors);
   } else if (signatureOf(tensors, true) != tracedSignature_) {
@@ -217,13 +217,20 @@ void Module::importFor(const std::vector<at::Tensor>& inputs) {
 }
 
 // Note [Train and eval modes].
-void Module::switchMode(bool training) {
+void Module::switchMode(bool training, core::PlanUsage usage) {
   auto parked = parked_.find(training);
   const bool known = parked != parked_.end();
   core::logger("Module")->info("Switching from {} to {} mode: {}",
                                importedTraining_ ? "train" : "eval", training ? "train" : "eval",
                                known ? "using its deployment" : "tracing and planning it (once)");
-  if (executor_) shareState();
+  if (executor_) {
+    const Executor* next = nullptr;
+    if (known) {
+      auto found = parked->second.executors.find(usage);
+      if (found != parked->second.executors.end()) next = found->second.get();
+    }
+    shareStateFor(next, known ? parked->second.model.get() : nullptr);
+  }
   if (model_) {  // none when this mode's import failed
     parked_[importedTraining_] =
         ParkedImport{std::move(model_), std::move(executors_), executor_, tracedSignature_};
@@ -272,13 +279,14 @@ void Module::switchTo(core::PlanUsage usage, const std::vector<at::Tensor>& inpu
     core::logger("Module")->info("Switching from {} to {}: {}", core::usageName(this->usage()),
                                  core::usageName(usage), found == executors_.end()
                                      ? "planning it (once)" : "using its deployment");
-    shareState();
+    shareStateFor(found == executors_.end() ? nullptr : found->second.get(), model_.get());
   }
   if (found == executors_.end()) {
     deploy(inputs, usage);
   } else {
     executor_ = found->second;
     executor_->sliceHeldParameters();  // cut again after a switch joined them
+    noteSlicesOf(*executor_);
   }
   if (usage != core::PlanUsage::Inference) followTraining(executor_);
 }
@@ -314,6 +322,7 @@ void Module::deploy(const std::vector<at::Tensor>& inputs, core::PlanUsage usage
   executor_ = std::make_shared<Executor>(*model_, std::move(deployment), backend_,
                                          executorOptions);
   executors_[usage] = executor_;
+  noteSlicesOf(*executor_);
   executor_->setOptimizerStateBytes(usage == core::PlanUsage::Inference ? 0 : optimizerStateBytes_);
   ++deploymentCount_;
   std::string stages;
@@ -415,11 +424,29 @@ std::vector<std::pair<std::string, at::Tensor>> Module::sliceState(
   return state;
 }
 
-void Module::shareState() {
+void Module::shareState() { shareStateFor(nullptr, nullptr); }
+
+void Module::shareStateFor(const Executor* next, const torchscript::ImportedModel* nextModel) {
   AUTOSTAGE_CHECK(executor_ != nullptr, "shareState of a module that is not deployed yet");
-  // Note [Sharing sliced parameters] in staging/checkpoint.cpp
-  staging::shareState(*model_, executor_->deployment(), *backend_, executor_->slicesHeld());
+  // Note [Sharing sliced parameters] and Note [Keeping slices across a switch] in
+  // staging/checkpoint.cpp: what every rank knows alike (the deployments), not tensor shapes.
+  std::set<std::string> keep;
+  if (next && nextModel) {
+    const staging::SliceLayouts nextSlices = staging::sliceLayouts(*nextModel, next->deployment());
+    for (const auto& [name, layout] : slicedNow_) {
+      auto there = nextSlices.find(name);
+      if (there != nextSlices.end() && there->second == layout) keep.insert(name);
+    }
+  }
+  staging::shareState(*model_, executor_->deployment(), *backend_, slicedNow_, keep);
+  for (auto it = slicedNow_.begin(); it != slicedNow_.end();)
+    it = keep.count(it->first) ? std::next(it) : slicedNow_.erase(it);
   executor_->slicesJoined();
+}
+
+void Module::noteSlicesOf(const Executor& executor) {
+  slicedNow_ = executor.slicesHeld() ? staging::sliceLayouts(*model_, executor.deployment())
+                                     : staging::SliceLayouts{};
 }
 
 const core::Deployment& Module::deployment() const {

@@ -95,6 +95,7 @@
 #include "frontend/torchscript/importer.h"
 #include "driver/job.h"
 #include "driver/placement.h"
+#include "staging/checkpoint.h"
 #include "staging/executor.h"
 
 namespace autostage::driver {
@@ -298,8 +299,14 @@ class Module {
   // of this mode.
   void importFor(const std::vector<at::Tensor>& inputs);
   // Note [Train and eval modes]: parks this mode's import and takes back (or clears for an
-  // import) the other's. Collective (shares the state first).
-  void switchMode(bool training);
+  // import) the other's. Collective (shares the state first, for `usage`'s deployment there).
+  void switchMode(bool training, core::PlanUsage usage);
+  // shareState for `next` (of `nextModel`'s import; none when it is still to be planned): the
+  // slices it holds alike stay (Note [Keeping slices across a switch] in staging/checkpoint.cpp).
+  void shareStateFor(const Executor* next, const torchscript::ImportedModel* nextModel);
+  // The parameters held in tensor-parallel slices now: the current executor's after it sliced
+  // them, those a switch kept until the next one takes them.
+  void noteSlicesOf(const Executor& executor);
   // How this rank calls ("forward, eval mode, no_grad"), compared across ranks.
   std::string callDescription(core::PlanUsage usage) const;
   // Makes `usage` the current deployment: reuses its executor or plans and deploys it.
@@ -357,6 +364,7 @@ class Module {
   bool importedTraining_ = true;
   bool tracerTraining_ = true;  // with a tracer: the mode train() was last given
   std::map<bool, ParkedImport> parked_;
+  staging::SliceLayouts slicedNow_;  // Note [Keeping slices across a switch]
   int deploymentCount_ = 0;
   double lossScale_ = 1.0;  // setLossScale
   std::vector<at::Tensor> trainingParams_;     // this rank's parameters of the training one

@@ -158,34 +158,64 @@ NamedTensors gatherState(const torchscript::ImportedModel& model,
   return state;
 }
 
+SliceLayouts sliceLayouts(const torchscript::ImportedModel& model,
+                          const core::Deployment& deployment) {
+  SliceLayouts out;
+  const std::vector<core::ValueId> params = model.graph.paramInputs();
+  std::map<core::ValueId, std::string> names;
+  for (size_t i = 0; i < params.size(); ++i) names[params[i]] = model.paramNames.at(i);
+  for (const core::StageDeployment& stage : deployment.stages) {
+    if (stage.tensorParallel <= 1) continue;
+    for (const ParamShard& shard : shardedParameters(model.graph, stage.nodes, stage.tensorParallel))
+      out[names.at(shard.param)] =
+          SliceLayout{shard.dim, shard.sections, stage.tensorParallel, stage.ranks};
+  }
+  return out;
+}
+
 // Note [Sharing sliced parameters]
 // A deployment with tensor-parallel stages holds some parameters as slices (the model's own
 // tensors take the slice as their data). Another deployment of the same tensors (the other
 // train/eval mode, another usage, a replan) expects whole tensors, so sharing joins the first
 // group's slices into the whole value and gives it to every rank's tensor (set_data); the
 // deployment cuts its slices again when it is the current one once more
-// (Executor::sliceHeldParameters). Whether the slices are held now is the executor's to say
-// (`slicesHeld`), the same on every rank: every rank runs the same calls and switches, where
+// (Executor::sliceHeldParameters). Which parameters are slices now is the module's to say
+// (`slicedNow`, the same on every rank): every rank runs the same calls and switches, where
 // only the group's members could tell it from their tensors' shapes. A slice's gradient is
 // dropped with it: as on any switch, gradients accumulated across it without zero_grad()
 // survive only where a parameter keeps its holders and its shape. Every rank holds every whole
 // parameter meanwhile, as it does before the first deployment.
+//
+// Note [Keeping slices across a switch]
+// Where the next deployment is known (one used before) and holds a parameter in the same slices
+// on the same ranks (SliceLayout equal), the parameter is not joined: every rank keeps what it
+// has (its slice on the members; on the other ranks a whole tensor that neither deployment
+// reads) and the next deployment copies the slice into its own storage
+// (Executor::sliceHeldParameters). Switching between train and eval modes of a model sharded
+// alike in both moves no parameter bytes and never makes them whole on any member.
 void shareState(const torchscript::ImportedModel& model, const core::Deployment& deployment,
-                comm::Backend& backend, bool slicesHeld) {
+                comm::Backend& backend, const SliceLayouts& slicedNow,
+                const std::set<std::string>& keep) {
   if (backend.worldSize() == 1) return;
   at::NoGradGuard noGrad;
   const std::vector<int> sources = stateSources(model, deployment);
-  const std::map<core::ValueId, SlicedParam> sliced =
-      slicedParams(model.graph, deployment, slicesHeld);
   const std::vector<core::ValueId> params = model.graph.paramInputs();
   const comm::Group world = backend.world();
-  int joined = 0;
+  int joined = 0, kept = 0;
   for (size_t i = 0; i < sources.size(); ++i) {
     const at::Tensor& t = model.paramTensors[i];
-    auto slice = sliced.find(params[i]);
-    if (slice != sliced.end()) {  // Note [Sharing sliced parameters]
-      replaceParamData(t, joinSlices(t, slice->second,
-                                     model.graph.value(params[i]).type.shape(), backend));
+    const std::string& name = model.paramNames[i];
+    if (keep.count(name)) {  // Note [Keeping slices across a switch]
+      ++kept;
+      continue;
+    }
+    auto slice = slicedNow.find(name);
+    if (slice != slicedNow.end()) {  // Note [Sharing sliced parameters]
+      const SliceLayout& l = slice->second;
+      const SlicedParam joinFrom{ParamShard{params[i], l.dim, l.sections}, l.degree,
+                                 std::vector<int>(l.ranks.begin(), l.ranks.begin() + l.degree)};
+      replaceParamData(t, joinSlices(t, joinFrom, model.graph.value(params[i]).type.shape(),
+                                     backend));
       ++joined;
       continue;
     }
@@ -194,7 +224,12 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
     backend.broadcast(t.detach(), sources[i], world);
   }
   core::logger("Module")->debug("shared {} tensors from their holders ({} joined from "
-                                "tensor-parallel slices)", sources.size(), joined);
+                                "tensor-parallel slices)",
+                                sources.size() - kept, joined);
+  if (kept > 0)
+    core::logger("Module")->info("{} tensor-parallel slices kept: the next deployment holds them "
+                                 "alike (Note [Keeping slices across a switch])",
+                                 kept);
 }
 
 NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned,

@@ -19,6 +19,8 @@
 // sorted order, its lowest owner broadcasts the tensor to the world. Owners that disagree on a
 // name's dtype or shape are an error on every rank.
 
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,14 +42,33 @@ NamedTensors gatherState(const torchscript::ImportedModel& model,
                          const core::Deployment& deployment, comm::Backend& backend,
                          bool slicesHeld);
 
+// How a deployment holds a parameter in tensor-parallel slices: the cut (dim and sections; the
+// graph's value id is the importing model's), the degree, and its stage's ranks, replica groups
+// of `degree` consecutive ranks whose member j holds slice j. Equal layouts put the same slice on
+// every rank.
+struct SliceLayout {
+  int dim = 0, sections = 1, degree = 1;
+  std::vector<int> ranks;
+  bool operator==(const SliceLayout& o) const {
+    return dim == o.dim && sections == o.sections && degree == o.degree && ranks == o.ranks;
+  }
+  bool operator!=(const SliceLayout& o) const { return !(*this == o); }
+};
+using SliceLayouts = std::map<std::string, SliceLayout>;  // by state_dict name
+
+// The parameters `deployment` holds in slices, by name.
+SliceLayouts sliceLayouts(const torchscript::ImportedModel& model,
+                          const core::Deployment& deployment);
+
 // Writes the current value of every graph parameter and buffer (from its lowest holder, Note
 // [Gathering the state]) into every rank's own tensor, in place, so that another deployment of
 // the same tensors (the model's other train/eval mode) starts from current values on any rank.
-// With `slicesHeld`, the deployment's tensor-parallel parameters are slices now: they are joined
-// into whole tensors on every rank (Note [Sharing sliced parameters] in checkpoint.cpp).
-// Collective over the world.
+// `slicedNow`: the parameters in tensor-parallel slices now, joined into whole tensors on every
+// rank (Note [Sharing sliced parameters] in checkpoint.cpp), except those named in `keep`, left
+// as they are (Note [Keeping slices across a switch]). Collective over the world.
 void shareState(const torchscript::ImportedModel& model, const core::Deployment& deployment,
-                comm::Backend& backend, bool slicesHeld);
+                comm::Backend& backend, const SliceLayouts& slicedNow,
+                const std::set<std::string>& keep = {});
 
 // Every rank's owned tensors, one per name, on every rank, sorted by name (Note [Gathering from
 // owners]), on the backend's tensorDevice(). Names must not contain tabs or newlines. Collective

@@ -129,8 +129,16 @@ void Executor::sliceHeldParameters() {
   at::NoGradGuard noGrad;
   for (HeldSlice& held : heldSlices_) {
     at::Tensor param = params_.tensor(held.shard.param);
+    if (held.data.defined() && param.sizes() == held.data.sizes() &&
+        param.sizes().vec() != held.whole) {
+      // Note [Keeping slices across a switch] in checkpoint.cpp: the previous deployment held
+      // this very slice; into this deployment's storage (its ZeRO-1 pieces view it).
+      if (param.data_ptr() != held.data.data_ptr()) held.data.copy_(param.detach());
+      replaceParamData(param, held.data);
+      continue;
+    }
     AUTOSTAGE_INTERNAL_ASSERT(param.sizes().vec() == held.whole, "parameter '", held.name,
-                              "' is not whole when its slice is cut");
+                              "' is neither whole nor this rank's slice when its slice is cut");
     at::Tensor cut = shardTensor(param, held.shard, held.degree, held.index);
     if (held.data.defined()) {
       held.data.copy_(cut);

@@ -119,8 +119,9 @@ class Executor {
   const std::vector<HeldSlice>& heldSlices() const { return heldSlices_; }
   // Whether this deployment's tensor-parallel parameters are slices now (on every rank alike:
   // Note [Sharing sliced parameters] in checkpoint.cpp). They are from construction until
-  // shareState joins them for another deployment (slicesJoined); sliceHeldParameters cuts this
-  // rank's slices again from the whole tensors (nothing to do while held).
+  // shareState hands them to another deployment (slicesJoined); sliceHeldParameters cuts this
+  // rank's slices again from the whole tensors, or takes the slices another deployment left in
+  // them (Note [Keeping slices across a switch]); nothing to do while held.
   bool slicesHeld() const { return slicesHeld_; }
   void slicesJoined() { slicesHeld_ = false; }
   void sliceHeldParameters();

@@ -141,6 +141,10 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert " repl=2 tp=2 zero=1 " in log, log
     if phase == "modes":  # the eval deployment and the inference usage's, both tensor-parallel
         assert log.count("Switching from") >= 4, log
+        # Note [Keeping slices across a switch]: each deployment holds the block's 9 sliced
+        # tensors alike (one stage, the same ranks), so switching back to a known one keeps them.
+        kept = re.findall(r"(\d+) tensor-parallel slices kept", log)
+        assert len(kept) >= 4 and set(kept) == {"9"}, log
     if phase in ("vocabulary", "head", "tied"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
     if phase == "noise":
