@@ -132,8 +132,13 @@ void Executor::sliceHeldParameters() {
     if (held.data.defined() && param.sizes() == held.data.sizes() &&
         param.sizes().vec() != held.whole) {
       // Note [Keeping slices across a switch] in checkpoint.cpp: the previous deployment held
-      // this very slice; into this deployment's storage (its ZeRO-1 pieces view it).
-      if (param.data_ptr() != held.data.data_ptr()) held.data.copy_(param.detach());
+      // this very slice. A training deployment copies it into its own storage, which the
+      // optimizer's parameters (their data_ptr) and ZeRO-1's pieces refer to; an inference one
+      // takes the slice's storage as it is (nothing copied, data_ptr unchanged).
+      if (param.data_ptr() != held.data.data_ptr()) {
+        if (inferenceOnly()) held.data = param.detach();
+        else held.data.copy_(param.detach());
+      }
       replaceParamData(param, held.data);
       continue;
     }

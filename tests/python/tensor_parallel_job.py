@@ -227,6 +227,20 @@ for step in range(steps):
     out.pow(2).sum().backward()
     if phase == "accumulate":  # a second batch's gradients added to the slices' before the step
         wrapped(x2[rows * rank:rows * (rank + 1)]).pow(2).sum().backward()
+    if phase == "modes" and step == 2:
+        # An eval forward between backward and step, as a training loop's validation may: plain
+        # PyTorch keeps the gradients, and so does the switch, which keeps the slices (Note
+        # [Keeping slices across a switch]: the eval deployment is known by now).
+        sliced = dict(model.named_parameters())[first]
+        before = sliced.grad.clone()
+        wrapped.eval()
+        reference.eval()
+        with torch.no_grad():
+            wrapped(local)
+        wrapped.train()
+        reference.train()
+        if sliced.grad is None or not torch.equal(sliced.grad, before):
+            failures.append(f"the gradient of {first}'s slice did not survive an eval forward")
     optimizer.step()
     optimizer.zero_grad()
     expected = reference_forward(x)
