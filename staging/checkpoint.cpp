@@ -190,9 +190,11 @@ SliceLayouts sliceLayouts(const torchscript::ImportedModel& model,
 // Where the next deployment is known (one used before) and holds a parameter in the same slices
 // on the same ranks (SliceLayout equal), the parameter is not joined: every rank keeps what it
 // has (its slice on the members; on the other ranks a whole tensor that neither deployment
-// reads) and the next deployment copies the slice into its own storage
-// (Executor::sliceHeldParameters). Switching between train and eval modes of a model sharded
-// alike in both moves no parameter bytes and never makes them whole on any member.
+// reads) and the next deployment takes it (Executor::sliceHeldParameters): a training one copies
+// it into its own storage, which the optimizer's parameters and ZeRO-1's pieces refer to, an
+// inference one uses its storage as it is. Switching between train and eval modes of a model
+// sharded alike in both moves no parameter bytes between ranks and never makes them whole on a
+// member, and the slices' gradients stay (an eval forward between backward and step).
 void shareState(const torchscript::ImportedModel& model, const core::Deployment& deployment,
                 comm::Backend& backend, const SliceLayouts& slicedNow,
                 const std::set<std::string>& keep) {
