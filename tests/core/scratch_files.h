@@ -10,10 +10,14 @@
 #include <set>
 #include <string>
 
+#include "core/file_system.h"
+
 namespace autostage::testing {
 
 // The directories this process made; removed at its normal exit. A forked child exits through
-// the same destructors: the pid check keeps it from removing its parent's files.
+// the same destructors: the pid check keeps it from removing its parent's files. On POSIX calls
+// (core::removeAll): std::filesystem::remove_all segfaults in a program linked with a LibTorch
+// wheel (Note [No std::filesystem next to LibTorch wheels] in core/file_system.h).
 class ScratchDirectories {
  public:
   ScratchDirectories() = default;
@@ -22,8 +26,10 @@ class ScratchDirectories {
   ~ScratchDirectories() {
     if (::getpid() != owner_) return;
     for (const std::filesystem::path& dir : dirs_) {
-      std::error_code ignored;  // best effort: a test's failure stays the one reported
-      std::filesystem::remove_all(dir, ignored);
+      try {
+        core::removeAll(dir.string());
+      } catch (...) {  // best effort: a test's failure stays the one reported
+      }
     }
   }
   void add(const std::filesystem::path& dir) { dirs_.insert(dir); }
@@ -42,7 +48,7 @@ inline ScratchDirectories& scratchDirectories() {
 inline std::filesystem::path scratchPath(const std::string& test, const std::string& name) {
   std::filesystem::path dir = std::filesystem::temp_directory_path() /
                               ("autostage_" + test + "_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  core::createDirectories(dir.string());
   scratchDirectories().add(dir);
   return dir / name;
 }
