@@ -16,5 +16,5 @@ os.environ.setdefault("AUTOSTAGE_PROFILE_PASS_SECONDS", "0")
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "leg_independent: checks nothing the torch build changes (MPI faults between "
-        "hosts and ranks, the planning service's store, the CLI's plans of synthetic specs); scripts/test runs it on its first leg "
-        "only (-m 'not leg_independent' on the next)")
+        "hosts and ranks, the planning service's store, the CLI's plans of synthetic specs); "
+        "scripts/test runs it on its first leg only (-m 'not leg_independent' on the next)")
