@@ -166,7 +166,8 @@ SliceLayouts sliceLayouts(const torchscript::ImportedModel& model,
   for (size_t i = 0; i < params.size(); ++i) names[params[i]] = model.paramNames.at(i);
   for (const core::StageDeployment& stage : deployment.stages) {
     if (stage.tensorParallel <= 1) continue;
-    for (const ParamShard& shard : shardedParameters(model.graph, stage.nodes, stage.tensorParallel))
+    for (const ParamShard& shard :
+         shardedParameters(model.graph, stage.nodes, stage.tensorParallel))
       out[names.at(shard.param)] =
           SliceLayout{shard.dim, shard.sections, stage.tensorParallel, stage.ranks};
   }
@@ -216,8 +217,8 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
       const SliceLayout& l = slice->second;
       const SlicedParam joinFrom{ParamShard{params[i], l.dim, l.sections}, l.degree,
                                  std::vector<int>(l.ranks.begin(), l.ranks.begin() + l.degree)};
-      replaceParamData(t, joinSlices(t, joinFrom, model.graph.value(params[i]).type.shape(),
-                                     backend));
+      replaceParamData(t,
+                       joinSlices(t, joinFrom, model.graph.value(params[i]).type.shape(), backend));
       ++joined;
       continue;
     }
@@ -225,13 +226,15 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
                        "' is not contiguous; make it contiguous before wrapping the module");
     backend.broadcast(t.detach(), sources[i], world);
   }
-  core::logger("Module")->debug("shared {} tensors from their holders ({} joined from "
-                                "tensor-parallel slices)",
-                                sources.size() - kept, joined);
+  core::logger("Module")->debug(
+      "shared {} tensors from their holders ({} joined from "
+      "tensor-parallel slices)",
+      sources.size() - kept, joined);
   if (kept > 0)
-    core::logger("Module")->info("{} tensor-parallel slices kept: the next deployment holds them "
-                                 "alike (Note [Keeping slices across a switch])",
-                                 kept);
+    core::logger("Module")->info(
+        "{} tensor-parallel slices kept: the next deployment holds them "
+        "alike (Note [Keeping slices across a switch])",
+        kept);
 }
 
 NamedTensors gatherFromOwners(comm::Backend& backend, const NamedTensors& owned,

@@ -136,8 +136,10 @@ void Executor::sliceHeldParameters() {
       // optimizer's parameters (their data_ptr) and ZeRO-1's pieces refer to; an inference one
       // takes the slice's storage as it is (nothing copied, data_ptr unchanged).
       if (param.data_ptr() != held.data.data_ptr()) {
-        if (inferenceOnly()) held.data = param.detach();
-        else held.data.copy_(param.detach());
+        if (inferenceOnly())
+          held.data = param.detach();
+        else
+          held.data.copy_(param.detach());
       }
       replaceParamData(param, held.data);
       continue;

@@ -413,12 +413,14 @@ TEST_CASE("every block range shards at run time exactly the spans the planner co
         for (int t : {2, 4, 8}) {
           std::vector<core::NodeId> counted, run;
           for (size_t i = 0; i < patterns.size(); ++i) {
-            const int pf = blockOf[patterns[i].nodes.front()], pl = blockOf[patterns[i].nodes.back()];
+            const int pf = blockOf[patterns[i].nodes.front()],
+                      pl = blockOf[patterns[i].nodes.back()];
             if (first <= pf && pl <= last && ((split.degrees[i] >> t) & 1u))
               counted.push_back(patterns[i].nodes.front());
           }
           std::vector<std::string> skipped;
-          for (const PatternPlan& p : planPatterns(gpt.graph, b.stageNodes(first, last), t, skipped))
+          for (const PatternPlan& p :
+               planPatterns(gpt.graph, b.stageNodes(first, last), t, skipped))
             run.push_back(p.nodes.front());
           std::sort(counted.begin(), counted.end());
           std::sort(run.begin(), run.end());
