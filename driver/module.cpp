@@ -229,7 +229,7 @@ void Module::switchMode(bool training, core::PlanUsage usage) {
       auto found = parked->second.executors.find(usage);
       if (found != parked->second.executors.end()) next = found->second.get();
     }
-    shareStateFor(next, known ? parked->second.model.get() : nullptr);
+    shareStateFor(next);
   }
   if (model_) {  // none when this mode's import failed
     parked_[importedTraining_] =
@@ -279,7 +279,7 @@ void Module::switchTo(core::PlanUsage usage, const std::vector<at::Tensor>& inpu
     core::logger("Module")->info("Switching from {} to {}: {}", core::usageName(this->usage()),
                                  core::usageName(usage), found == executors_.end()
                                      ? "planning it (once)" : "using its deployment");
-    shareStateFor(found == executors_.end() ? nullptr : found->second.get(), model_.get());
+    shareStateFor(found == executors_.end() ? nullptr : found->second.get());
   }
   if (found == executors_.end()) {
     deploy(inputs, usage);
@@ -406,7 +406,7 @@ std::vector<std::pair<std::string, at::Tensor>> Module::stateDict() {
   AUTOSTAGE_CHECK(executor_ != nullptr, "state_dict of a module that is not deployed yet: the "
                   "module's own state_dict is current until its first forward call");
   agreeOnHow(*backend_, "state_dict", {}, "state_dict()", "");  // Note [Calls in different modes]
-  return gatherState(*model_, executor_->deployment(), *backend_, executor_->slicesHeld());
+  return gatherState(*model_, executor_->deployment(), *backend_, slicedNow_);
 }
 
 void Module::loadStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state,
@@ -424,15 +424,15 @@ std::vector<std::pair<std::string, at::Tensor>> Module::sliceState(
   return state;
 }
 
-void Module::shareState() { shareStateFor(nullptr, nullptr); }
+void Module::shareState() { shareStateFor(nullptr); }
 
-void Module::shareStateFor(const Executor* next, const torchscript::ImportedModel* nextModel) {
+void Module::shareStateFor(const Executor* next) {
   AUTOSTAGE_CHECK(executor_ != nullptr, "shareState of a module that is not deployed yet");
   // Note [Sharing sliced parameters] and Note [Keeping slices across a switch] in
   // staging/checkpoint.cpp: what every rank knows alike (the deployments), not tensor shapes.
   std::set<std::string> keep;
-  if (next && nextModel) {
-    const staging::SliceLayouts nextSlices = staging::sliceLayouts(*nextModel, next->deployment());
+  if (next) {
+    const staging::SliceLayouts& nextSlices = next->sliceLayouts();
     for (const auto& [name, layout] : slicedNow_) {
       auto there = nextSlices.find(name);
       if (there != nextSlices.end() && there->second == layout) keep.insert(name);
@@ -445,8 +445,7 @@ void Module::shareStateFor(const Executor* next, const torchscript::ImportedMode
 }
 
 void Module::noteSlicesOf(const Executor& executor) {
-  slicedNow_ = executor.slicesHeld() ? staging::sliceLayouts(*model_, executor.deployment())
-                                     : staging::SliceLayouts{};
+  slicedNow_ = executor.slicesHeld() ? executor.sliceLayouts() : staging::SliceLayouts{};
 }
 
 const core::Deployment& Module::deployment() const {

@@ -301,9 +301,9 @@ class Module {
   // Note [Train and eval modes]: parks this mode's import and takes back (or clears for an
   // import) the other's. Collective (shares the state first, for `usage`'s deployment there).
   void switchMode(bool training, core::PlanUsage usage);
-  // shareState for `next` (of `nextModel`'s import; none when it is still to be planned): the
-  // slices it holds alike stay (Note [Keeping slices across a switch] in staging/checkpoint.cpp).
-  void shareStateFor(const Executor* next, const torchscript::ImportedModel* nextModel);
+  // shareState for `next` (none when it is still to be planned): the slices it holds alike stay
+  // (Note [Keeping slices across a switch] in staging/checkpoint.cpp).
+  void shareStateFor(const Executor* next);
   // The parameters held in tensor-parallel slices now: the current executor's after it sliced
   // them, those a switch kept until the next one takes them.
   void noteSlicesOf(const Executor& executor);

@@ -88,64 +88,42 @@ std::map<std::string, TensorMeta> collectOwners(const std::vector<std::string>& 
   return metas;
 }
 
-// A parameter held in slices by a tensor-parallel stage: how, and the first group's members.
-// None while the deployment's slices are joined (`slicesHeld` false: Note [Sharing sliced
-// parameters]).
-struct SlicedParam {
-  ParamShard shard;
-  int degree = 1;
-  std::vector<int> members;
-};
-
-std::map<core::ValueId, SlicedParam> slicedParams(const core::Graph& graph,
-                                                  const core::Deployment& deployment,
-                                                  bool slicesHeld) {
-  std::map<core::ValueId, SlicedParam> out;
-  if (!slicesHeld) return out;
-  for (const core::StageDeployment& stage : deployment.stages) {
-    if (stage.tensorParallel <= 1) continue;
-    for (const ParamShard& shard : shardedParameters(graph, stage.nodes, stage.tensorParallel))
-      out[shard.param] = SlicedParam{shard, stage.tensorParallel,
-                                     std::vector<int>(stage.ranks.begin(),
-                                                      stage.ranks.begin() + stage.tensorParallel)};
-  }
-  return out;
-}
-
 // The whole tensor of a sliced parameter on every rank, from the slices its first group holds
 // (Note [Tensor-parallel parameters] in executor.cpp: member j broadcasts its slice j; every rank
 // joins them). `own` is this rank's tensor (a slice on the group's members).
-at::Tensor joinSlices(const at::Tensor& own, const SlicedParam& s,
+at::Tensor joinSlices(const at::Tensor& own, const SliceLayout& layout,
                       const std::vector<int64_t>& whole, comm::Backend& backend) {
+  ParamShard shard;
+  shard.dim = layout.dim;
+  shard.sections = layout.sections;
   std::vector<int64_t> sliceShape = whole;
-  sliceShape[s.shard.dim] /= s.degree;
+  sliceShape[shard.dim] /= layout.degree;
   const int self = backend.rank();
   std::vector<at::Tensor> slices;
-  for (int j = 0; j < s.degree; ++j) {
-    at::Tensor piece = self == s.members[j] ? own.detach().clone().contiguous()
-                                            : at::empty(sliceShape, own.options());
-    backend.broadcast(piece, s.members[j], backend.world());
+  for (int j = 0; j < layout.degree; ++j) {
+    const int member = layout.ranks.at(j);
+    at::Tensor piece = self == member ? own.detach().clone().contiguous()
+                                      : at::empty(sliceShape, own.options());
+    backend.broadcast(piece, member, backend.world());
     slices.push_back(piece);
   }
-  return unshardTensor(slices, s.shard);
+  return unshardTensor(slices, shard);
 }
 
 }  // namespace
 
 NamedTensors gatherState(const torchscript::ImportedModel& model,
                          const core::Deployment& deployment, comm::Backend& backend,
-                         bool slicesHeld) {
+                         const SliceLayouts& slicedNow) {
   at::NoGradGuard noGrad;
   const std::vector<int> sources = stateSources(model, deployment);
-  const std::map<core::ValueId, SlicedParam> sliced =
-      slicedParams(model.graph, deployment, slicesHeld);
   const std::vector<core::ValueId> params = model.graph.paramInputs();
   NamedTensors state;
   const comm::Group world = backend.world();
   for (size_t i = 0; i < sources.size(); ++i) {
     const at::Tensor& own = model.paramTensors[i];
-    auto slice = sliced.find(params[i]);
-    if (slice == sliced.end()) {
+    auto slice = slicedNow.find(model.paramNames[i]);
+    if (slice == slicedNow.end()) {
       at::Tensor copy = own.detach().clone().contiguous();
       if (backend.worldSize() > 1) backend.broadcast(copy, sources[i], world);
       state.emplace_back(model.paramNames[i], copy);
@@ -214,11 +192,8 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
     }
     auto slice = slicedNow.find(name);
     if (slice != slicedNow.end()) {  // Note [Sharing sliced parameters]
-      const SliceLayout& l = slice->second;
-      const SlicedParam joinFrom{ParamShard{params[i], l.dim, l.sections}, l.degree,
-                                 std::vector<int>(l.ranks.begin(), l.ranks.begin() + l.degree)};
-      replaceParamData(t,
-                       joinSlices(t, joinFrom, model.graph.value(params[i]).type.shape(), backend));
+      replaceParamData(t, joinSlices(t, slice->second, model.graph.value(params[i]).type.shape(),
+                                     backend));
       ++joined;
       continue;
     }

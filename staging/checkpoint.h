@@ -35,15 +35,8 @@ namespace autostage::staging {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-// Copies of every graph parameter and buffer with its state_dict key, current on every rank;
-// with `slicesHeld`, the tensor-parallel slices the deployment holds now joined into whole
-// tensors.
-NamedTensors gatherState(const torchscript::ImportedModel& model,
-                         const core::Deployment& deployment, comm::Backend& backend,
-                         bool slicesHeld);
-
-// How a deployment holds a parameter in tensor-parallel slices: the cut (dim and sections; the
-// graph's value id is the importing model's), the degree, and its stage's ranks, replica groups
+// How a deployment holds a parameter in tensor-parallel slices: the cut (ParamShard's dim and
+// sections, without the importing graph's value id, so two imports compare), the degree, and its stage's ranks, replica groups
 // of `degree` consecutive ranks whose member j holds slice j. Equal layouts put the same slice on
 // every rank.
 struct SliceLayout {
@@ -56,9 +49,17 @@ struct SliceLayout {
 };
 using SliceLayouts = std::map<std::string, SliceLayout>;  // by state_dict name
 
-// The parameters `deployment` holds in slices, by name.
+// The parameters `deployment` holds in slices, by name (the same on every rank; an Executor
+// keeps its deployment's: Executor::sliceLayouts).
 SliceLayouts sliceLayouts(const torchscript::ImportedModel& model,
                           const core::Deployment& deployment);
+
+// Copies of every graph parameter and buffer with its state_dict key, current on every rank;
+// the parameters in tensor-parallel slices now (`slicedNow`: Note [Sharing sliced parameters])
+// joined into whole tensors.
+NamedTensors gatherState(const torchscript::ImportedModel& model,
+                         const core::Deployment& deployment, comm::Backend& backend,
+                         const SliceLayouts& slicedNow);
 
 // Writes the current value of every graph parameter and buffer (from its lowest holder, Note
 // [Gathering the state]) into every rank's own tensor, in place, so that another deployment of

@@ -109,6 +109,7 @@ Executor::Executor(const torchscript::ImportedModel& model, VerifiedDeployment d
 // After a switch to another deployment joined the slices (Note [Sharing sliced parameters] in
 // checkpoint.cpp), the tensors are whole again on every rank and are cut the same way.
 void Executor::shardParameters() {
+  sliceLayouts_ = staging::sliceLayouts(model_, deployment_);
   for (const LocalStage& local : local_) {
     const core::StageDeployment& stage = deployment_.stages[local.id];
     if (stage.tensorParallel <= 1) continue;

@@ -24,6 +24,7 @@
 #include "comm/backend.h"
 #include "core/deployment.h"
 #include "frontend/torchscript/importer.h"
+#include "staging/checkpoint.h"
 #include "staging/event_trace.h"
 #include "staging/gradient_sync.h"
 #include "staging/memory_watch.h"
@@ -117,6 +118,9 @@ class Executor {
     at::Tensor data;
   };
   const std::vector<HeldSlice>& heldSlices() const { return heldSlices_; }
+  // Every parameter this deployment holds in slices, on any rank, by name (what every rank knows
+  // alike: Note [Sharing sliced parameters] in checkpoint.cpp).
+  const SliceLayouts& sliceLayouts() const { return sliceLayouts_; }
   // Whether this deployment's tensor-parallel parameters are slices now (on every rank alike:
   // Note [Sharing sliced parameters] in checkpoint.cpp). They are from construction until
   // shareState hands them to another deployment (slicesJoined); sliceHeldParameters cuts this
@@ -201,6 +205,7 @@ class Executor {
   // (Note [Tensor-parallel gradients] in gradient_sync.h).
   std::map<core::ValueId, int> replicatedInGroup_;  // once per parameter (virtual stages)
   std::vector<HeldSlice> heldSlices_;
+  SliceLayouts sliceLayouts_;
   bool slicesHeld_ = false;
   // Broadcasts the leader's output gradients of `stage` to its tensor-parallel group.
   void shareOutputGradients(const LocalStage& stage, int micro, std::vector<at::Tensor>& grads);
