@@ -80,8 +80,8 @@ Module::Module(torch::jit::Module module, ModuleOptions options)
   backend_ = options_.backend || job_.placement.commBackend == "mpi"
                  ? control
                  : comm::sharedBackend(job_.placement.commBackend);
-  // The stages run on the placement's device (fp16 autocast needs CUDA); the model's tensors go
-  // there now, before any trace (Note [Placing the model]).
+  // The stages run on the placement's device (fp16 on the CPU: Note [fp16 on the CPU]); the
+  // model's tensors go there now, before any trace (Note [Placing the model]).
   stageDevice_ = stageDeviceOf(job_.placement);
   torchscript::checkAutocastSupported(options_.precision, stageDevice_.type());
   placeTensors(stateTensorsOf(module_));

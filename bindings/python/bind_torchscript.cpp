@@ -9,6 +9,7 @@
 #include "bindings/python/bindings.h"
 #include "bindings/python/ivalue_cast.h"
 #include "core/error.h"
+#include "frontend/torchscript/autocast.h"
 #include "frontend/torchscript/exporter.h"
 #include "frontend/torchscript/importer.h"
 
@@ -107,6 +108,9 @@ void bindTorchscript(py::module_& m) {
 
   m.def("_import_module", &importModule, py::arg("script_module"), py::arg("example_inputs"),
         "Imports a torch.jit.ScriptModule's forward as IR (use autostage.trace_to_ir).");
+  m.def("_cpu_fp16_autocast", &torchscript::cpuAutocastSupportsFp16,
+        "Whether this build runs precision='fp16' on the CPU (Note [fp16 on the CPU]: LibTorch "
+        "2.5 or later).");
 }
 
 }  // namespace autostage::bindings

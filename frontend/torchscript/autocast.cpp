@@ -11,6 +11,12 @@
 #else
 #define AUTOSTAGE_AUTOCAST_DEVICE_API 0
 #endif
+// Note [fp16 on the CPU]
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 5)
+#define AUTOSTAGE_CPU_FP16_AUTOCAST 1
+#else
+#define AUTOSTAGE_CPU_FP16_AUTOCAST 0
+#endif
 
 namespace autostage::torchscript {
 namespace {
@@ -68,12 +74,16 @@ void clearAutocastCacheIfEnabled() {
     at::autocast::clear_cache();
 }
 
+bool cpuAutocastSupportsFp16() { return AUTOSTAGE_CPU_FP16_AUTOCAST != 0; }
+
 void checkAutocastSupported(core::Precision precision, c10::DeviceType device) {
   AUTOSTAGE_CHECK_AS(UnsupportedError,
-                     !(precision == core::Precision::Fp16 && device == c10::DeviceType::CPU),
-                     "precision=fp16 is not supported on the CPU (device=cpu): autostage's CPU "
-                     "autocast runs bfloat16 only; use precision=bf16 on the CPU, or fp16 on a "
-                     "GPU (device=cuda)");
+                     !(precision == core::Precision::Fp16 && device == c10::DeviceType::CPU &&
+                       !cpuAutocastSupportsFp16()),
+                     "precision=fp16 is not supported on the CPU (device=cpu) by this build: CPU "
+                     "autocast in LibTorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
+                     " runs bfloat16 only (fp16 from LibTorch 2.5); use precision=bf16 on the "
+                     "CPU, fp16 on a GPU (device=cuda), or a build against LibTorch 2.5 or later");
   AUTOSTAGE_CHECK_AS(UnsupportedError,
                      precision == core::Precision::Fp32 || device == c10::DeviceType::CPU ||
                          device == c10::DeviceType::CUDA,

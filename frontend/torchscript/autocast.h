@@ -28,8 +28,15 @@
 
 namespace autostage::torchscript {
 
-// Throws UnsupportedError when autocast cannot run `precision` on `device` (fp16 on CPU: CPU
-// autocast in LibTorch 1.13 supports only bfloat16).
+// Note [fp16 on the CPU]
+// CPU autocast runs float16 from LibTorch 2.5 (bfloat16 only before: LibTorch 1.13 refuses the
+// dtype), with the CPU's own lists of ops cast down and kept in fp32. A build against 2.5 or
+// later therefore runs precision=fp16 on the CPU as on a GPU, dynamic loss scaling included
+// (Note [Dynamic loss scaling]): the CPU-tested path of the CUDA fp16 one. Older builds refuse it.
+bool cpuAutocastSupportsFp16();
+
+// Throws UnsupportedError when autocast cannot run `precision` on `device` (fp16 on the CPU of a
+// build without it: Note [fp16 on the CPU]).
 void checkAutocastSupported(core::Precision precision, c10::DeviceType device);
 
 // The low-precision dtype autocast uses (Float for fp32).

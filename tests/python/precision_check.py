@@ -7,8 +7,11 @@ in its own autocast region, as the stages do, and takes one mean loss over the g
 the ranks' local losses do together. Checked on every rank, for 3 Adam steps: output dtypes equal
 plain autocast's, outputs close; this rank's parameters stay fp32, their gradients are fp32 and
 close; parameters after each step close. On 4 ranks also with ZeRO-1 (2 stages x 2 replicas,
-zero=1): gradients compared on the pieces each replica owns, parameters (all-gathered) whole. Finally precision="fp16" (CPU autocast in LibTorch 1.13
-has no fp16) must raise UnsupportedError on every rank.
+zero=1): gradients compared on the pieces each replica owns, parameters (all-gathered) whole.
+On 2 ranks precision="fp16" too, against torch.autocast("cpu", dtype=torch.float16), where the
+build runs it (LibTorch 2.5 or later, Note [fp16 on the CPU]; the tolerances below, made for
+bf16's 8-bit significand, hold for fp16's 11 bits); elsewhere (LibTorch 1.13) it must raise
+UnsupportedError on every rank.
 
 Tolerances (bf16 has an 8-bit significand: one rounding step is 2^-8 ≈ 0.4% relative): both sides
 run the same ops on the same bf16 values in the same micro-batches, so differences come only from
@@ -32,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import autostage
+from autostage import _autostage
 from mpi_launch import finish
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "equivalence"))
@@ -58,11 +62,14 @@ class WithLoss(torch.nn.Module):
         return F.mse_loss(self.model(x).float(), y)
 
 
-def reference_step(model, x, y, micros):
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def reference_step(model, x, y, micros, precision):
     """Plain PyTorch: each micro-batch's forward in its own autocast region, one mean loss."""
     outs = []
     for rows in micro_rows(x.shape[0], micros):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=DTYPES[precision]):
             outs.append(model(x[rows]))
     out = torch.cat(outs)
     F.mse_loss(out.float(), y).backward()
@@ -104,7 +111,7 @@ def owned_mask(wrapped, param):
     return mask.reshape(param.shape)
 
 
-def run(name, micros, schedule, recompute, rank, world, failures, zero=False):
+def run(name, micros, schedule, recompute, rank, world, failures, zero=False, precision="bf16"):
     spec = MODELS[name]
     model, reference = spec.build(), spec.build()
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
@@ -119,24 +126,26 @@ def run(name, micros, schedule, recompute, rank, world, failures, zero=False):
     free_comm = dict(comm_latency=0, comm_bandwidth=1e15, allreduce_bandwidth=1e15) if zero \
         else {}
     wrapped = autostage.Module(WithLoss(model) if train_step else model, optimizer,
-                               precision="bf16", partition_num=stages, pipeline_num=micros,
+                               precision=precision, partition_num=stages, pipeline_num=micros,
                                schedule=schedule, recompute=recompute, zero=1 if zero else 0,
                                virtual_stages=1, **free_comm)
     rows = slice(rank * LOCAL, (rank + 1) * LOCAL)
     errors, noisy = {}, {}
     tag = f"{name} {schedule} recompute={recompute}{' zero=1' if zero else ''}"
+    if precision != "bf16":
+        tag += f" {precision}"
     for step in range(STEPS):
         (x,), y = spec.batch(world * LOCAL, step)
         optimizer.zero_grad()
         ref_opt.zero_grad()
         if train_step:
             out = wrapped.train_step(x[rows], y[rows])
-            ref_out = reference_step(reference, x, y, micros)
+            ref_out = reference_step(reference, x, y, micros, precision)
             expected = F.mse_loss(ref_out.float(), y)  # the global loss train_step returns
         else:
             out = wrapped(x[rows])
             F.mse_loss(out.float(), y[rows]).backward()
-            expected = reference_step(reference, x, y, micros)[rows]
+            expected = reference_step(reference, x, y, micros, precision)[rows]
         close(f"output step {step} ({tag})", out.detach(), expected, OUT_RTOL, OUT_ATOL,
               failures, errors)
         ref_params = dict(reference.named_parameters())
@@ -198,7 +207,11 @@ def main():
     if world == 2:
         run("mlp", 2, "gpipe", "never", rank, world, failures)
         run("encoder", 2, "1f1b", "always", rank, world, failures)
-        check_fp16_refused(rank, failures)
+        if _autostage._cpu_fp16_autocast():  # Note [fp16 on the CPU]: LibTorch 2.5 or later
+            run("mlp", 2, "gpipe", "never", rank, world, failures, precision="fp16")
+            run("encoder", 2, "1f1b", "always", rank, world, failures, precision="fp16")
+        else:
+            check_fp16_refused(rank, failures)
     else:
         run("mlp", 4, "1f1b", "always", rank, world, failures)
         run("encoder", 2, "gpipe", "never", rank, world, failures)

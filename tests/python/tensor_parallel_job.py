@@ -18,6 +18,10 @@ DistributedDataParallel does). Phases:
   accumulate  the block (tp=2) accumulating the gradients of two batches before each step;
   bf16     the block (tp=2) with precision="bf16" against plain PyTorch under
            torch.autocast("cpu", dtype=torch.bfloat16), three SGD steps (tolerances below);
+  fp16     the block (tp=2) with precision="fp16" and autostage.GradScaler against plain PyTorch
+           under torch.autocast("cpu", dtype=torch.float16) with torch.amp.GradScaler, three
+           SGD steps, the second on a batch holding an inf (both skip it, halve the scale);
+           only where the build runs fp16 on the CPU (Note [fp16 on the CPU]);
   noise    the block with torch.randn_like noise added to its input (tp=2), the noise returned
            too: the outputs are plain PyTorch's on the input plus that noise, which holds only
            when every member drew the same (Note [Tensor-parallel random operators]);
@@ -111,8 +115,15 @@ class Head(torch.nn.Module):
 # values near 0.8). Parameters after 3 SGD steps (lr 1e-3, no momentum) move by lr times
 # gradients that agree within 2.5 bf16 steps: for this block's gradients (|g| up to about 5)
 # 3 x 1e-3 x (2e-2 x 5 + 4e-3) = 3e-4 (measured: at most 1.1e-4), rtol 1e-3.
+# fp16 (an 11-bit significand: a step is 2^-11) by the same reasoning, 8 times tighter: outputs
+# rtol 3e-3, atol 1e-3 (measured 2026-12-07: at most 4.1e-4), parameters after the 3 steps rtol
+# 1e-4, atol 4e-5 (measured 7.4e-6; bf16's 6.2e-5 in the same run).
 BF16 = phase == "bf16"
-OUT_TOL = dict(rtol=2e-2, atol=4e-3) if BF16 else dict(rtol=1e-5, atol=1e-6)
+FP16 = phase == "fp16"
+LOW = BF16 or FP16
+OUT_TOL = (dict(rtol=2e-2, atol=4e-3) if BF16 else dict(rtol=3e-3, atol=1e-3) if FP16
+           else dict(rtol=1e-5, atol=1e-6))
+OVERFLOW_STEP = 1  # fp16: the batch of this step holds an inf
 
 
 def state_close(got, want, atol=1e-6):
@@ -122,8 +133,9 @@ def state_close(got, want, atol=1e-6):
     got, want = torch.as_tensor(got), torch.as_tensor(want)
     if phase in ("head", "tied"):
         atol = 1e-5 * float(want.abs().max())
-    if BF16:
-        return got.shape == want.shape and torch.allclose(got, want, rtol=1e-3, atol=3e-4)
+    if LOW:
+        tolerance = dict(rtol=1e-4, atol=4e-5) if FP16 else dict(rtol=1e-3, atol=3e-4)
+        return got.shape == want.shape and torch.allclose(got, want, **tolerance)
     return got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=atol)
 
 
@@ -138,7 +150,8 @@ def gap(got, want):
 
 
 torch.manual_seed(3)
-if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "noise"):
+if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "fp16",
+             "noise"):
     make = Noisy if phase == "noise" else Block
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     x2 = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(6))
@@ -167,7 +180,7 @@ def optimizer_of(params):
         # plain PyTorch's, where SGD agrees within 1e-5: Adam's g / (sqrt(v) + eps) magnifies
         # float rounding in the gradients of the many weights whose gradient is near zero.
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    if BF16:
+    if LOW:
         return torch.optim.SGD(params, lr=1e-3)
     if phase not in ("mlp", "auto"):
         return torch.optim.Adam(params, lr=0.01)
@@ -180,16 +193,39 @@ optimizer = optimizer_of(model.parameters())
 options = {"decomposer": "data_parallel"} if phase not in ("mlp", "auto") else {}
 if phase == "zero" or (phase == "modes" and world == 4):
     options["zero"] = 1
-if BF16:
-    options["precision"] = "bf16"
+if LOW:
+    options["precision"] = phase
 
 
 def reference_forward(inputs):
-    """Plain PyTorch's forward, under bf16 autocast as the stages run in the bf16 phase."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=BF16):
+    """Plain PyTorch's forward, under autocast as the stages run in the bf16 and fp16 phases."""
+    with torch.autocast("cpu", dtype=torch.float16 if FP16 else torch.bfloat16, enabled=LOW):
         return reference(inputs)
 wrapped = autostage.Module(model, optimizer, tensor_parallel=degree, **options)
 ref_optimizer = optimizer_of(reference.parameters())
+# fp16's dynamic loss scaling on both sides (disabled, the identity, elsewhere): growth after 2
+# finite steps, so the scale moves both ways in 3 steps.
+scaler = autostage.GradScaler(wrapped, init_scale=2.0**10, growth_interval=2, enabled=FP16)
+if FP16:
+    ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2)
+    overflowing = x.clone()
+    overflowing[-1, 0, 0] = float("inf")  # in the last rank's rows
+
+
+def batch(step):
+    """The global batch of `step`: fp16's overflow step has an inf in it."""
+    return overflowing if FP16 and step == OVERFLOW_STEP else x
+
+
+def stepped(optimizer, scaler):
+    """optimizer.step() through fp16's scaler (which may skip it), then zero_grad()."""
+    if FP16:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad()
+
 if phase == "noise":
     # Plain PyTorch draws other noise, so the block runs on the input plus the noise the stage
     # returns (the first member's). A member drawing noise of its own would feed its heads and
@@ -223,8 +259,9 @@ if phase == "resume":
     ref_optimizer.load_state_dict(saved["ref_optimizer"])
     steps = 1
 for step in range(steps):
-    out = wrapped(local)
-    out.pow(2).sum().backward()
+    inputs = batch(step)
+    out = wrapped(inputs[rows * rank:rows * (rank + 1)])
+    scaler.scale(out.pow(2).sum()).backward()
     if phase == "accumulate":  # a second batch's gradients added to the slices' before the step
         wrapped(x2[rows * rank:rows * (rank + 1)]).pow(2).sum().backward()
     if phase == "modes" and step == 2:
@@ -241,15 +278,17 @@ for step in range(steps):
         reference.train()
         if sliced.grad is None or not torch.equal(sliced.grad, before):
             failures.append(f"the gradient of {first}'s slice did not survive an eval forward")
-    optimizer.step()
-    optimizer.zero_grad()
-    expected = reference_forward(x)
-    (expected.pow(2).sum() / world).backward()
+    stepped(optimizer, scaler)
+    expected = reference_forward(inputs)
+    reference_loss = expected.pow(2).sum() / world
+    (ref_scaler.scale(reference_loss) if FP16 else reference_loss).backward()
     if phase == "accumulate":
         (reference_forward(x2).pow(2).sum() / world).backward()
-    ref_optimizer.step()
-    ref_optimizer.zero_grad()
-    if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], **OUT_TOL):
+    stepped(ref_optimizer, ref_scaler if FP16 else None)
+    # fp16's overflow step: the rows holding the inf are NaN on both sides.
+    overflowed = FP16 and step == OVERFLOW_STEP
+    if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], equal_nan=overflowed,
+                          **OUT_TOL):
         failures.append(f"step {step}: outputs differ from plain PyTorch"
                         f"{gap(out, expected[rows * rank:rows * (rank + 1)])}")
     if phase == "modes":
@@ -264,6 +303,10 @@ for step in range(steps):
                                 f"PyTorch{gap(got, want)}")
         wrapped.train()
         reference.train()
+if FP16:  # 2^10, halved at the overflow, not yet doubled again (one finite step since)
+    if scaler.get_scale() != ref_scaler.get_scale() or scaler.get_scale() != 2.0**9:
+        failures.append(f"loss scale {scaler.get_scale()}, plain PyTorch's "
+                        f"{ref_scaler.get_scale()}; expected {2.0**9}")
 state = wrapped.state_dict()  # gathered from the stages' ranks and their slices
 for key, want in reference.state_dict().items():
     got = state.get(key)

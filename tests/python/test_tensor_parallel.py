@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import autostage
+from autostage import _autostage
 from mpi_launch import CLI, run_driver
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
@@ -124,6 +125,10 @@ def test_whatif_reports_the_degrees():
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
                           ("modes", 2), ("modes", 4), ("accumulate", 2), ("bf16", 2),
+                          pytest.param("fp16", 2, marks=pytest.mark.skipif(
+                              not _autostage._cpu_fp16_autocast(),
+                              reason="no fp16 CPU autocast in this build's LibTorch (before "
+                                     "2.5: Note [fp16 on the CPU])")),
                           ("noise", 2),
                           ("vocabulary", 2), ("head", 2),
                           ("tied", 2), ("auto", 2)])

@@ -87,7 +87,7 @@ TEST_CASE("a bf16 stage computes what eager autocast computes, recomputed or not
   }
 }
 
-TEST_CASE("the autocast guard restores the caller's state and refuses fp16 on CPU", "[staging]") {
+TEST_CASE("the autocast guard restores the caller's state; fp16 on the CPU where LibTorch runs it", "[staging]") {
   REQUIRE_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   {
     torchscript::AutocastGuard autocast(core::Precision::Bf16, c10::kCPU);
@@ -100,9 +100,21 @@ TEST_CASE("the autocast guard restores the caller's state and refuses fp16 on CP
     torchscript::AutocastGuard none(core::Precision::Fp32, c10::kCPU);
     CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   }
-  CHECK_THROWS_AS(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU), UnsupportedError);
-  CHECK_THROWS_WITH(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU),
-                    Catch::Contains("use precision=bf16 on the CPU"));
+  if (torchscript::cpuAutocastSupportsFp16()) {  // Note [fp16 on the CPU]: LibTorch 2.5 or later
+    {
+      torchscript::AutocastGuard fp16(core::Precision::Fp16, c10::kCPU);
+      CHECK(torchscript::currentAutocastDtype(c10::kCPU) == at::kHalf);
+      CHECK(torch::matmul(torch::ones({2, 2}), torch::ones({2, 2})).scalar_type() == at::kHalf);
+      // Kept in fp32 by the CPU's list, as plain autocast keeps it.
+      CHECK(torch::layer_norm(torch::ones({2, 4}), {4}).scalar_type() == at::kFloat);
+    }
+    CHECK(torchscript::currentAutocastDtype(c10::kCPU) != at::kHalf);
+  } else {
+    CHECK_THROWS_AS(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU),
+                    UnsupportedError);
+    CHECK_THROWS_WITH(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU),
+                      Catch::Contains("use precision=bf16 on the CPU"));
+  }
   CHECK_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   CHECK_NOTHROW(torchscript::checkAutocastSupported(core::Precision::Fp16, c10::DeviceType::CUDA));
 }
