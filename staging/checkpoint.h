@@ -36,9 +36,9 @@ namespace autostage::staging {
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // How a deployment holds a parameter in tensor-parallel slices: the cut (ParamShard's dim and
-// sections, without the importing graph's value id, so two imports compare), the degree, and its stage's ranks, replica groups
-// of `degree` consecutive ranks whose member j holds slice j. Equal layouts put the same slice on
-// every rank.
+// sections, without the importing graph's value id, so two imports compare), the degree, and
+// its stage's ranks, replica groups of `degree` consecutive ranks whose member j holds slice j.
+// Equal layouts put the same slice on every rank.
 struct SliceLayout {
   int dim = 0, sections = 1, degree = 1;
   std::vector<int> ranks;

@@ -22,7 +22,8 @@
 // eval and no_grad calls; when trainingSelection() changes (a replan under allow_replan, or a
 // forward with gradients in the other mode) build the optimizer again over parameters().
 // Errors are autostage::Error subclasses (core/error.h) with the messages the Python API gives.
-// fp16 (precision=fp16: CUDA, or the CPU from LibTorch 2.5) with dynamic loss scaling (Note [Dynamic loss scaling]):
+// fp16 (precision=fp16: CUDA, or the CPU from LibTorch 2.5) with dynamic loss scaling (Note
+// [Dynamic loss scaling]):
 //   autostage::LossScaler scaler;                       // GradScaler's defaults
 //   module.setLossScale(scaler.scale());                // trainStep seeds its backward with it
 //   auto losses = module.trainStep({x, y});             // (or (loss * scaler.scale()).backward())

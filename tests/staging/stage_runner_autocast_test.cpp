@@ -87,7 +87,8 @@ TEST_CASE("a bf16 stage computes what eager autocast computes, recomputed or not
   }
 }
 
-TEST_CASE("the autocast guard restores the caller's state; fp16 on the CPU where LibTorch runs it", "[staging]") {
+TEST_CASE("the autocast guard restores the caller's state; fp16 on the CPU where it runs",
+          "[staging]") {
   REQUIRE_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   {
     torchscript::AutocastGuard autocast(core::Precision::Bf16, c10::kCPU);
