@@ -22,7 +22,8 @@ namespace autostage::decomposer {
 
 int deviceUnit(int devices) {
   int unit = 1;
-  while (devices / unit > 64) unit *= 2;
+  while (unit < 8 && devices / unit > 64) unit *= 2;
+  while (devices / unit > 64) unit += 8;  // Note [Tensor-parallel units]: a multiple of 8
   return unit;
 }
 

@@ -40,8 +40,9 @@
 
 namespace autostage::decomposer {
 
-// Devices per replica unit: 1 up to 64 devices, else the smallest power of two that brings the
-// unit count to <= 64 (replica counts are multiples of it).
+// Devices per replica unit: 1 up to 64 devices, else the smallest of 2 and 4 that brings the unit
+// count to <= 64 (devices / unit, rounded down), else the smallest multiple of 8 that does
+// (replica counts are multiples of it; Note [Tensor-parallel units]).
 int deviceUnit(int devices);
 // Replica counts (in units) the search tries for `units` available units: all of 1..units up to
 // 16 units, else 1..8, `units` itself, and the powers of two and three times powers of two below.
@@ -53,9 +54,16 @@ std::vector<int> replicaCandidates(int units);
 // unit (up to 64 devices) r replicas on r t units; with units of 16 devices (1,024 devices) a
 // degree of 8 still fits in one unit, as two replicas, so that a stage at degree 8 is as narrow
 // as one at degree 1 (Megatron-LM's 1-trillion-parameter GPT on 3,072 devices, units of 64,
-// plans 47 stages of one unit each at degree 8; with stages r t units wide it found none). t and
-// unit are powers of two, so each divides the other. Still coarse: a stage's devices are a
-// multiple of the unit (Megatron's own 64 stages of 48 devices are not in the space).
+// plans 47 stages of one unit each at degree 8; with stages r t units wide it found none). A unit
+// below 8 devices is a power of two, one of 8 or more a multiple of 8, so a unit and a degree
+// (1, 2, 4 or 8) always divide one or the other and a stage's first rank is a multiple of its
+// degree. Units of the smallest multiple of 8 rather than power of two: 3,072 devices make 64 units of
+// 48 (units of 64 made 48), so Megatron-LM's own configuration of that GPT, 64 stages of 48
+// devices (6 replicas at degree 8), is in the space, and the 530B one's 35 stages of 72 devices
+// nearly (2,520 devices: units of 40). Measured (2026-12-07, a100-80gb, fp16, recompute always,
+// tied and fused GPTs of Table 1 planned as Megatron ran them, 1f1b): 530B 99.4 -> 77.9 s, 1T
+// 158.8 -> 151.8 s; tensor_parallel=auto for the 1T 134.8 -> 125.4 s. Still coarse: a stage's
+// devices are a multiple of the unit.
 struct StageShape {
   int units = 1, replicas = 1;
 };

@@ -104,7 +104,23 @@ TEST_CASE("replica candidates and device units", "[decomposer]") {
   REQUIRE(replicaCandidates(5) == std::vector<int>{1, 2, 3, 4, 5});
   REQUIRE(replicaCandidates(40) == std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 40});
   REQUIRE(deviceUnit(64) == 1);
+  REQUIRE(deviceUnit(100) == 2);
   REQUIRE(deviceUnit(1024) == 16);
+  REQUIRE(deviceUnit(3072) == 48);  // Note [Tensor-parallel units]: Megatron-LM's stages of 48
+  REQUIRE(deviceUnit(2520) == 40);
+  for (int devices = 1; devices <= 20000; ++devices) {
+    const int unit = deviceUnit(devices);
+    REQUIRE(devices / unit <= 64);
+    REQUIRE(((unit < 8 && (unit & (unit - 1)) == 0) || unit % 8 == 0));
+    const int smaller = unit <= 8 ? unit / 2 : unit - 8;  // the next candidate below
+    REQUIRE((unit == 1 || devices / smaller > 64));
+    for (int t : {2, 4, 8}) {  // a stage at degree t: whole groups, its first rank a multiple of t
+      const StageShape one = stageShape(1, t, unit);
+      REQUIRE(one.units * unit == one.replicas * t);
+      REQUIRE((unit % t == 0 || t % unit == 0));
+    }
+  }
+  REQUIRE(stageShape(1, 8, deviceUnit(3072)).replicas == 6);
 }
 
 TEST_CASE("infeasible request names the needed memory and the options", "[decomposer]") {
