@@ -59,8 +59,8 @@ std::vector<int> replicaCandidates(int units);
 // (1, 2, 4 or 8) always divide one or the other and a stage's first rank is a multiple of its
 // degree. Units of the smallest multiple of 8 rather than power of two: 3,072 devices make 64 units of
 // 48 (units of 64 made 48), so Megatron-LM's own configuration of that GPT, 64 stages of 48
-// devices (6 replicas at degree 8), is in the space, and the 530B one's 35 stages of 72 devices
-// nearly (2,520 devices: units of 40). Measured (2026-12-07, a100-80gb, fp16, recompute always,
+// devices (6 replicas at degree 8), is in the space (the 530B one's 35 stages of 72 devices are
+// not: 2,520 devices make units of 40). Measured (2026-12-07, a100-80gb, fp16, recompute always,
 // tied and fused GPTs of Table 1 planned as Megatron ran them, 1f1b): 530B 99.4 -> 77.9 s, 1T
 // 158.8 -> 151.8 s; tensor_parallel=auto for the 1T 134.8 -> 125.4 s. Still coarse: a stage's
 // devices are a multiple of the unit.
