@@ -22,7 +22,7 @@ void tryCuts(const CostModel& model, const Cuts& cuts, int t, Plan& best, double
   const int stages = static_cast<int>(cuts.size());
   const int replicas = request.devices / (stages * t);
   if (replicas < 1) return;
-  for (int microBatches : request.options.microBatchCandidates()) {
+  for (int microBatches : request.options.microBatchCandidates(request.batchSize)) {
     int r = static_cast<int>(std::min<int64_t>(replicas, request.batchSize / microBatches));
     if (r < 1) continue;
     for (Schedule schedule : request.options.scheduleCandidates()) {

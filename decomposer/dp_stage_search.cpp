@@ -457,7 +457,7 @@ void searchAll(const CostModel& model, Best& best, bool logProgress,
   auto log = core::logger("DPStaging");
   auto start = std::chrono::steady_clock::now();
   // Large micro-batch counts first: they usually win, and a good incumbent prunes the rest.
-  std::vector<int> microBatchCounts = options.microBatchCandidates();
+  std::vector<int> microBatchCounts = options.microBatchCandidates(model.request().batchSize);
   std::reverse(microBatchCounts.begin(), microBatchCounts.end());
   for (int microBatches : microBatchCounts) {
     for (Schedule schedule : searchedSchedules(options)) {

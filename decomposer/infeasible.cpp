@@ -13,7 +13,7 @@ namespace {
 double smallestBlockMemory(const CostModel& model, int b) {
   const PlanRequest& request = model.request();
   double best = -1;
-  for (int microBatches : request.options.microBatchCandidates()) {
+  for (int microBatches : request.options.microBatchCandidates(request.batchSize)) {
     for (int r = 1; r <= request.devices; ++r) {
       if (model.microBatchPerReplica(microBatches, r) == 0) break;
       if (!model.microBatchesFit(microBatches, r)) continue;  // Note [Fixed micro-batch size]
@@ -73,7 +73,7 @@ std::string infeasibleMessage(const PlanRequest& request) {
   if (const int64_t rows = request.options.microBatchSize; rows > 0) {
     // Note [Fixed micro-batch size]: no replica and micro-batch count gives that size.
     bool any = false;
-    for (int m : request.options.microBatchCandidates())
+    for (int m : request.options.microBatchCandidates(request.batchSize))
       for (int r = 1; r <= request.devices; ++r) any = any || rows * m * r == request.batchSize;
     if (!any) {
       std::ostringstream out;

@@ -94,7 +94,7 @@ void searchDegree(const CostModel& model, int virtualStages, int t, BestPlan& be
     if (request.devices % (positions * t) != 0) continue;
     if (options.partitionNum > 0 && positions * virtualStages != options.partitionNum) continue;
     const int replicas = request.devices / (positions * t);
-    for (int microBatches : options.microBatchCandidates()) {
+    for (int microBatches : options.microBatchCandidates(request.batchSize)) {
       if (microBatches % positions != 0 ||
           static_cast<int64_t>(microBatches) * replicas > request.batchSize)
         continue;

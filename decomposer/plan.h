@@ -41,7 +41,10 @@ struct PlanOptions {
   // the searches skip other shapes (the DP's shapes and its bounds through
   // CostModel::microBatchesFit, the baselines and refinements through the evaluator). Megatron-LM
   // users set this figure; autostage sets it for a model whose batch dimension torch.export
-  // fixed (autostage/export.py), whose captured graph runs only that many rows. 0: free.
+  // fixed (autostage/export.py), whose captured graph runs only that many rows. The micro-batch
+  // counts searched are then every divisor of batch / N in [min_pipeline, max_pipeline], not
+  // only powers of two (Megatron-LM's 530B GPT: micro-batches of 1 sample, 280 per replica).
+  // 0: free.
   int microBatchSize = 0;
   int minPipeline = 1;
   int maxPipeline = 32;
@@ -65,9 +68,11 @@ struct PlanOptions {
   void validate() const;
   std::string toString() const;  // `key=value` pairs separated by spaces, config key names
   static PlanOptions fromConfig(const core::Config& config);
-  // Micro-batch counts the search tries: powers of two in [minPipeline, maxPipeline], or
-  // exactly pipelineNum when forced.
-  std::vector<int> microBatchCandidates() const;
+  // Micro-batch counts the search tries for a global batch of `batch` rows: powers of two in
+  // [minPipeline, maxPipeline]; with micro_batch_size=N every count in that range dividing
+  // batch / N, which is what N x micro-batches x replicas = batch allows (Note [Fixed micro-batch
+  // size]); exactly pipelineNum when forced.
+  std::vector<int> microBatchCandidates(int64_t batch) const;
   // The schedules `schedule` allows for `usage` (Note [Plan usage]).
   std::vector<Schedule> scheduleCandidates() const;
   // Recompute settings the search tries per stage: {false, true} for auto, else the forced one;

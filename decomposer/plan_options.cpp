@@ -1,4 +1,5 @@
 // PlanOptions: validation, text form, config reading, and the search candidates they imply.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <sstream>
@@ -196,9 +197,16 @@ PlanOptions PlanOptions::fromConfig(const core::Config& config) {
   return o;
 }
 
-std::vector<int> PlanOptions::microBatchCandidates() const {
+std::vector<int> PlanOptions::microBatchCandidates(int64_t batch) const {
   if (pipelineNum > 0) return {pipelineNum};
   std::vector<int> result;
+  if (microBatchSize > 0) {  // Note [Fixed micro-batch size]: m x replicas = batch / N
+    if (batch % microBatchSize != 0) return result;
+    const int64_t samples = batch / microBatchSize;
+    for (int m = std::max(1, minPipeline); m <= maxPipeline && m <= samples; ++m)
+      if (samples % m == 0) result.push_back(m);
+    return result;
+  }
   for (int m = 1; m <= maxPipeline; m *= 2)
     if (m >= minPipeline) result.push_back(m);
   return result;

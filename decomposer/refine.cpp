@@ -30,7 +30,7 @@ class Climb {
       : model_(model), options_(model.request().options), devices_(model.request().devices),
         unit_(deviceUnit(devices_)), maxWork_(maxWork),
         recompute_(options_.recomputeCandidates()), zero_(options_.zeroCandidates()),
-        microBatches_(options_.microBatchCandidates()), schedules_(searchedSchedules(options_)) {}
+        microBatches_(options_.microBatchCandidates(model.request().batchSize)), schedules_(searchedSchedules(options_)) {}
 
   Refinement run(const Plan& start) {
     result_.plan = start;

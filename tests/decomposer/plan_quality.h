@@ -33,7 +33,7 @@ class Exhaustive {
       : request_(request), model_(request), simulate_(simulate) {}
 
   double best() {
-    for (int m : request_.options.microBatchCandidates())
+    for (int m : request_.options.microBatchCandidates(request_.batchSize))
       for (Schedule s : request_.options.scheduleCandidates()) {
         microBatches_ = m;
         schedule_ = s;

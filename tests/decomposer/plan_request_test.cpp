@@ -37,7 +37,19 @@ TEST_CASE("plan options come from the config table and are validated", "[decompo
   config.set("schedule", "1f1b");
   PlanOptions o = PlanOptions::fromConfig(config);
   REQUIRE(o.decomposer == "uniform");
-  REQUIRE(o.microBatchCandidates() == std::vector<int>{1, 2, 4, 8});
+  REQUIRE(o.microBatchCandidates(64) == std::vector<int>{1, 2, 4, 8});
+  // Note [Fixed micro-batch size]: every count dividing batch / micro_batch_size, powers of two
+  // or not (Megatron-LM's 530B GPT: 2,520 samples, one per micro-batch, over 9 replicas: 280).
+  PlanOptions fixed = o;
+  fixed.microBatchSize = 2;
+  fixed.maxPipeline = 64;
+  REQUIRE(fixed.microBatchCandidates(24) == std::vector<int>{1, 2, 3, 4, 6, 12});
+  REQUIRE(fixed.microBatchCandidates(25).empty());  // no count gives 2 rows
+  fixed.microBatchSize = 1;
+  fixed.maxPipeline = 4096;
+  const std::vector<int> megatron = fixed.microBatchCandidates(2520);
+  REQUIRE(std::count(megatron.begin(), megatron.end(), 280) == 1);
+  REQUIRE(megatron.size() == 48);
   REQUIRE(o.scheduleCandidates() == std::vector<Schedule>{Schedule::OneFOneB});
   REQUIRE(o.recomputeCandidates() == std::vector<bool>{false, true});
   config.set("recompute", "always");
@@ -48,7 +60,7 @@ TEST_CASE("plan options come from the config table and are validated", "[decompo
   REQUIRE_THROWS_WITH(PlanOptions::fromConfig(config), Catch::Contains("recompute='sometimes'"));
   config.set("recompute", "auto");
   config.set("pipeline_num", "4");
-  REQUIRE(PlanOptions::fromConfig(config).microBatchCandidates() == std::vector<int>{4});
+  REQUIRE(PlanOptions::fromConfig(config).microBatchCandidates(64) == std::vector<int>{4});
   config.set("decomposer", "magic");
   REQUIRE_THROWS_AS(PlanOptions::fromConfig(config), ConfigError);
   PlanOptions bad;
