@@ -57,8 +57,8 @@ std::vector<int> replicaCandidates(int units);
 // plans 47 stages of one unit each at degree 8; with stages r t units wide it found none). A unit
 // below 8 devices is a power of two, one of 8 or more a multiple of 8, so a unit and a degree
 // (1, 2, 4 or 8) always divide one or the other and a stage's first rank is a multiple of its
-// degree. Units of the smallest multiple of 8 rather than power of two: 3,072 devices make 64 units of
-// 48 (units of 64 made 48), so Megatron-LM's own configuration of that GPT, 64 stages of 48
+// degree. Units of the smallest multiple of 8 rather than power of two: 3,072 devices make 64 units
+// of 48 (units of 64 made 48), so Megatron-LM's own configuration of that GPT, 64 stages of 48
 // devices (6 replicas at degree 8), is in the space (the 530B one's 35 stages of 72 devices are
 // not: 2,520 devices make units of 40). Measured (2026-12-07, a100-80gb, fp16, recompute always,
 // tied and fused GPTs of Table 1 planned as Megatron ran them, 1f1b): 530B 99.4 -> 77.9 s, 1T

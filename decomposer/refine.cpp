@@ -27,10 +27,15 @@ bool choice(const std::vector<bool>& candidates) { return candidates.size() > 1;
 class Climb {
  public:
   Climb(const CostModel& model, double maxWork)
-      : model_(model), options_(model.request().options), devices_(model.request().devices),
-        unit_(deviceUnit(devices_)), maxWork_(maxWork),
-        recompute_(options_.recomputeCandidates()), zero_(options_.zeroCandidates()),
-        microBatches_(options_.microBatchCandidates(model.request().batchSize)), schedules_(searchedSchedules(options_)) {}
+      : model_(model),
+        options_(model.request().options),
+        devices_(model.request().devices),
+        unit_(deviceUnit(devices_)),
+        maxWork_(maxWork),
+        recompute_(options_.recomputeCandidates()),
+        zero_(options_.zeroCandidates()),
+        microBatches_(options_.microBatchCandidates(model.request().batchSize)),
+        schedules_(searchedSchedules(options_)) {}
 
   Refinement run(const Plan& start) {
     result_.plan = start;

@@ -102,8 +102,8 @@ at::Tensor joinSlices(const at::Tensor& own, const SliceLayout& layout,
   std::vector<at::Tensor> slices;
   for (int j = 0; j < layout.degree; ++j) {
     const int member = layout.ranks.at(j);
-    at::Tensor piece = self == member ? own.detach().clone().contiguous()
-                                      : at::empty(sliceShape, own.options());
+    at::Tensor piece =
+        self == member ? own.detach().clone().contiguous() : at::empty(sliceShape, own.options());
     backend.broadcast(piece, member, backend.world());
     slices.push_back(piece);
   }
@@ -192,8 +192,8 @@ void shareState(const torchscript::ImportedModel& model, const core::Deployment&
     }
     auto slice = slicedNow.find(name);
     if (slice != slicedNow.end()) {  // Note [Sharing sliced parameters]
-      replaceParamData(t, joinSlices(t, slice->second, model.graph.value(params[i]).type.shape(),
-                                     backend));
+      replaceParamData(
+          t, joinSlices(t, slice->second, model.graph.value(params[i]).type.shape(), backend));
       ++joined;
       continue;
     }

@@ -81,7 +81,8 @@ void checkAutocastSupported(core::Precision precision, c10::DeviceType device) {
                      !(precision == core::Precision::Fp16 && device == c10::DeviceType::CPU &&
                        !cpuAutocastSupportsFp16()),
                      "precision=fp16 is not supported on the CPU (device=cpu) by this build: CPU "
-                     "autocast in LibTorch ", TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
+                     "autocast in LibTorch ",
+                     TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR,
                      " runs bfloat16 only (fp16 from LibTorch 2.5); use precision=bf16 on the "
                      "CPU, fp16 on a GPU (device=cuda), or a build against LibTorch 2.5 or later");
   AUTOSTAGE_CHECK_AS(UnsupportedError,

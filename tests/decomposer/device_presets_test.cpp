@@ -227,7 +227,8 @@ TEST_CASE("the planner's own plan for Megatron-LM's 1T GPT is no slower than Meg
   }
   const PlanResult own = planPublished(run, 0, "auto");
   INFO("Megatron's configuration " << megatron.simulation.iterationSeconds << " s, the planner's "
-       << own.simulation.iterationSeconds << " s, published " << run.stepSeconds() << " s");
+                                   << own.simulation.iterationSeconds << " s, published "
+                                   << run.stepSeconds() << " s");
   CHECK(own.simulation.iterationSeconds <= megatron.simulation.iterationSeconds);
 }
 

@@ -111,8 +111,7 @@ TEST_CASE("the autocast guard restores the caller's state; fp16 on the CPU where
     }
     CHECK(torchscript::currentAutocastDtype(c10::kCPU) != at::kHalf);
   } else {
-    CHECK_THROWS_AS(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU),
-                    UnsupportedError);
+    CHECK_THROWS_AS(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU), UnsupportedError);
     CHECK_THROWS_WITH(torchscript::AutocastGuard(core::Precision::Fp16, c10::kCPU),
                       Catch::Contains("use precision=bf16 on the CPU"));
   }
