@@ -30,10 +30,12 @@ const std::vector<OptionSpec>& optionTable() {
       {"pipeline_num", T::Int, "0", "force this many micro-batches (0: let the planner choose)", kPlanInput},
       {"micro_batch_size", T::Int, "0",
        "force every micro-batch to this many rows per replica, the batch splitting exactly into "
-       "replicas x micro-batches of it (0: the planner chooses; a model whose batch size "
-       "torch.export fixed plans with the captured size)", kPlanInput},
+       "replicas x micro-batches of it; the planner then tries every micro-batch count from "
+       "min_pipeline to max_pipeline that divides the batch / this size, not only powers of two "
+       "(0: the planner chooses; a model whose batch size torch.export fixed plans with the "
+       "captured size)", kPlanInput},
       {"min_pipeline", T::Int, "1", "smallest micro-batch count the planner tries", kPlanInput},
-      {"max_pipeline", T::Int, "32", "largest micro-batch count the planner tries (powers of two)", kPlanInput},
+      {"max_pipeline", T::Int, "32", "largest micro-batch count the planner tries (powers of two, or divisors with micro_batch_size)", kPlanInput},
       {"schedule", T::String, "auto", "pipeline schedule: gpipe, 1f1b or auto (planner chooses)", kPlanInput},
       {"recompute", T::String, "auto",
        "activation recomputation per stage: auto (planner chooses), always or never", kPlanInput},
@@ -103,7 +105,8 @@ const std::vector<OptionSpec>& optionTable() {
       // Runtime
       {"precision", T::String, "fp32",
        "fp32, or mixed precision with fp32 master weights: bf16 (CPU and CUDA autocast) or fp16 "
-       "(CUDA only; CPU autocast in LibTorch 1.13 supports only bf16)", kPlanInput},
+       "(CUDA; on the CPU with a build against LibTorch 2.5 or later: CPU autocast in LibTorch "
+       "1.13 supports only bf16)", kPlanInput},
       {"allow_replan", T::Bool, "false", "when a later batch changes the traced shape (dims other than 0) or dtype: retrace and replan (true) or raise an error (false)"},
       {"measure_memory", T::Bool, "true",
        "measure every rank's peak memory each step and log it beside the plan's prediction (debug "

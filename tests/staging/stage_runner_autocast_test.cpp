@@ -87,7 +87,7 @@ TEST_CASE("a bf16 stage computes what eager autocast computes, recomputed or not
   }
 }
 
-TEST_CASE("the autocast guard restores the caller's state; fp16 on the CPU where it runs",
+TEST_CASE("the autocast guard restores the caller's state, and runs fp16 on the CPU where it can",
           "[staging]") {
   REQUIRE_FALSE(torchscript::isAutocastEnabled(c10::kCPU));
   {
