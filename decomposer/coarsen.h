@@ -43,6 +43,8 @@ struct Blocking {
   PlanRequest request;
   // Per degree, a line per pattern that stays replicated at it, with the reason (SplitDegrees).
   std::map<int, std::vector<std::string>> replicatedAt;
+  // The patterns found (request.shardable has a span for each, three for a tied table's).
+  size_t patterns = 0;
 
   int blockCount() const { return static_cast<int>(blockFirstGroup.size()) - 1; }
   // Ascending ids of every node a stage of blocks [first, last] runs (attached nodes included).

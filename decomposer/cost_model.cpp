@@ -77,15 +77,19 @@ RangeIndex::RangeIndex(const PlanRequest& request)
   // Only a request allowing tensor parallelism pays for these (Note [Tensor-parallel cost]).
   if (!request.shardable.empty() && request.options.tensorParallel != "1") {
     straddling_.resize(n);
-    for (const ShardableSpan& s : request.shardable)
-      for (int b = s.firstBlock + 1; b <= s.lastBlock; ++b) straddling_[b].push_back(&s);
+    for (const ShardableSpan& s : request.shardable) {
+      if (s.correction())
+        corrections_.push_back(&s);
+      else
+        for (int b = s.firstBlock + 1; b <= s.lastBlock; ++b) straddling_[b].push_back(&s);
+    }
     // Note [Tensor-parallel working memory]
     std::vector<unsigned> blockDegrees(n, ShardableSpan::kAllDegrees);
     leftEdgeEnd_.resize(n);
     rightEdgeStart_.resize(n);
     for (int b = 0; b < n; ++b) leftEdgeEnd_[b] = b - 1, rightEdgeStart_[b] = b + 1;
     for (const ShardableSpan& s : request.shardable)
-      for (int b = s.firstBlock; b <= s.lastBlock; ++b) {
+      for (int b = s.firstBlock; b <= s.lastBlock && !s.correction(); ++b) {
         blockDegrees[b] &= s.degrees;
         if (b > s.firstBlock) leftEdgeEnd_[b] = std::max(leftEdgeEnd_[b], s.lastBlock);
         if (b < s.lastBlock) rightEdgeStart_[b] = std::min(rightEdgeStart_[b], s.firstBlock);
@@ -110,7 +114,8 @@ RangeIndex::RangeIndex(const PlanRequest& request)
       std::vector<ShardableCost>& sums = shardableByLast_[degreeIndex(t)];
       sums.assign(n + 1, {});
       for (const ShardableSpan& s : request.shardable)
-        if (s.splitsAt(t)) sums[s.lastBlock + 1] = sums[s.lastBlock + 1] + s.costAt(t);
+        if (s.splitsAt(t) && !s.correction())
+          sums[s.lastBlock + 1] = sums[s.lastBlock + 1] + s.costAt(t);
       for (int i = 0; i < n; ++i) sums[i + 1] = sums[i + 1] + sums[i];
     }
   }
@@ -145,6 +150,8 @@ ShardableCost RangeIndex::shardable(int first, int last, int t) const {
   ShardableCost sum = shardableEndingIn(first, last, t);
   for (const ShardableSpan* s : straddling_[first])
     if (s->lastBlock <= last && s->splitsAt(t)) sum = sum - s->costAt(t);
+  for (const ShardableSpan* s : corrections_)
+    if (first <= s->firstBlock && s->lastBlock <= last && s->splitsAt(t)) sum = sum + s->cost;
   return sum;
 }
 

@@ -166,6 +166,9 @@ class RangeIndex {
   static int degreeIndex(int t) { return t <= 2 ? 0 : t <= 4 ? 1 : 2; }
   std::array<std::vector<ShardableCost>, 3> shardableByLast_;
   std::vector<std::vector<const ShardableSpan*>> straddling_;
+  // Tied tables' corrections (ShardableSpan::correction), counted only by shardable(): leaving
+  // them out of the lower bounds' sums only lowers those.
+  std::vector<const ShardableSpan*> corrections_;
   // Note [Tensor-parallel working memory]: per block, the last block of the spans starting
   // before it that hold it (else the block before), and the first block of those holding it and
   // the next block (else the next); per degree (degreeIndex), sparse tables of each block's

@@ -52,14 +52,18 @@
 //     1.08x; as 4 pipeline stages x 32 replicas (16 micro-batches, 1f1b, whose bubble
 //     Megatron's configuration does not have) 4.18 s, 1.13x.
 //   - The largest runs, planned as Megatron ran them (--tensor-parallel 8, --partition-num the
-//     pipeline depth, --virtual-stages 1), are further off (2026-12-07): 145B on 1,536 GPUs
-//     1.15x, 310B on 1,920 1.46x, 530B on 2,520 1.44x, 1T on 3,072 1.48x (151.8 s against
-//     102.6 s). Seen in the plans, not yet modelled or changed: the pipeline's bubble is larger
-//     than Megatron's (micro-batch counts are powers of two, and the stages are cut at block
-//     boundaries, which do not fall on layers), and an LM head tied to the first stage's
-//     embedding runs whole on the last stage (Note [Tensor-parallel patterns]), where Megatron
-//     splits both copies over the vocabulary. The planner's own plan of the 1T (tensor_parallel=
-//     auto) predicts 126.3 s, faster than Megatron's configuration in this model.
+//     pipeline depth, --virtual-stages 1; the 530B with --micro-batch-size 1), are further off
+//     (2026-12-07, this machine, side by side): 145B on 1,536 GPUs 28.2 s against 19.3 s
+//     (1.46x), 310B on 1,920 54.6 s against 37.6 s (1.45x), 530B on 2,520 84.3 s against 54.1 s
+//     (1.56x), 1T on 3,072 126.4 s against 102.6 s (1.23x). The 1T was 151.8 s (1.48x) while an
+//     LM head tied to the first stage's embedding ran whole on the last stage; each end now
+//     splits the table at its own stage's degree, as Megatron splits both copies (Note [Tied
+//     tables across stages] in staging/gradient_sync.h; the others moved 29.0 -> 28.2,
+//     55.1 -> 54.6 and 84.4 -> 84.3 s). Seen in the plans, not yet modelled or changed: the
+//     pipeline's bubble is larger than Megatron's (a free micro-batch count is a power of two,
+//     and the stages are cut at block boundaries, which do not fall on layers). The planner's
+//     own plan of the 1T (tensor_parallel=auto) is never slower than Megatron's configuration
+//     in this model (tested).
 // Before this calibration the 1.7B run was predicted at 6.13 s (1.74x): unfused, every
 // operation's bytes added to its FLOP time, views copied, and the allreduce between servers at
 // one port's bandwidth (0.69 s of the 6.13 s). Not modelled: the overlap of Megatron's

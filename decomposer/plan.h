@@ -97,7 +97,10 @@ struct ShardableCost {
   core::LinearCost forwardSeconds;   // of the blocks' forwardSeconds: the sharded operations
   core::LinearCost backwardSeconds;  // of the blocks' backwardSeconds
   core::LinearCost activationBytes;  // of the blocks' activationBytes
-  double paramBytes = 0;             // of the blocks' own paramBytes (never a SharedParam)
+  // Of the blocks' own paramBytes, and the bytes of a table tied to a vocabulary embedding and
+  // an LM head, a SharedParam each end splits (Note [Tied tables across stages] in
+  // staging/gradient_sync.h); negative only in a correction (ShardableSpan::correction).
+  double paramBytes = 0;
   // Column-then-row pairs (an MLP, an attention block) in the block: one all-reduce of the row
   // part's output forward and one of its gradient backward each.
   int allreducePairs = 0;
@@ -130,6 +133,10 @@ struct ShardableSpan {
   static int slot(int t) { return t <= 2 ? 0 : t <= 4 ? 1 : 2; }
   // `cost` with its member times at degree t (> 1).
   ShardableCost costAt(int t) const;
+  // A tied table's correction: a span over both ends of the table whose only cost is minus the
+  // table's bytes, so that a stage sharding both ends splits it once. It shards nothing itself
+  // (no time, no all-reduce).
+  bool correction() const { return cost.paramBytes < 0; }
 };
 
 // Costs of one block of the linear block sequence. Times and bytes grow with the per-replica

@@ -53,12 +53,23 @@ void PlanRequest::validate() const {
     AUTOSTAGE_CHECK_AS(PlanError,
                        0 <= s.firstBlock && s.firstBlock <= s.lastBlock &&
                            s.lastBlock < static_cast<int>(blocks.size()) &&
-                           s.lastBlock >= previousLast && s.cost.paramBytes >= 0 &&
-                           s.cost.allreducePairs >= 0,
+                           s.lastBlock >= previousLast && s.cost.allreducePairs >= 0,
                        "plan request: shardable span over blocks ", s.firstBlock, "..", s.lastBlock,
                        " (", s.cost.paramBytes, " parameter bytes, ", s.cost.allreducePairs,
-                       " pairs) must lie within the ", blocks.size(), " blocks, ascending by its "
-                       "last block, with bytes and pairs >= 0");
+                       " pairs) must lie within the ", blocks.size(),
+                       " blocks, ascending by its "
+                       "last block, with pairs >= 0");
+    const ShardableCost& c = s.cost;
+    const auto none = [](const core::LinearCost& x) { return x.fixed == 0 && x.perSample == 0; };
+    AUTOSTAGE_CHECK_AS(PlanError,
+                       !s.correction() || (c.allreducePairs == 0 && none(c.forwardSeconds) &&
+                                           none(c.backwardSeconds) && none(c.activationBytes) &&
+                                           none(c.allreduceBytes) && !s.measured[0] &&
+                                           !s.measured[1] && !s.measured[2]),
+                       "plan request: shardable span over blocks ", s.firstBlock, "..", s.lastBlock,
+                       " has ", c.paramBytes,
+                       " parameter bytes: a span with "
+                       "negative bytes is a tied table's correction and must have no other cost");
     for (int t : {2, 4, 8}) {  // the search's lower bounds need no more than the whole
       const auto& m = s.measured[ShardableSpan::slot(t)];
       auto within = [](const core::LinearCost& part, const core::LinearCost& whole) {

@@ -37,19 +37,22 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
       auto it = blocking.replicatedAt.find(t);
       if (it == blocking.replicatedAt.end()) continue;
       const std::vector<std::string>& lines = it->second;
-      AUTOSTAGE_CHECK_AS(ConfigError,
-                         lines.size() < r.shardable.size() || options.tensorParallel == "auto",
-                         "option tensor_parallel=", t, " cannot be planned: none of the ",
-                         r.shardable.size(), " pattern(s) of graph ", graph.name(), " splits over ",
-                         t, " ranks (e.g. ", lines.front(), "); set tensor_parallel=auto or a ",
-                         "degree they split at");
-      core::logger("Decomposer")->info("tensor_parallel: {} of {} pattern(s) stay replicated in "
-                                       "a group of {} ranks, e.g. {}", lines.size(),
-                                       r.shardable.size(), t, lines.front());
+      AUTOSTAGE_CHECK_AS(
+          ConfigError, lines.size() < blocking.patterns || options.tensorParallel == "auto",
+          "option tensor_parallel=", t, " cannot be planned: none of the ", blocking.patterns,
+          " pattern(s) of graph ", graph.name(), " splits over ", t, " ranks (e.g. ", lines.front(),
+          "); set tensor_parallel=auto or a ", "degree they split at");
+      core::logger("Decomposer")
+          ->info(
+              "tensor_parallel: {} of {} pattern(s) stay replicated in "
+              "a group of {} ranks, e.g. {}",
+              lines.size(), blocking.patterns, t, lines.front());
     }
-    core::logger("Decomposer")->info("tensor_parallel={}: {} pattern(s) to shard in graph {} "
-                                     "(Note [Tensor-parallel patterns])",
-                                     options.tensorParallel, r.shardable.size(), graph.name());
+    core::logger("Decomposer")
+        ->info(
+            "tensor_parallel={}: {} pattern(s) to shard in graph {} "
+            "(Note [Tensor-parallel patterns])",
+            options.tensorParallel, blocking.patterns, graph.name());
   }
   r.comm = profile.comm;
   r.devices = cluster.devices;

@@ -414,9 +414,13 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
   // The degrees each pattern splits at, by the runtime's own check (tensor_parallel_split.h).
   const SplitDegrees split = splitDegrees(g, patterns);
   b.replicatedAt = split.replicated;
-  for (size_t i = 0; i < patterns.size(); ++i) {
-    const ShardPattern& pattern = patterns[i];
-    ShardableSpan span{b.blockCount(), -1, {}, split.degrees[i]};
+  b.patterns = patterns.size();
+  // The span of `nodes` (a pattern, or one end of a tied one) at `degrees`; `table`: the bytes
+  // of a tied table it splits besides its own parameters (read by the other end too). False
+  // when no node of it heads a group.
+  auto addSpan = [&](const ShardPattern& pattern, const std::vector<NodeId>& nodes,
+                     unsigned degrees, double table, const core::LinearCost& allreduced) {
+    ShardableSpan span{b.blockCount(), -1, {}, degrees};
     ShardableCost& s = span.cost;
     std::map<ValueId, int> inPattern;
     // Note [Tensor-parallel profile] (profiler/split_profile.h): a group's measured times on one
@@ -424,7 +428,7 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     // no more than those), else the whole ones / t.
     std::array<ShardableSpan::MemberTimes, 3> member;
     std::array<bool, 3> anyMeasured{};
-    for (NodeId n : pattern.nodes) {
+    for (NodeId n : nodes) {
       const int gi = groupOf[n];
       if (gi < 0) continue;  // not a group's main node: no cost of its own
       span.firstBlock = std::min(span.firstBlock, blockOf[gi]);
@@ -458,23 +462,68 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
         ++inPattern[p];
       }
     }
-    if (span.lastBlock < 0) continue;
+    if (span.lastBlock < 0) return span;
     for (int k = 0; k < 3; ++k)
       if (anyMeasured[k]) span.measured[k] = member[k];
     for (const auto& [param, count] : inPattern) {
       const int64_t bytes = g.value(param).type.bytes();
       if (count == paramGroups[param] && bytes > 0) s.paramBytes += static_cast<double>(bytes);
     }
+    s.paramBytes += table;
     s.allreducePairs = 1;
-    if (pattern.vocabulary == ShardPattern::Vocabulary::None) {
-      s.allreduceBytes = valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0));
-    } else {  // each all-reduce as a pair of half its bytes each way
-      core::LinearCost bytes = valueBytes(g, profile, pattern.allreduced);
-      if (pattern.tiedEmbedding != core::kNoNode)
-        add(bytes, valueBytes(g, profile, g.node(pattern.tiedEmbedding).outputs.at(0)));
-      s.allreduceBytes = {bytes.fixed / 2, bytes.perSample / 2};
-    }
+    s.allreduceBytes = allreduced;
     spans.push_back(span);
+    return span;
+  };
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    const ShardPattern& pattern = patterns[i];
+    if (pattern.vocabulary == ShardPattern::Vocabulary::None) {
+      addSpan(pattern, pattern.nodes, split.degrees[i], 0,
+              valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0)));
+      continue;
+    }
+    // A vocabulary pattern's one all-reduce as a pair of half its bytes each way.
+    auto half = [&](ValueId v) {
+      const core::LinearCost bytes = valueBytes(g, profile, v);
+      return core::LinearCost{bytes.fixed / 2, bytes.perSample / 2};
+    };
+    if (pattern.tiedEmbedding == core::kNoNode) {
+      addSpan(pattern, pattern.nodes, split.degrees[i], 0, half(pattern.allreduced));
+      continue;
+    }
+    // Note [Tied tables across stages]: each end splits the table in the stage holding it; a
+    // stage holding both counts it once (the third span, over both, takes one back).
+    const NodeId embedding = pattern.tiedEmbedding;
+    const ValueId table = g.node(embedding).inputs.at(0);
+    const double tableBytes =
+        static_cast<double>(std::max<int64_t>(0, g.value(table).type.bytes()));
+    std::vector<NodeId> headNodes;
+    for (NodeId n : pattern.nodes)
+      if (n != embedding) headNodes.push_back(n);
+    const ShardableSpan head =
+        addSpan(pattern, headNodes, split.degrees[i], tableBytes, half(pattern.allreduced));
+    const ShardableSpan embedded = addSpan(pattern, {embedding}, split.degrees[i], tableBytes,
+                                           half(g.node(embedding).outputs.at(0)));
+    if (head.lastBlock < 0 || embedded.lastBlock < 0 || tableBytes <= 0) continue;
+    // The runtime splits the embedding's end alone only in a stage holding no other reader of
+    // the table (planPatterns), and both ends when it holds the whole head as well: the
+    // correction runs from the embedding to the first block reading the table after it, so a
+    // stage holding the embedding and that block counts the table split once, or not at all.
+    int reader = b.blockCount();
+    for (size_t gi = 0; gi < b.groups.size(); ++gi) {
+      if (blockOf[gi] < embedded.firstBlock || blockOf[gi] >= reader) continue;
+      const AtomicGroup& group = b.groups[gi];
+      auto reads = [&](NodeId n) {
+        const std::vector<ValueId>& in = g.node(n).inputs;
+        return n != embedding && std::find(in.begin(), in.end(), table) != in.end();
+      };
+      if (reads(group.main) || std::any_of(group.attached.begin(), group.attached.end(), reads))
+        reader = blockOf[gi];
+    }
+    if (reader == b.blockCount()) continue;
+    ShardableSpan both{embedded.firstBlock, reader, {}, split.degrees[i]};
+    both.cost.paramBytes = -tableBytes;
+    spans.push_back(both);
   }
   // Note [Tensor-parallel working memory]: what the groups outside every pattern need, per
   // block holding a pattern's group.

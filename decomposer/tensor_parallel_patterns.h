@@ -39,8 +39,11 @@
 //     loss all-reduces a few values per row forward, and the head's input gradient is
 //     all-reduced backward.
 // An LM head whose table a vocabulary embedding also reads (tied, as GPT-2's and Megatron's)
-// takes that embedding into its pattern (ShardPattern::tiedEmbedding): the table is split once,
-// by rows, for both, and only a stage holding both ends shards them.
+// takes that embedding into its pattern (ShardPattern::tiedEmbedding): a stage holding both ends
+// splits the table once, by rows, for both; a stage holding one end (a pipeline's first or
+// last) splits it for that end alone, at its own degree, and the runtime sums the table's
+// gradient over both ends row by row (Note [Tied tables across stages] in
+// staging/gradient_sync.h), as Megatron does for the copies on its first and last stages.
 // Position embeddings (fewer rows) stay replicated.
 // What matches nothing is left replicated, never guessed: e.g. an LM head whose logits are returned
 // rather than fed to a loss (transformers' models return them). autostage.shard_patterns(ir) lists
@@ -49,10 +52,12 @@
 // when it holds them all, at the degrees the runtime's check splits it at: splitDegrees in
 // tensor_parallel_split.h): its costs (the main nodes' profiled times and activations, but for what
 // a column-parallel linear keeps: its input, whole on every member) and its parameters (those read
-// by no node outside the pattern, the row-parallel node's 1-D bias excepted; so a vocabulary weight
-// tied to both ends stays whole), with one all-reduce pair of the row-parallel output's bytes; a
-// vocabulary pattern's one all-reduce (of the embedding's output, or of the head's input) is
-// counted as a pair of half its bytes each way.
+// by no node outside the pattern, the row-parallel node's 1-D bias excepted), with one all-reduce
+// pair of the row-parallel output's bytes; a vocabulary pattern's one all-reduce (of the
+// embedding's output, or of the head's input) is counted as a pair of half its bytes each way. A
+// tied pattern gives a span per end, each splitting the table, and a correction over both
+// (ShardableSpan::correction) taking the table back once, so a stage holding both ends counts
+// it split once.
 
 #include <string>
 #include <vector>

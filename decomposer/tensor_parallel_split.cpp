@@ -575,6 +575,54 @@ std::string planPattern(const Graph& graph, const ShardPattern& pattern,
   return "";
 }
 
+// Which end of a tied table's pattern a stage holding part of it splits alone: the head (every
+// node of the pattern but the embedding), or the embedding where no other reader of the table
+// is in the stage (a head there, not whole, reads it whole).
+enum class End { None, Head, Embedding };
+End tiedEnd(const Graph& graph, const ShardPattern& pattern, const std::vector<char>& stage) {
+  const NodeId embedding = pattern.tiedEmbedding;
+  if (stage[embedding] != 0) {
+    for (NodeId c : graph.consumers(graph.node(embedding).inputs.at(0)))
+      if (c != embedding && stage[c] != 0) return End::None;
+    return End::Embedding;
+  }
+  for (NodeId n : pattern.nodes)
+    if (n != embedding && stage[n] == 0) return End::None;
+  return End::Head;
+}
+
+// Plans the end `end` of the tied pattern `pattern` a stage holds alone (Note [Tied tables
+// across stages]); returns "" or why it stays replicated.
+std::string planTiedEnd(const Graph& graph, const ShardPattern& pattern,
+                        const std::vector<char>& stage, int degree, End end, PatternPlan& plan) {
+  const NodeId embedding = pattern.tiedEmbedding;
+  const ValueId table = graph.node(embedding).inputs.at(0);
+  const std::string name = end == End::Head
+                               ? "the vocabulary head at " + core::nodeLabel(graph, pattern.head)
+                               : "the vocabulary embedding at " + core::nodeLabel(graph, embedding);
+  // The table's gradient is summed over both ends row by row: a sparse or frequency-scaled one
+  // is not (nor is a table whose rows do not divide).
+  const std::string why = vocabularyEmbeddingProblem(graph, embedding, degree, true);
+  if (!why.empty())
+    return name + " (of a table tied to another stage) stays replicated: the embedding: " + why;
+  if (end == End::Embedding) {
+    plan.embedding = embedding;
+    plan.nodes = {embedding};
+    plan.params[table] = ParamShard{table, 0, 1};
+    return "";
+  }
+  try {
+    plan = Planner(graph, stage, degree).plan(pattern);  // the embedding counts as a reader
+  } catch (const Failure& f) {
+    return name + " stays replicated: " + f.reason;
+  } catch (const std::out_of_range&) {
+    return name + " stays replicated: an operator has unexpected operands";
+  }
+  for (NodeId n : pattern.nodes)
+    if (n != embedding) plan.nodes.push_back(n);
+  return "";
+}
+
 }  // namespace
 
 std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<NodeId>& nodes,
@@ -587,9 +635,17 @@ std::vector<PatternPlan> planPatterns(const Graph& graph, const std::vector<Node
   for (const ShardPattern& pattern : findShardPatterns(graph)) {
     const bool inside = std::all_of(pattern.nodes.begin(), pattern.nodes.end(),
                                     [&](NodeId n) { return stage[n] != 0; });
-    if (!inside) continue;
     PatternPlan plan;
-    const std::string why = planPattern(graph, pattern, stage, degree, plan);
+    std::string why;
+    if (inside) {
+      why = planPattern(graph, pattern, stage, degree, plan);
+    } else if (pattern.tiedEmbedding == core::kNoNode) {
+      continue;
+    } else {  // Note [Tied tables across stages]: one end of a tied table
+      const End end = tiedEnd(graph, pattern, stage);
+      if (end == End::None) continue;
+      why = planTiedEnd(graph, pattern, stage, degree, end, plan);
+    }
     if (why.empty()) plans.push_back(std::move(plan));
     else skipped.push_back(why);
   }

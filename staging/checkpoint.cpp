@@ -145,9 +145,12 @@ SliceLayouts sliceLayouts(const torchscript::ImportedModel& model,
   for (const core::StageDeployment& stage : deployment.stages) {
     if (stage.tensorParallel <= 1) continue;
     for (const ParamShard& shard :
-         shardedParameters(model.graph, stage.nodes, stage.tensorParallel))
-      out[names.at(shard.param)] =
-          SliceLayout{shard.dim, shard.sections, stage.tensorParallel, stage.ranks};
+         shardedParameters(model.graph, stage.nodes, stage.tensorParallel)) {
+      auto [it, added] = out.emplace(
+          names.at(shard.param),
+          SliceLayout{shard.dim, shard.sections, stage.tensorParallel, stage.ranks, {}});
+      if (!added) it->second.alsoSliced.emplace_back(stage.tensorParallel, stage.ranks);
+    }
   }
   return out;
 }

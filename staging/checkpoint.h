@@ -42,8 +42,12 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 struct SliceLayout {
   int dim = 0, sections = 1, degree = 1;
   std::vector<int> ranks;
+  // A table tied across stages (Note [Tied tables across stages] in gradient_sync.h): the other
+  // stages slicing it, as (degree, ranks); joined from the first's slices.
+  std::vector<std::pair<int, std::vector<int>>> alsoSliced;
   bool operator==(const SliceLayout& o) const {
-    return dim == o.dim && sections == o.sections && degree == o.degree && ranks == o.ranks;
+    return dim == o.dim && sections == o.sections && degree == o.degree && ranks == o.ranks &&
+           alsoSliced == o.alsoSliced;
   }
   bool operator!=(const SliceLayout& o) const { return !(*this == o); }
 };

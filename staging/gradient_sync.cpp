@@ -15,25 +15,101 @@
 
 namespace autostage::staging {
 
+at::Tensor GradientGroup::part(const at::Tensor& t, int rank) const {
+  if (!piece()) return t;
+  const auto at = std::lower_bound(ranks.begin(), ranks.end(), rank);
+  AUTOSTAGE_INTERNAL_ASSERT(at != ranks.end() && *at == rank, "rank ", rank,
+                            " is not a member of a gradient group");
+  return t.narrow(0, rows.offsets[at - ranks.begin()], rows.count);
+}
+
+namespace {
+
+// How one stage holds a parameter: `degree` 1 whole on every rank, else member i % degree of
+// `ranks` holds slice i % degree.
+struct Holding {
+  int degree = 1;
+  const std::vector<int>* ranks = nullptr;
+};
+
+// Note [Tied tables across stages]: the groups of a parameter its stages hold in different
+// slices, one per piece of rows.
+std::vector<GradientGroup> pieceGroups(const core::Graph& graph, core::ValueId param,
+                                       const std::vector<Holding>& holdings) {
+  int finest = 1;
+  for (const Holding& h : holdings) finest = std::max(finest, h.degree);
+  const core::Type& type = graph.value(param).type;
+  AUTOSTAGE_INTERNAL_ASSERT(
+      type.shapeKnown() && !type.shape().empty() && type.shape()[0] % finest == 0, "parameter ",
+      graph.value(param).name, " is sliced by rows that do not divide by ", finest);
+  const int64_t rows = type.shape()[0] / finest;
+  std::map<int, int> degreeOf;  // rank -> how it holds the parameter
+  for (const Holding& h : holdings)
+    for (int rank : *h.ranks) {
+      const auto [it, added] = degreeOf.emplace(rank, h.degree);
+      AUTOSTAGE_CHECK_AS(UnsupportedError, added || it->second == h.degree, "rank ", rank,
+                         " would hold parameter ", graph.value(param).name,
+                         " sliced two ways (tensor-parallel degrees ", it->second, " and ",
+                         h.degree, " in two of its stages); plan its stages at one degree");
+    }
+  std::vector<GradientGroup> groups;
+  for (int piece = 0; piece < finest; ++piece) {
+    std::map<int, int64_t> offsets;  // rank -> first row of the piece in its tensor
+    for (const Holding& h : holdings) {
+      const int per = finest / h.degree;  // pieces per slice
+      for (size_t i = 0; i < h.ranks->size(); ++i)
+        if (static_cast<int>(i) % h.degree == piece / per)
+          offsets[(*h.ranks)[i]] = (piece % per) * rows;
+    }
+    GradientGroup g;
+    g.params = {param};
+    g.rows.count = rows;
+    for (const auto& [rank, offset] : offsets) {
+      g.ranks.push_back(rank);
+      g.rows.offsets.push_back(offset);
+    }
+    groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+}  // namespace
+
 std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
                                           const core::Deployment& deployment) {
   std::map<core::ValueId, std::set<int>> holders;
   std::map<core::ValueId, bool> allZero;
-  // Note [Tensor-parallel gradients]: one holder set per place in a tensor-parallel group.
-  std::map<std::pair<core::ValueId, int>, std::set<int>> sliceHolders;
+  std::map<core::ValueId, std::vector<Holding>> holdings;
+  std::set<core::ValueId> slicedSomewhere;
   for (const core::StageDeployment& stage : deployment.stages) {
     std::set<core::ValueId> sliced;
     if (stage.tensorParallel > 1)
       for (const ParamShard& s : shardedParameters(graph, stage.nodes, stage.tensorParallel))
         sliced.insert(s.param);
+    slicedSomewhere.insert(sliced.begin(), sliced.end());
     for (core::ValueId p : stageParams(graph, stage)) {
       allZero.emplace(p, true).first->second &= stage.zero;
-      if (!sliced.count(p)) {
-        holders[p].insert(stage.ranks.begin(), stage.ranks.end());
+      holdings[p].push_back({sliced.count(p) ? stage.tensorParallel : 1, &stage.ranks});
+    }
+  }
+  // Note [Tensor-parallel gradients]: one holder set per place in a tensor-parallel group.
+  std::map<std::pair<core::ValueId, int>, std::set<int>> sliceHolders;
+  std::vector<GradientGroup> pieces;
+  for (const auto& [p, list] : holdings) {
+    const bool alike = std::all_of(list.begin(), list.end(), [&](const Holding& h) {
+      return h.degree == list.front().degree;
+    });
+    if (!alike) {  // Note [Tied tables across stages]
+      for (GradientGroup& g : pieceGroups(graph, p, list)) pieces.push_back(std::move(g));
+      continue;
+    }
+    for (const Holding& h : list) {
+      if (!slicedSomewhere.count(p)) {
+        holders[p].insert(h.ranks->begin(), h.ranks->end());
         continue;
       }
-      for (size_t i = 0; i < stage.ranks.size(); ++i)
-        sliceHolders[{p, static_cast<int>(i % stage.tensorParallel)}].insert(stage.ranks[i]);
+      for (size_t i = 0; i < h.ranks->size(); ++i)
+        sliceHolders[{p, static_cast<int>(i % h.degree)}].insert((*h.ranks)[i]);
     }
   }
   std::map<std::pair<std::vector<int>, bool>, std::vector<core::ValueId>> byRanks;
@@ -46,7 +122,11 @@ std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
   for (const auto& [key, ranks] : sliceHolders) add(key.first, ranks);
   for (auto& [key, params] : byRanks) std::sort(params.begin(), params.end());
   std::vector<GradientGroup> groups;
-  for (auto& [key, params] : byRanks) groups.push_back({key.first, params, key.second});
+  for (auto& [key, params] : byRanks) groups.push_back({key.first, params, key.second, {}});
+  for (GradientGroup& g : pieces) groups.push_back(std::move(g));
+  std::stable_sort(
+      groups.begin(), groups.end(),
+      [](const GradientGroup& a, const GradientGroup& b) { return a.ranks < b.ranks; });
   return groups;
 }
 
@@ -112,9 +192,9 @@ int GradientSync::run(comm::Backend& backend, const ParamStorage& params) const 
       const at::Tensor& p = params.tensor(id);
       if (p.requires_grad()) {
         if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-        grads.push_back(p.mutable_grad());
+        grads.push_back(group.part(p.mutable_grad(), backend.rank()));
       } else if (at::isFloatingType(p.scalar_type())) {
-        buffers.push_back(p);  // Note [Buffers across replicas]
+        buffers.push_back(group.part(p, backend.rank()));  // Note [Buffers across replicas]
       }
     }
     calls += group.sharded ? scatterAll(backend, commGroup, grads)
@@ -138,7 +218,7 @@ double GradientSync::globalNorm(comm::Backend& backend, const ParamStorage& para
     for (core::ValueId id : group.params) {
       const at::Tensor& p = params.tensor(id);
       if (p.requires_grad() && p.grad().defined())
-        squares += p.grad().to(at::kDouble).pow(2).sum().item<double>();
+        squares += group.part(p.grad(), backend.rank()).to(at::kDouble).pow(2).sum().item<double>();
     }
   }
   at::Tensor total =

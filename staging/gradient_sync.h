@@ -52,6 +52,21 @@
 // first (Executor::allreduceGrads): the sum then counts each replica once. The global norm
 // counts each slice once (the lowest rank of each slice's set) and each whole parameter once.
 
+//
+// Note [Tied tables across stages]
+// A table tied to a vocabulary embedding and an LM head (Note [Tensor-parallel patterns] in
+// decomposer/tensor_parallel_patterns.h) is read by two stages when a pipeline puts its ends
+// apart, and each stage shards its end at its own degree (decomposer::planPatterns): member j of
+// a stage of degree t holds rows [j V/t, (j+1) V/t), a stage not sharding it the whole table.
+// Where every holder slices it alike, its slices are summed as any sliced parameter's (Note
+// [Tensor-parallel gradients]). Where they do not (degrees 1, 2, 4, 8: each a power of two, the
+// rows dividing by each), the rows are cut in T pieces, T the largest degree, and piece i is
+// summed over every rank whose rows hold it, each reading it as rows of its own tensor
+// (GradientGroup::rows): a stage of degree t has piece i on member i / (T / t), at row
+// (i mod (T / t)) V/T. Such a group is never sharded by ZeRO-1 (its members step it whole), and
+// the global norm counts each piece once. A rank holding the table in two stages must hold it
+// alike in both (one tensor per parameter on a rank).
+
 #include <cstdint>
 #include <vector>
 
@@ -66,6 +81,15 @@ struct GradientGroup {
   std::vector<int> ranks;               // ascending world ranks holding the parameters
   std::vector<core::ValueId> params;    // graph parameter inputs, ascending
   bool sharded = false;                 // ZeRO-1 (Note [ZeRO-1])
+  // Note [Tied tables across stages]: a piece of rows of params[0] (its only parameter), at
+  // rows.offsets[k] of ranks[k]'s tensor. Empty offsets: the parameters whole.
+  struct Rows {
+    int64_t count = 0;
+    std::vector<int64_t> offsets;
+  } rows;
+  bool piece() const { return !rows.offsets.empty(); }
+  // What rank `rank` (a member) sums of `t` (a parameter or its gradient) in this group.
+  at::Tensor part(const at::Tensor& t, int rank) const;
 };
 
 // A piece of one parameter a ZeRO-1 member owns: elements [offset, offset + length) of the

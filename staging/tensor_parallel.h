@@ -24,8 +24,10 @@
 // dimension with another, a size computed from an unsharded tensor) stays replicated, never
 // guessed, and is named by `skipped`. A vocabulary embedding whose table nothing else reads
 // runs as `autostage::tp_embedding`: each member holds 1/t of the rows (Megatron's
-// VocabParallelEmbedding). An LM head whose weight nothing else reads, or only a
-// vocabulary embedding the stage also holds (a tied table: split once, by rows, for both), is
+// VocabParallelEmbedding), and so does one whose table only an LM head in another stage also
+// reads (Note [Tied tables across stages] in gradient_sync.h). An LM head whose weight nothing
+// else reads, or only a vocabulary embedding (a tied table: split once, by rows, for both where
+// the stage holds both, else for the head alone), is
 // column-parallel over the vocabulary (its input through tp_copy, rows [j V/t, (j+1) V/t) of its
 // weight); the split logits are followed to the loss, whose log-softmax and loss become
 // `autostage::tp_log_softmax`, `tp_nll_loss` or `tp_cross_entropy` (Note [Vocabulary-parallel

@@ -230,6 +230,10 @@ TEST_CASE("the planner's own plan for Megatron-LM's 1T GPT is no slower than Meg
                                    << own.simulation.iterationSeconds << " s, published "
                                    << run.stepSeconds() << " s");
   CHECK(own.simulation.iterationSeconds <= megatron.simulation.iterationSeconds);
+  // Megatron's configuration predicted within 30% of its published step (1.23x, Note [Device
+  // presets]); 1.48x while the LM head, tied to the first stage's embedding, ran whole on the
+  // last stage (Note [Tied tables across stages]).
+  CHECK(megatron.simulation.iterationSeconds < 1.3 * run.stepSeconds());
 }
 
 TEST_CASE("Megatron-LM's 530B GPT plans as Megatron ran it, micro-batches of one sample",

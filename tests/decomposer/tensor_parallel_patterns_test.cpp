@@ -241,15 +241,52 @@ TEST_CASE("a GPT's vocabulary embedding and LM head are split over the vocabular
   REQUIRE(tied.graph.node(head.head).kind == "aten::matmul");
   REQUIRE(tied.graph.node(head.nodes.back()).kind == "aten::cross_entropy");
   const Blocking tb = buildBlocking(tied.graph, tied.profile, 256, 8, true);
-  REQUIRE(tb.request.shardable.size() == tiedPatterns.size());
-  const ShardableSpan& span = tb.request.shardable.back();  // the last to end
-  CHECK(span.firstBlock == 0);
-  CHECK(span.cost.paramBytes == Approx(table * (1 + 1.0 / 256)));  // the table + the head's bias
+  // Note [Tied tables across stages]: a span per end, each splitting the table, and a correction
+  // over both taking one table back.
+  REQUIRE(tb.patterns == tiedPatterns.size());
+  REQUIRE(tb.request.shardable.size() == tiedPatterns.size() + 2);
+  const ShardableSpan *embeddingEnd = nullptr, *headEnd = nullptr, *both = nullptr;
   const core::LinearCost embedded =
       valueBytes(tied.graph, tied.profile, tied.graph.node(head.tiedEmbedding).outputs[0]);
   const core::LinearCost headInput = valueBytes(tied.graph, tied.profile, head.allreduced);
-  CHECK(span.cost.allreduceBytes.perSample ==
-        Approx((embedded.perSample + headInput.perSample) / 2));
+  for (const ShardableSpan& s : tb.request.shardable) {  // ascending by their last blocks
+    if (s.correction())
+      both = &s;
+    else if (s.cost.paramBytes >= table)
+      (embeddingEnd ? headEnd : embeddingEnd) = &s;
+  }
+  REQUIRE(embeddingEnd);
+  REQUIRE(headEnd);
+  REQUIRE(both);
+  CHECK(embeddingEnd->cost.allreduceBytes.perSample == Approx(embedded.perSample / 2));
+  CHECK(headEnd->cost.allreduceBytes.perSample == Approx(headInput.perSample / 2));
+  const int last = tb.blockCount() - 1;
+  CHECK(embeddingEnd->firstBlock == 0);
+  CHECK(embeddingEnd->cost.paramBytes == Approx(table));
+  CHECK(headEnd->lastBlock == last);
+  CHECK(headEnd->firstBlock > embeddingEnd->lastBlock);
+  CHECK(headEnd->cost.paramBytes ==
+        Approx(table * (1 + 1.0 / 256)));  // the table + the head's bias
+  CHECK(both->firstBlock == 0);
+  CHECK(both->lastBlock >= headEnd->firstBlock);  // the first block reading the table after it
+  CHECK(both->lastBlock < last);
+  CHECK(both->cost.paramBytes == Approx(-table));
+  CHECK(both->cost.allreducePairs == 0);
+  // A stage holding one end splits the whole table; one holding both splits it once.
+  PlanRequest request = tb.request;
+  request.options.tensorParallel = "auto";
+  const RangeIndex index(request);
+  auto split = [&](int first, int lastBlock) { return index.shardable(first, lastBlock, 2); };
+  const double layers = split(embeddingEnd->lastBlock + 1, headEnd->firstBlock - 1).paramBytes;
+  CHECK(split(0, embeddingEnd->lastBlock).paramBytes == Approx(table));
+  CHECK(split(headEnd->firstBlock, last).paramBytes == Approx(table * (1 + 1.0 / 256)));
+  CHECK(split(0, last).paramBytes == Approx(table * (1 + 1.0 / 256) + layers));
+  CHECK(split(0, last).allreducePairs == 2 * 2 + 2);
+  // Holding the embedding and the head's matmul, not its loss: the table runs whole (the head
+  // reads it so), its embedding end too.
+  CHECK(split(0, both->lastBlock).paramBytes ==
+        Approx(split(embeddingEnd->lastBlock + 1, both->lastBlock).paramBytes));
+  CHECK(index.range(0, last).paramBytes >= table);
 }
 
 TEST_CASE("a pattern is counted split only at the degrees the runtime splits it at",
@@ -396,18 +433,42 @@ TEST_CASE("every block range shards at run time exactly the spans the planner co
       for (core::NodeId n : b.stageNodes(k, k)) blockOf[n] = k;
     const std::vector<ShardPattern> patterns = findShardPatterns(gpt.graph);
     const SplitDegrees split = splitDegrees(gpt.graph, patterns);
-    // The spans are the patterns' block ranges with their degrees.
-    std::vector<std::tuple<int, int, unsigned>> spans, expected;
+    // The spans are the patterns' block ranges with their degrees; a tied table's (Note [Tied
+    // tables across stages]) are its ends' and a correction from the embedding to the first
+    // block reading the table after it.
+    std::vector<std::tuple<int, int, unsigned, bool>> spans, expected;
     for (const ShardableSpan& s : b.request.shardable)
-      spans.emplace_back(s.firstBlock, s.lastBlock, s.degrees);
-    for (size_t i = 0; i < patterns.size(); ++i)
-      expected.emplace_back(blockOf[patterns[i].nodes.front()], blockOf[patterns[i].nodes.back()],
-                            split.degrees[i]);
+      spans.emplace_back(s.firstBlock, s.lastBlock, s.degrees, s.correction());
+    struct Ends {
+      int embedding = -1, reader = -1, headFirst = -1;  // blocks
+      core::NodeId headNode = core::kNoNode;            // the head end's first node
+    };
+    std::vector<Ends> ends(patterns.size());
+    for (size_t i = 0; i < patterns.size(); ++i) {
+      const ShardPattern& p = patterns[i];
+      const int last = blockOf[p.nodes.back()];
+      if (p.tiedEmbedding == core::kNoNode) {
+        expected.emplace_back(blockOf[p.nodes.front()], last, split.degrees[i], false);
+        continue;
+      }
+      Ends& e = ends[i];
+      e.embedding = blockOf[p.tiedEmbedding];
+      e.headNode = p.nodes[1];
+      e.headFirst = blockOf[e.headNode];
+      e.reader = blocks;
+      for (core::NodeId c : gpt.graph.consumers(gpt.graph.node(p.tiedEmbedding).inputs[0]))
+        if (c != p.tiedEmbedding) e.reader = std::min(e.reader, blockOf[c]);
+      REQUIRE(e.embedding < e.headFirst);
+      REQUIRE(e.reader < blocks);
+      expected.emplace_back(e.headFirst, last, split.degrees[i], false);
+      expected.emplace_back(e.embedding, e.embedding, split.degrees[i], false);
+      expected.emplace_back(e.embedding, e.reader, split.degrees[i], true);
+    }
     std::sort(spans.begin(), spans.end());
     std::sort(expected.begin(), expected.end());
     REQUIRE(spans == expected);
     REQUIRE(patterns.size() == (tied ? 2 * 2 + 1 : 2 * 2 + 2));
-    int ranges = 0, sharded = 0;
+    int ranges = 0, sharded = 0, tiedEnds = 0;
     for (int first = 0; first < blocks; ++first)
       for (int last = first; last < blocks; ++last)
         for (int t : {2, 4, 8}) {
@@ -415,8 +476,19 @@ TEST_CASE("every block range shards at run time exactly the spans the planner co
           for (size_t i = 0; i < patterns.size(); ++i) {
             const int pf = blockOf[patterns[i].nodes.front()],
                       pl = blockOf[patterns[i].nodes.back()];
-            if (first <= pf && pl <= last && ((split.degrees[i] >> t) & 1u))
+            if (((split.degrees[i] >> t) & 1u) == 0) continue;
+            if (first <= pf && pl <= last) {
               counted.push_back(patterns[i].nodes.front());
+            } else if (ends[i].embedding >= 0) {  // one end alone
+              const Ends& e = ends[i];
+              const bool embedding = first <= e.embedding && e.embedding <= last;
+              const size_t before = counted.size();
+              if (!embedding && first <= e.headFirst && pl <= last)
+                counted.push_back(e.headNode);
+              else if (embedding && last < e.reader)
+                counted.push_back(patterns[i].tiedEmbedding);
+              tiedEnds += counted.size() > before;
+            }
           }
           std::vector<std::string> skipped;
           for (const PatternPlan& p :
@@ -431,5 +503,6 @@ TEST_CASE("every block range shards at run time exactly the spans the planner co
         }
     CHECK(ranges == 3 * blocks * (blocks + 1) / 2);
     CHECK(sharded > ranges / 4);
+    if (tied) CHECK(tiedEnds > 0);
   }
 }

@@ -7,6 +7,7 @@
 // embedding and an LM head split over the vocabulary, the head's loss computed on the slices
 // (Note [Vocabulary-parallel loss]), its operators against torch's losses.
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <set>
 
@@ -497,14 +498,67 @@ TEST_CASE("a table tied to the embedding and the LM head is split once for both"
   for (const core::Node& n : stage.graph.nodes()) kinds[n.kind]++;
   CHECK(kinds["autostage::tp_embedding"] == 1);
   CHECK(kinds["autostage::tp_cross_entropy"] == 1);
-  // Held by a stage without the embedding (a pipeline's last), the head stays whole.
-  std::vector<core::NodeId> tail;
+  // Held by a stage without the embedding (a pipeline's last), the head splits the table alone
+  // (Note [Tied tables across stages]); so does a stage holding the embedding alone.
+  std::vector<core::NodeId> tail, head;
   for (const core::Node& n : model.graph.nodes())
-    if (n.kind != "aten::embedding") tail.push_back(n.id);
+    (n.kind != "aten::embedding" ? tail : head).push_back(n.id);
   ShardedStage last = shardStage(model.graph, tail, 2, 7);
-  CHECK(last.shards.empty());
-  CHECK(last.sharded == 0);
-  CHECK(last.patternNodes.empty());
+  CHECK(last.skipped.empty());
+  CHECK(last.sharded == 1);
+  REQUIRE(last.shards.size() == 1);
+  CHECK(model.graph.value(last.shards[0].param).name ==
+        model.graph.value(stage.shards[0].param).name);
+  std::map<std::string, int> lastKinds;
+  for (const core::Node& n : last.graph.nodes()) lastKinds[n.kind]++;
+  CHECK(lastKinds["autostage::tp_embedding"] == 0);
+  CHECK(lastKinds["autostage::tp_cross_entropy"] == 1);
+  ShardedStage first = shardStage(model.graph, head, 4, 7);
+  CHECK(first.sharded == 1);
+  REQUIRE(first.shards.size() == 1);
+  CHECK(first.patternNodes == head);
+}
+
+// Note [Tied tables across stages]: the tied model in 2 stages, the embedding's at degree
+// degrees[0] (ranks {0, .., n0 - 1}) and the head's at degrees[1], each stage `replicas` groups;
+// one SGD step against the plain module's on the same data.
+void runTiedAcross(std::array<int, 2> degrees, int replicas) {
+  INFO("degrees " << degrees[0] << " and " << degrees[1] << ", " << replicas << " replicas");
+  const int n0 = degrees[0] * replicas, world = n0 + degrees[1] * replicas;
+  torch::manual_seed(43);
+  at::Tensor ids = torch::randint(0, 16384, {world * kLocal, 4}, torch::kLong);
+  const at::Tensor t = torch::randint(0, 16384, {world * kLocal, 4}, torch::kLong);
+  const auto [refLoss, refState] = referenceStep(makeTiedModel, {ids, t});
+  std::vector<std::vector<int>> ranks(2);
+  for (int r = 0; r < world; ++r) ranks[r < n0 ? 0 : 1].push_back(r);
+  const PlanningCallback plan = [=](const PlanningInput& in) {
+    core::Deployment d = testing::makeDeployment(in.model.graph, ranks, in.worldSize, 2);
+    for (int s = 0; s < 2; ++s) {
+      d.stages[s].tensorParallel = degrees[s];
+      for (core::NodeId n : d.stages[s].nodes)  // the ends apart: the embedding first
+        AUTOSTAGE_CHECK(
+            in.model.graph.node(n).kind != (s == 0 ? "aten::matmul" : "aten::embedding"),
+            "the test's cut puts the tied table's ends in one stage");
+    }
+    return d;
+  };
+  const std::vector<RankResult> results = stepCopies(makeTiedModel, world, {ids, t}, plan);
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r);
+    const int degree = degrees[r < n0 ? 0 : 1];
+    CHECK(std::abs(results[r].loss - refLoss) <= 1e-5 * std::abs(refLoss));
+    CHECK(results[r].localShapes.at("table") == std::vector<int64_t>{16384 / degree, 8});
+    checkState(results[r].state, refState);  // the table's rows summed over both ends
+  }
+}
+
+TEST_CASE("a tied table split by the stages holding its ends, each at its own degree",
+          "[staging]") {
+  at::set_num_threads(1);
+  runTiedAcross({2, 2}, 1);  // sliced alike: each slice summed over its two holders
+  runTiedAcross({1, 2}, 2);  // whole on the first stage's replicas, halves on the last
+  runTiedAcross({2, 4}, 1);  // quarters summed with the halves holding them
+  runTiedAcross({4, 1}, 1);
 }
 
 TEST_CASE("tp_cross_entropy and tp_nll_loss on vocabulary slices match torch's losses",

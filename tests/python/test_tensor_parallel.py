@@ -122,6 +122,21 @@ def test_whatif_reports_the_degrees():
     assert len(row.split(",")) >= len(header.split(",")), row
 
 
+def test_optimizer_state_of_a_table_tied_across_stages_is_joined_from_one_holding():
+    """Note [Tied tables across stages]: the ranks send the table's optimizer state whole (a
+    stage not splitting it), in halves and in quarters (two stages at degrees 2 and 4); the
+    global state is one holding's, the whole one first, else the smallest degree's slices."""
+    from autostage import optimizer
+    whole = torch.arange(32.0).view(8, 4)
+    halves = [((m, 2, 0, 1, -1), whole[4 * m:4 * m + 4]) for m in range(2)]
+    quarters = [((m, 4, 0, 1, -1), whole[2 * m:2 * m + 2] + 100) for m in range(4)]  # told apart
+    assert torch.equal(optimizer._assemble(halves + quarters, (8, 4)), whole)
+    assert torch.equal(optimizer._assemble(quarters, (8, 4)), whole + 100)
+    assert torch.equal(optimizer._assemble([(-1, whole)] + quarters + halves, (8, 4)), whole)
+    with pytest.raises(_autostage.InternalError, match=r"slices \[0\] of 2"):
+        optimizer._assemble(halves[:1] + quarters, (8, 4))
+
+
 @needs_mpirun
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),

@@ -142,12 +142,25 @@ def _cut_slice(whole, dim, sections, degree, index):
                       for k in range(sections)], dim).clone()
 
 
+def _one_layout(pieces):
+    """The pieces of one holding of a table tied across stages that hold it differently (Note
+    [Tied tables across stages] in staging/gradient_sync.h: whole on some ranks, in slices of
+    different degrees on others; every holding has the same values): the whole ones if any, else
+    the slices of the smallest degree."""
+    whole = [(offset, value) for offset, value in pieces if not isinstance(offset, tuple)]
+    if whole:
+        return whole
+    degree = min(offset[1] for offset, _ in pieces)
+    return [(offset, value) for offset, value in pieces if offset[1] == degree]
+
+
 def _assemble(pieces, shape):
     """One state value of a parameter of `shape` from the (offset, value) pieces of its shards:
     an elementwise state (a 1-d tensor per piece) is put back together in the parameter's shape;
     a scalar one (e.g. Adam's step, equal on every replica) is taken from the first piece.
     Tensor-parallel slices are joined, each first put together from its ZeRO-1 pieces (Note
     [Tensor-parallel optimizer state])."""
+    pieces = _one_layout(pieces)
     offset, first = pieces[0]
     if isinstance(offset, tuple):
         _, degree, dim, sections, _ = offset
@@ -194,7 +207,8 @@ def global_state_dict(local, current_groups, all_groups, shards=None, slices=Non
             else:
                 owned.append(_encode(g, order, key, value, piece))
     gathered = _autostage._gather_from_owners(owned, "optimizer.state_dict(from_global=True)")
-    entries = sorted((_decode(name, t) for name, t in gathered), key=lambda e: e[:4])
+    entries = sorted((_decode(name, t) for name, t in gathered),
+                     key=lambda e: (*e[:3], isinstance(e[3], tuple), e[3]))
     params = {global_index[id(p)]: p for group in all_groups for p in group}
     pieces = {}
     for index, order, key, offset, value in entries:
