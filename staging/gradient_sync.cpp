@@ -38,6 +38,9 @@ std::vector<GradientGroup> pieceGroups(const core::Graph& graph, core::ValueId p
                                        const std::vector<Holding>& holdings) {
   int finest = 1;
   for (const Holding& h : holdings) finest = std::max(finest, h.degree);
+  for (const Holding& h : holdings)  // powers of two: each slice is whole pieces
+    AUTOSTAGE_INTERNAL_ASSERT(finest % h.degree == 0, "parameter ", graph.value(param).name,
+                              " is sliced at degrees ", h.degree, " and ", finest);
   const core::Type& type = graph.value(param).type;
   AUTOSTAGE_INTERNAL_ASSERT(
       type.shapeKnown() && !type.shape().empty() && type.shape()[0] % finest == 0, "parameter ",

@@ -51,7 +51,6 @@
 // set is every rank of the stage as usual, and each member divides its gradient by the degree
 // first (Executor::allreduceGrads): the sum then counts each replica once. The global norm
 // counts each slice once (the lowest rank of each slice's set) and each whole parameter once.
-
 //
 // Note [Tied tables across stages]
 // A table tied to a vocabulary embedding and an LM head (Note [Tensor-parallel patterns] in

@@ -85,6 +85,7 @@ struct RankResult {
   double loss = 0;
   std::map<std::string, at::Tensor> state;  // gathered after the step
   std::map<std::string, std::vector<int64_t>> localShapes;
+  std::map<std::string, at::Tensor> loaded;  // gathered after loading `load` (stepOnThreadRanks)
 };
 
 // Plans every stage of `ranks` (cut evenly by node count) at tensor-parallel `degree`.
@@ -101,10 +102,12 @@ PlanningCallback planAt(std::vector<std::vector<int>> ranks, int degree, int mic
 
 // One forward, backward and SGD step (kLr) of copies[r] on thread rank r of copies.size(), each
 // rank fed rows [r kLocal, (r + 1) kLocal) of every input, under `plan`'s deployment; the state
-// is gathered after the step (a collective) on every rank.
+// is gathered after the step (a collective) on every rank. With `load`, that state is then
+// loaded (load_state_dict) and gathered again.
 std::vector<RankResult> stepOnThreadRanks(std::vector<torch::jit::Module>& copies,
                                           const std::vector<at::Tensor>& inputs,
-                                          const PlanningCallback& plan) {
+                                          const PlanningCallback& plan,
+                                          const std::map<std::string, at::Tensor>& load = {}) {
   std::vector<RankResult> results(copies.size());
   testing::rethrowFirst(comm::runThreadRanks(int(copies.size()), [&](comm::ThreadBackend& backend) {
     const int rank = backend.rank();
@@ -126,6 +129,9 @@ std::vector<RankResult> stepOnThreadRanks(std::vector<torch::jit::Module>& copie
       }
     }
     for (const auto& [name, t] : module.stateDict()) result.state[name] = t;
+    if (load.empty()) return;
+    module.loadStateDict(std::vector<std::pair<std::string, at::Tensor>>(load.begin(), load.end()));
+    for (const auto& [name, t] : module.stateDict()) result.loaded[name] = t;
   }));
   return results;
 }
@@ -153,10 +159,11 @@ std::pair<double, std::map<std::string, at::Tensor>> referenceStep(
 // thread ranks under `plan` (stepOnThreadRanks).
 std::vector<RankResult> stepCopies(const std::function<torch::jit::Module()>& make, int ranks,
                                    const std::vector<at::Tensor>& inputs,
-                                   const PlanningCallback& plan) {
+                                   const PlanningCallback& plan,
+                                   const std::map<std::string, at::Tensor>& load = {}) {
   std::vector<torch::jit::Module> copies;
   for (int r = 0; r < ranks; ++r) torch::manual_seed(41), copies.push_back(make());
-  return stepOnThreadRanks(copies, inputs, plan);
+  return stepOnThreadRanks(copies, inputs, plan, load);
 }
 
 // Every parameter of `want` is in `got` and close to it.
@@ -542,13 +549,19 @@ void runTiedAcross(std::array<int, 2> degrees, int replicas) {
     }
     return d;
   };
-  const std::vector<RankResult> results = stepCopies(makeTiedModel, world, {ids, t}, plan);
+  // Loaded after the step: the initial state, cut into each rank's slices and gathered back.
+  torch::manual_seed(41);
+  std::map<std::string, at::Tensor> initial;
+  for (const auto& p : makeTiedModel().named_parameters()) initial[p.name] = p.value.detach();
+  const std::vector<RankResult> results = stepCopies(makeTiedModel, world, {ids, t}, plan, initial);
   for (int r = 0; r < world; ++r) {
     INFO("rank " << r);
     const int degree = degrees[r < n0 ? 0 : 1];
     CHECK(std::abs(results[r].loss - refLoss) <= 1e-5 * std::abs(refLoss));
     CHECK(results[r].localShapes.at("table") == std::vector<int64_t>{16384 / degree, 8});
     checkState(results[r].state, refState);  // the table's rows summed over both ends
+    checkState(results[r].loaded, initial, 0, 0);
+    CHECK_FALSE(allClose(results[r].loaded.at("table"), results[r].state.at("table"), 1e-5, 1e-6));
   }
 }
 
