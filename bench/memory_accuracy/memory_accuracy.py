@@ -63,6 +63,9 @@ CONFIGS = [
                              "tensor_parallel=2"),
     ("transformer_vocab_tied", 2, "partition_num=1 pipeline_num=2 schedule=1f1b recompute=never "
                                   "tensor_parallel=2"),
+    # The tied table's ends on two stages, each splitting it (Note [Tied tables across stages]).
+    ("transformer_vocab_tied", 4, "partition_num=2 pipeline_num=2 schedule=1f1b recompute=never "
+                                  "tensor_parallel=2"),
 ]
 
 

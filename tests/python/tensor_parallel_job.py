@@ -9,6 +9,8 @@ DistributedDataParallel does). Phases:
   head     the vocabulary model with an untied LM head and its next-token cross entropy (the
            head's rows and the loss split over the vocabulary), tp=2;
   tied     the head tied to the embedding (one table, split once by rows for both), tp=2;
+  tied_stages  the tied model in 2 stages of tp=2 on 4 ranks: the embedding's stage and the
+           head's each split the table (Note [Tied tables across stages]);
   zero     the block with ZeRO-1 too (on 4 ranks: each slice's optimizer state split over the
            two replicas);
   modes    the block (tp=2, ZeRO-1 on 4 ranks) with other deployments between its steps: an
@@ -131,7 +133,7 @@ def state_close(got, want, atol=1e-6):
     16,384 classes' terms in float32: their rounding is relative to the tensor's scale, not to
     each (maybe tiny) element, so there the absolute tolerance follows the tensor's largest."""
     got, want = torch.as_tensor(got), torch.as_tensor(want)
-    if phase in ("head", "tied"):
+    if phase in ("head", "tied", "tied_stages"):
         atol = 1e-5 * float(want.abs().max())
     if LOW:
         tolerance = dict(rtol=1e-4, atol=4e-5) if FP16 else dict(rtol=1e-3, atol=3e-4)
@@ -156,12 +158,12 @@ if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16",
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     x2 = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(6))
     steps, degree, first = 3, {"block4": 4, "resume": 1}.get(phase, 2), "q.weight"
-elif phase in ("vocabulary", "head", "tied"):
-    make = {"vocabulary": Vocabulary, "head": Head, "tied": lambda: Head(tied=True)}[phase]
+elif phase in ("vocabulary", "head", "tied", "tied_stages"):
+    make = {"vocabulary": Vocabulary, "head": Head}.get(phase, lambda: Head(tied=True))
     x = torch.randint(0, 16384, (2 * world, 4), generator=torch.Generator().manual_seed(5))
     x[0, 0], x[1, 1] = 8191, 8192  # both sides of the halves' boundary
     steps, degree = 3, 2
-    first = {"vocabulary": "emb.weight", "head": "head.weight", "tied": "body.emb.weight"}[phase]
+    first = {"vocabulary": "emb.weight", "head": "head.weight"}.get(phase, "body.emb.weight")
 else:
     def make():
         return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
@@ -175,7 +177,7 @@ local = x[rows * rank:rows * (rank + 1)]
 
 
 def optimizer_of(params):
-    if phase in ("head", "tied"):
+    if phase in ("head", "tied", "tied_stages"):
         # Not Adam: with Adam (lr 0.01) the head's weight after 3 steps was up to 1.8e-4 from
         # plain PyTorch's, where SGD agrees within 1e-5: Adam's g / (sqrt(v) + eps) magnifies
         # float rounding in the gradients of the many weights whose gradient is near zero.
@@ -190,7 +192,9 @@ def optimizer_of(params):
 optimizer = optimizer_of(model.parameters())
 # The planner may leave ranks idle for so small a block (its all-reduces cost more than the
 # replicas save); data_parallel keeps the shape these phases check: replicas of `degree` ranks.
-options = {"decomposer": "data_parallel"} if phase not in ("mlp", "auto") else {}
+options = {"decomposer": "data_parallel"} if phase not in ("mlp", "auto", "tied_stages") else {}
+if phase == "tied_stages":
+    options["partition_num"] = 2
 if phase == "zero" or (phase == "modes" and world == 4):
     options["zero"] = 1
 if LOW:

@@ -147,7 +147,7 @@ def test_optimizer_state_of_a_table_tied_across_stages_is_joined_from_one_holdin
                                      "2.5: Note [fp16 on the CPU])")),
                           ("noise", 2),
                           ("vocabulary", 2), ("head", 2),
-                          ("tied", 2), ("auto", 2)])
+                          ("tied", 2), ("tied_stages", 4), ("auto", 2)])
 def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
     log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
     for rank in range(ranks):
@@ -166,8 +166,11 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         # tensors alike (one stage, the same ranks), so switching back to a known one keeps them.
         kept = re.findall(r"(\d+) tensor-parallel slices kept", log)
         assert len(kept) >= 4 and set(kept) == {"9"}, log
-    if phase in ("vocabulary", "head", "tied"):
+    if phase in ("vocabulary", "head", "tied", "tied_stages"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
+    if phase == "tied_stages":  # Note [Tied tables across stages]: each end in its own stage
+        stages = set(re.findall(r"\[DPStaging\] \[info\] graph=(STAGE_\S+) .* tp=2 ", log))
+        assert len(stages) == 2, log
     if phase == "noise":
         assert "1 random operator(s) besides dropout draw from generators seeded alike" in log, log
 
