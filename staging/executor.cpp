@@ -116,12 +116,6 @@ void Executor::shardParameters() {
     std::set<core::ValueId> sliced;
     for (const ParamShard& shard : local.runner->shards()) {
       sliced.insert(shard.param);
-      // A table tied across two stages of this rank, sliced alike in both (Note [Tied tables
-      // across stages] in gradient_sync.h): one tensor, cut once.
-      const bool held =
-          std::any_of(heldSlices_.begin(), heldSlices_.end(),
-                      [&](const HeldSlice& h) { return h.shard.param == shard.param; });
-      if (held) continue;
       heldSlices_.push_back({params_.name(shard.param), shard, stage.tensorParallel, local.member,
                              model_.graph.value(shard.param).type.shape(), at::Tensor()});
     }

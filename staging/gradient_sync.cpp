@@ -50,10 +50,9 @@ std::vector<GradientGroup> pieceGroups(const core::Graph& graph, core::ValueId p
   for (const Holding& h : holdings)
     for (int rank : *h.ranks) {
       const auto [it, added] = degreeOf.emplace(rank, h.degree);
-      AUTOSTAGE_CHECK_AS(UnsupportedError, added || it->second == h.degree, "rank ", rank,
-                         " would hold parameter ", graph.value(param).name,
-                         " sliced two ways (tensor-parallel degrees ", it->second, " and ",
-                         h.degree, " in two of its stages); plan its stages at one degree");
+      AUTOSTAGE_INTERNAL_ASSERT(added, "rank ", rank, " holds parameter ", graph.value(param).name,
+                                " in two stages (tensor-parallel degrees ", it->second, " and ",
+                                h.degree, ")");
     }
   std::vector<GradientGroup> groups;
   for (int piece = 0; piece < finest; ++piece) {

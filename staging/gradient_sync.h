@@ -63,8 +63,8 @@
 // summed over every rank whose rows hold it, each reading it as rows of its own tensor
 // (GradientGroup::rows): a stage of degree t has piece i on member i / (T / t), at row
 // (i mod (T / t)) V/T. Such a group is never sharded by ZeRO-1 (its members step it whole), and
-// the global norm counts each piece once. A rank holding the table in two stages must hold it
-// alike in both (one tensor per parameter on a rank).
+// the global norm counts each piece once. No rank holds both ends: interleaving, the only plan
+// giving a rank two stages, puts the first and the last on different pipeline positions.
 
 #include <cstdint>
 #include <vector>

@@ -103,11 +103,13 @@ PlanningCallback planAt(std::vector<std::vector<int>> ranks, int degree, int mic
 // One forward, backward and SGD step (kLr) of copies[r] on thread rank r of copies.size(), each
 // rank fed rows [r kLocal, (r + 1) kLocal) of every input, under `plan`'s deployment; the state
 // is gathered after the step (a collective) on every rank. With `load`, that state is then
-// loaded (load_state_dict) and gathered again.
+// loaded (load_state_dict) and gathered again. `trainStep`: the loss and its backward through
+// Module::trainStep (a 1F1B or interleaved plan), not forward() then backward().
 std::vector<RankResult> stepOnThreadRanks(std::vector<torch::jit::Module>& copies,
                                           const std::vector<at::Tensor>& inputs,
                                           const PlanningCallback& plan,
-                                          const std::map<std::string, at::Tensor>& load = {}) {
+                                          const std::map<std::string, at::Tensor>& load = {},
+                                          bool trainStep = false) {
   std::vector<RankResult> results(copies.size());
   testing::rethrowFirst(comm::runThreadRanks(int(copies.size()), [&](comm::ThreadBackend& backend) {
     const int rank = backend.rank();
@@ -117,8 +119,13 @@ std::vector<RankResult> stepOnThreadRanks(std::vector<torch::jit::Module>& copie
     Module module(copies[rank], options);
     std::vector<c10::IValue> local;
     for (const at::Tensor& t : inputs) local.emplace_back(t.narrow(0, rank * kLocal, kLocal));
-    at::Tensor loss = module.forward(local)[0];
-    loss.backward();
+    at::Tensor loss;
+    if (trainStep) {
+      loss = module.trainStep(local)[0];
+    } else {
+      loss = module.forward(local)[0];
+      loss.backward();
+    }
     RankResult& result = results[rank];
     result.loss = loss.item<double>();
     {
@@ -160,10 +167,11 @@ std::pair<double, std::map<std::string, at::Tensor>> referenceStep(
 std::vector<RankResult> stepCopies(const std::function<torch::jit::Module()>& make, int ranks,
                                    const std::vector<at::Tensor>& inputs,
                                    const PlanningCallback& plan,
-                                   const std::map<std::string, at::Tensor>& load = {}) {
+                                   const std::map<std::string, at::Tensor>& load = {},
+                                   bool trainStep = false) {
   std::vector<torch::jit::Module> copies;
   for (int r = 0; r < ranks; ++r) torch::manual_seed(41), copies.push_back(make());
-  return stepOnThreadRanks(copies, inputs, plan, load);
+  return stepOnThreadRanks(copies, inputs, plan, load, trainStep);
 }
 
 // Every parameter of `want` is in `got` and close to it.
