@@ -57,19 +57,26 @@ void PlanRequest::validate() const {
                        "plan request: shardable span over blocks ", s.firstBlock, "..", s.lastBlock,
                        " (", s.cost.paramBytes, " parameter bytes, ", s.cost.allreducePairs,
                        " pairs) must lie within the ", blocks.size(),
-                       " blocks, ascending by its "
-                       "last block, with pairs >= 0");
+                       " blocks, ascending by its last block, with pairs >= 0");
     const ShardableCost& c = s.cost;
     const auto none = [](const core::LinearCost& x) { return x.fixed == 0 && x.perSample == 0; };
+    // A correction takes back what spans within it count (a tied table's second end), no more.
+    double within = 0;
+    for (size_t k = 0; s.correction() && k < shardable.size(); ++k) {
+      const ShardableSpan& o = shardable[k];
+      if (!o.correction() && s.firstBlock <= o.firstBlock && o.lastBlock <= s.lastBlock)
+        within += o.cost.paramBytes;
+    }
     AUTOSTAGE_CHECK_AS(PlanError,
-                       !s.correction() || (c.allreducePairs == 0 && none(c.forwardSeconds) &&
-                                           none(c.backwardSeconds) && none(c.activationBytes) &&
-                                           none(c.allreduceBytes) && !s.measured[0] &&
-                                           !s.measured[1] && !s.measured[2]),
+                       !s.correction() ||
+                           (c.allreducePairs == 0 && none(c.forwardSeconds) &&
+                            none(c.backwardSeconds) && none(c.activationBytes) &&
+                            none(c.allreduceBytes) && !s.measured[0] && !s.measured[1] &&
+                            !s.measured[2] && -c.paramBytes <= within),
                        "plan request: shardable span over blocks ", s.firstBlock, "..", s.lastBlock,
-                       " has ", c.paramBytes,
-                       " parameter bytes: a span with "
-                       "negative bytes is a tied table's correction and must have no other cost");
+                       " has ", c.paramBytes, " parameter bytes: a span with negative bytes is a "
+                       "tied table's correction, with no other cost and taking back no more than "
+                       "the ", within, " bytes the spans within it count");
     for (int t : {2, 4, 8}) {  // the search's lower bounds need no more than the whole
       const auto& m = s.measured[ShardableSpan::slot(t)];
       auto within = [](const core::LinearCost& part, const core::LinearCost& whole) {

@@ -287,6 +287,24 @@ TEST_CASE("a GPT's vocabulary embedding and LM head are split over the vocabular
   CHECK(split(0, both->lastBlock).paramBytes ==
         Approx(split(embeddingEnd->lastBlock + 1, both->lastBlock).paramBytes));
   CHECK(index.range(0, last).paramBytes >= table);
+  // The correction survives the request's text form (the planning service's); one taking back
+  // more than the spans within it count, or with a cost of its own, is refused, naming it.
+  request.devices = request.devicesPerNode = 8;
+  request.deviceMemory = 1e12;
+  request.batchSize = 8;
+  request.validate();
+  const PlanRequest back = PlanRequest::parse(request.toText());
+  REQUIRE(back.shardable.size() == request.shardable.size());
+  CHECK(std::count_if(back.shardable.begin(), back.shardable.end(),
+                      [](const ShardableSpan& s) { return s.correction(); }) == 1);
+  const size_t k = static_cast<size_t>(both - tb.request.shardable.data());
+  PlanRequest bad = request;
+  bad.shardable[k].cost.paramBytes = -2 * table;
+  REQUIRE_THROWS_WITH(bad.validate(), Catch::Contains("tied table's correction") &&
+                                          Catch::Contains("taking back no more than"));
+  bad = request;
+  bad.shardable[k].cost.allreducePairs = 1;
+  REQUIRE_THROWS_WITH(bad.validate(), Catch::Contains("tied table's correction"));
 }
 
 TEST_CASE("a pattern is counted split only at the degrees the runtime splits it at",
