@@ -67,16 +67,18 @@ void PlanRequest::validate() const {
       if (!o.correction() && s.firstBlock <= o.firstBlock && o.lastBlock <= s.lastBlock)
         within += o.cost.paramBytes;
     }
-    AUTOSTAGE_CHECK_AS(PlanError,
-                       !s.correction() ||
-                           (c.allreducePairs == 0 && none(c.forwardSeconds) &&
-                            none(c.backwardSeconds) && none(c.activationBytes) &&
-                            none(c.allreduceBytes) && !s.measured[0] && !s.measured[1] &&
-                            !s.measured[2] && -c.paramBytes <= within),
-                       "plan request: shardable span over blocks ", s.firstBlock, "..", s.lastBlock,
-                       " has ", c.paramBytes, " parameter bytes: a span with negative bytes is a "
-                       "tied table's correction, with no other cost and taking back no more than "
-                       "the ", within, " bytes the spans within it count");
+    AUTOSTAGE_CHECK_AS(
+        PlanError,
+        !s.correction() ||
+            (c.allreducePairs == 0 && none(c.forwardSeconds) && none(c.backwardSeconds) &&
+             none(c.activationBytes) && none(c.allreduceBytes) && !s.measured[0] &&
+             !s.measured[1] && !s.measured[2] && -c.paramBytes <= within),
+        "plan request: shardable span over blocks ", s.firstBlock, "..", s.lastBlock, " has ",
+        c.paramBytes,
+        " parameter bytes: a span with negative bytes is a "
+        "tied table's correction, with no other cost and taking back no more than "
+        "the ",
+        within, " bytes the spans within it count");
     for (int t : {2, 4, 8}) {  // the search's lower bounds need no more than the whole
       const auto& m = s.measured[ShardableSpan::slot(t)];
       auto within = [](const core::LinearCost& part, const core::LinearCost& whole) {
