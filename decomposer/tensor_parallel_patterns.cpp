@@ -415,9 +415,9 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
   const SplitDegrees split = splitDegrees(g, patterns);
   b.replicatedAt = split.replicated;
   b.patterns = patterns.size();
-  // The span of `nodes` (a pattern, or one end of a tied one) at `degrees`; `table`: the bytes
-  // of a tied table it splits besides its own parameters (read by the other end too). False
-  // when no node of it heads a group.
+  // Adds the span of `nodes` (a pattern, or one end of a tied one) at `degrees`; `table`: the
+  // bytes of a tied table it splits besides its own parameters (read by the other end too).
+  // Returns it; with lastBlock -1, not added, when no node of it heads a group.
   auto addSpan = [&](const ShardPattern& pattern, const std::vector<NodeId>& nodes,
                      unsigned degrees, double table, const core::LinearCost& allreduced) {
     ShardableSpan span{b.blockCount(), -1, {}, degrees};
