@@ -103,13 +103,11 @@ PlanningCallback planAt(std::vector<std::vector<int>> ranks, int degree, int mic
 // One forward, backward and SGD step (kLr) of copies[r] on thread rank r of copies.size(), each
 // rank fed rows [r kLocal, (r + 1) kLocal) of every input, under `plan`'s deployment; the state
 // is gathered after the step (a collective) on every rank. With `load`, that state is then
-// loaded (load_state_dict) and gathered again. `trainStep`: the loss and its backward through
-// Module::trainStep (a 1F1B or interleaved plan), not forward() then backward().
+// loaded (load_state_dict) and gathered again.
 std::vector<RankResult> stepOnThreadRanks(std::vector<torch::jit::Module>& copies,
                                           const std::vector<at::Tensor>& inputs,
                                           const PlanningCallback& plan,
-                                          const std::map<std::string, at::Tensor>& load = {},
-                                          bool trainStep = false) {
+                                          const std::map<std::string, at::Tensor>& load = {}) {
   std::vector<RankResult> results(copies.size());
   testing::rethrowFirst(comm::runThreadRanks(int(copies.size()), [&](comm::ThreadBackend& backend) {
     const int rank = backend.rank();
@@ -119,13 +117,8 @@ std::vector<RankResult> stepOnThreadRanks(std::vector<torch::jit::Module>& copie
     Module module(copies[rank], options);
     std::vector<c10::IValue> local;
     for (const at::Tensor& t : inputs) local.emplace_back(t.narrow(0, rank * kLocal, kLocal));
-    at::Tensor loss;
-    if (trainStep) {
-      loss = module.trainStep(local)[0];
-    } else {
-      loss = module.forward(local)[0];
-      loss.backward();
-    }
+    at::Tensor loss = module.forward(local)[0];
+    loss.backward();
     RankResult& result = results[rank];
     result.loss = loss.item<double>();
     {
@@ -167,11 +160,10 @@ std::pair<double, std::map<std::string, at::Tensor>> referenceStep(
 std::vector<RankResult> stepCopies(const std::function<torch::jit::Module()>& make, int ranks,
                                    const std::vector<at::Tensor>& inputs,
                                    const PlanningCallback& plan,
-                                   const std::map<std::string, at::Tensor>& load = {},
-                                   bool trainStep = false) {
+                                   const std::map<std::string, at::Tensor>& load = {}) {
   std::vector<torch::jit::Module> copies;
   for (int r = 0; r < ranks; ++r) torch::manual_seed(41), copies.push_back(make());
-  return stepOnThreadRanks(copies, inputs, plan, load, trainStep);
+  return stepOnThreadRanks(copies, inputs, plan, load);
 }
 
 // Every parameter of `want` is in `got` and close to it.
@@ -515,9 +507,9 @@ TEST_CASE("a table tied to the embedding and the LM head is split once for both"
   CHECK(kinds["autostage::tp_cross_entropy"] == 1);
   // Held by a stage without the embedding (a pipeline's last), the head splits the table alone
   // (Note [Tied tables across stages]); so does a stage holding the embedding alone.
-  std::vector<core::NodeId> tail, head;
+  std::vector<core::NodeId> tail, front;
   for (const core::Node& n : model.graph.nodes())
-    (n.kind != "aten::embedding" ? tail : head).push_back(n.id);
+    (n.kind != "aten::embedding" ? tail : front).push_back(n.id);
   ShardedStage last = shardStage(model.graph, tail, 2, 7);
   CHECK(last.skipped.empty());
   CHECK(last.sharded == 1);
@@ -528,10 +520,10 @@ TEST_CASE("a table tied to the embedding and the LM head is split once for both"
   for (const core::Node& n : last.graph.nodes()) lastKinds[n.kind]++;
   CHECK(lastKinds["autostage::tp_embedding"] == 0);
   CHECK(lastKinds["autostage::tp_cross_entropy"] == 1);
-  ShardedStage first = shardStage(model.graph, head, 4, 7);
+  ShardedStage first = shardStage(model.graph, front, 4, 7);
   CHECK(first.sharded == 1);
   REQUIRE(first.shards.size() == 1);
-  CHECK(first.patternNodes == head);
+  CHECK(first.patternNodes == front);
 }
 
 // Note [Tied tables across stages]: the tied model in 2 stages, the embedding's at degree
