@@ -56,11 +56,10 @@
 //     (2026-12-07, this machine, side by side): 145B on 1,536 GPUs 28.2 s against 19.3 s
 //     (1.46x), 310B on 1,920 54.6 s against 37.6 s (1.45x), 530B on 2,520 84.3 s against 54.1 s
 //     (1.56x; 77.6 s, 1.44x, with the micro-batch size free), 1T on 3,072 126.4 s against
-//     102.6 s (1.23x). The 1T was 151.8 s (1.48x) while an
-//     LM head tied to the first stage's embedding ran whole on the last stage; each end now
-//     splits the table at its own stage's degree, as Megatron splits both copies (Note [Tied
-//     tables across stages] in staging/gradient_sync.h; the others moved 29.0 -> 28.2,
-//     55.1 -> 54.6 and 84.4 -> 84.3 s). Seen in the plans, not yet modelled or changed: the
+//     102.6 s (1.23x). The 1T was 151.8 s (1.48x) while an LM head tied to the first stage's
+//     embedding ran whole on the last stage; each end now splits the table at its own stage's
+//     degree, as Megatron splits both copies (Note [Tied tables across stages] in
+//     staging/gradient_sync.h; the others moved 29.0 -> 28.2, 55.1 -> 54.6 and 84.4 -> 84.3 s). Seen in the plans, not yet modelled or changed: the
 //     pipeline's bubble is larger than Megatron's (a free micro-batch count is a power of two,
 //     and the stages are cut at block boundaries, which do not fall on layers). The planner's
 //     own plan of the 1T (tensor_parallel=auto) is never slower than Megatron's configuration
