@@ -82,13 +82,11 @@ std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
   std::map<core::ValueId, std::set<int>> holders;
   std::map<core::ValueId, bool> allZero;
   std::map<core::ValueId, std::vector<Holding>> holdings;
-  std::set<core::ValueId> slicedSomewhere;
   for (const core::StageDeployment& stage : deployment.stages) {
     std::set<core::ValueId> sliced;
     if (stage.tensorParallel > 1)
       for (const ParamShard& s : shardedParameters(graph, stage.nodes, stage.tensorParallel))
         sliced.insert(s.param);
-    slicedSomewhere.insert(sliced.begin(), sliced.end());
     for (core::ValueId p : stageParams(graph, stage)) {
       allZero.emplace(p, true).first->second &= stage.zero;
       holdings[p].push_back({sliced.count(p) ? stage.tensorParallel : 1, &stage.ranks});
@@ -106,7 +104,7 @@ std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
       continue;
     }
     for (const Holding& h : list) {
-      if (!slicedSomewhere.count(p)) {
+      if (h.degree == 1) {  // alike: whole on every stage
         holders[p].insert(h.ranks->begin(), h.ranks->end());
         continue;
       }
