@@ -31,11 +31,13 @@ const std::vector<OptionSpec>& optionTable() {
       {"micro_batch_size", T::Int, "0",
        "force every micro-batch to this many rows per replica, the batch splitting exactly into "
        "replicas x micro-batches of it; the planner then tries every micro-batch count from "
-       "min_pipeline to max_pipeline that divides the batch / this size, not only powers of two "
+       "min_pipeline to max_pipeline that divides the batch / this size "
        "(0: the planner chooses; a model whose batch size torch.export fixed plans with the "
        "captured size)", kPlanInput},
       {"min_pipeline", T::Int, "1", "smallest micro-batch count the planner tries", kPlanInput},
-      {"max_pipeline", T::Int, "32", "largest micro-batch count the planner tries (powers of two, or divisors with micro_batch_size)", kPlanInput},
+      {"max_pipeline", T::Int, "32",
+       "largest micro-batch count the planner tries (powers of two and divisors of the batch; "
+       "with micro_batch_size, divisors of batch / that size)", kPlanInput},
       {"schedule", T::String, "auto", "pipeline schedule: gpipe, 1f1b or auto (planner chooses)", kPlanInput},
       {"recompute", T::String, "auto",
        "activation recomputation per stage: auto (planner chooses), always or never", kPlanInput},

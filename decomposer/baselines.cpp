@@ -15,16 +15,21 @@ namespace {
 using Cuts = std::vector<std::pair<int, int>>;
 
 // Evaluates `cuts` with equal replica counts of `t` ranks each (the tensor-parallel degree, the
-// same in every stage) over every micro-batch count, schedule and recompute flag; keeps the
-// fastest feasible plan in `best`.
-void tryCuts(const CostModel& model, const Cuts& cuts, int t, Plan& best, double& bestSeconds) {
+// same in every stage) over the micro-batch counts `counts`, every schedule and recompute flag;
+// keeps the fastest feasible plan in `best`.
+void tryCuts(const CostModel& model, const Cuts& cuts, int t, const std::vector<int>& counts,
+             Plan& best, double& bestSeconds) {
   const PlanRequest& request = model.request();
   const int stages = static_cast<int>(cuts.size());
   const int replicas = request.devices / (stages * t);
   if (replicas < 1) return;
-  for (int microBatches : request.options.microBatchCandidates(request.batchSize)) {
+  for (int microBatches : counts) {
     int r = static_cast<int>(std::min<int64_t>(replicas, request.batchSize / microBatches));
     if (r < 1) continue;
+    // Powers of two, and other counts only where they split the batch evenly over these
+    // replicas (Note [Free micro-batch counts] in plan.h).
+    const bool powerOfTwo = (microBatches & (microBatches - 1)) == 0;
+    if (!powerOfTwo && request.batchSize % (static_cast<int64_t>(microBatches) * r) != 0) continue;
     for (Schedule schedule : request.options.scheduleCandidates()) {
       for (bool recompute : request.options.recomputeCandidates())
       for (bool zero : request.options.zeroCandidates()) {
@@ -49,11 +54,12 @@ void tryCuts(const CostModel& model, const Cuts& cuts, int t, Plan& best, double
   }
 }
 
-// The fastest plan over the stage counts and the tensor-parallel degrees option tensor_parallel
-// allows, by the closed form, with decomposer and searchSeconds set; nullopt when none fits.
+// The fastest plan over the stage counts, the tensor-parallel degrees option tensor_parallel
+// allows and the micro-batch counts `counts`, by the closed form, with decomposer and
+// searchSeconds set; nullopt when none fits.
 template <typename MakeCuts>
 std::optional<Plan> fastestOverStageCounts(const CostModel& model, const std::string& name,
-                                           MakeCuts makeCuts) {
+                                           const std::vector<int>& counts, MakeCuts makeCuts) {
   const PlanRequest& request = model.request();
   const int blocks = static_cast<int>(request.blocks.size());
   int lo = 1, hi = std::min(blocks, request.devices);
@@ -66,7 +72,7 @@ std::optional<Plan> fastestOverStageCounts(const CostModel& model, const std::st
     degrees = request.options.tensorParallelCandidates(request.devicesPerNode);
   for (int t : degrees)
     for (int stages = lo; stages <= hi; ++stages)
-      tryCuts(model, makeCuts(stages), t, best, bestSeconds);
+      tryCuts(model, makeCuts(stages), t, counts, best, bestSeconds);
   if (bestSeconds == std::numeric_limits<double>::infinity()) return std::nullopt;
   best.decomposer = name;
   best.searchSeconds = bestSeconds;
@@ -77,7 +83,8 @@ template <typename MakeCuts>
 Plan bestOverStageCounts(const PlanRequest& request, const std::string& name, MakeCuts makeCuts) {
   request.validate();
   CostModel model(request);
-  std::optional<Plan> best = fastestOverStageCounts(model, name, makeCuts);
+  std::optional<Plan> best = fastestOverStageCounts(
+      model, name, request.options.microBatchCandidates(request.batchSize), makeCuts);
   AUTOSTAGE_CHECK_AS(PlanError, best.has_value(), "decomposer ", name, ": ",
                      infeasibleMessage(request));
   best->predictedSeconds = evaluatePlanWith(model, *best).iterationSeconds;
@@ -151,14 +158,16 @@ std::vector<Plan> seedBaselines(const PlanRequest& request) {
   request.validate();
   const int blocks = static_cast<int>(request.blocks.size());
   const CostModel model(request);
+  const std::vector<int> counts = request.options.microBatchCandidates(request.batchSize);
   std::vector<std::optional<Plan>> found{
-      fastestOverStageCounts(model, "uniform", [&](int s) { return uniformCuts(blocks, s); }),
-      fastestOverStageCounts(model, "param_balanced",
+      fastestOverStageCounts(model, "uniform", counts,
+                             [&](int s) { return uniformCuts(blocks, s); }),
+      fastestOverStageCounts(model, "param_balanced", counts,
                              [&](int s) { return paramBalancedCuts(request, s); })};
   if (request.options.partitionNum <= 1) {
     const PlanRequest single = singleStage(request);
     const CostModel singleModel(single);
-    found.push_back(fastestOverStageCounts(singleModel, "data_parallel",
+    found.push_back(fastestOverStageCounts(singleModel, "data_parallel", counts,
                                            [&](int) { return wholeGraph(request); }));
   }
   std::vector<Plan> plans;

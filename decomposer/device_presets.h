@@ -52,18 +52,19 @@
 //     1.08x; as 4 pipeline stages x 32 replicas (16 micro-batches, 1f1b, whose bubble
 //     Megatron's configuration does not have) 4.18 s, 1.13x.
 //   - The largest runs, planned as Megatron ran them (--tensor-parallel 8, --partition-num the
-//     pipeline depth, --virtual-stages 1; the 530B with --micro-batch-size 1), are further off
-//     (2026-12-07, this machine, side by side): 145B on 1,536 GPUs 28.2 s against 19.3 s
-//     (1.46x), 310B on 1,920 54.6 s against 37.6 s (1.45x), 530B on 2,520 84.3 s against 54.1 s
-//     (1.56x; 77.6 s, 1.44x, with the micro-batch size free), 1T on 3,072 126.4 s against
-//     102.6 s (1.23x). The 1T was 151.8 s (1.48x) while an LM head tied to the first stage's
-//     embedding ran whole on the last stage; each end now splits the table at its own stage's
-//     degree, as Megatron splits both copies (Note [Tied tables across stages] in
-//     staging/gradient_sync.h; the others moved 29.0 -> 28.2, 55.1 -> 54.6 and 84.4 -> 84.3 s). Seen in the plans, not yet modelled or changed: the
-//     pipeline's bubble is larger than Megatron's (a free micro-batch count is a power of two,
-//     and the stages are cut at block boundaries, which do not fall on layers). The planner's
-//     own plan of the 1T (tensor_parallel=auto) is never slower than Megatron's configuration
-//     in this model (tested).
+//     pipeline depth, --virtual-stages 1, the micro-batch size free), are further off
+//     (2026-12-07, this machine): 145B on 1,536 GPUs (batch 2,304 in Table 1: 24 replicas of 96
+//     samples) 27.2 s against 24.8 s (1.10x), 310B on 1,920 43.7 s against 37.6 s (1.16x), 530B on
+//     2,520 69.5 s against 54.1 s (1.28x; 84.3 s, 1.56x, with micro-batches of one sample as
+//     Megatron ran it), 1T on 3,072 126.4 s against 102.6 s (1.23x). Before, with the free
+//     micro-batch counts powers of two only, the 145B, 310B and 530B predicted 27.9, 54.6 and 77.6
+//     s (Note [Free micro-batch counts] in plan.h; an earlier version of this Note compared the
+//     145B with 19.3 s, the step of a batch of 1,792, which 24 replicas cannot split evenly); the
+//     1T was 151.8 s while an LM head tied to the first stage's embedding ran whole on the last
+//     stage (Note [Tied tables across stages] in staging/gradient_sync.h). Seen in the plans,
+//     not modelled: the stages are cut at block boundaries, which do not fall on layers. The
+//     planner's own plans (tensor_parallel=auto) are faster in this model: 25.6, 42.4, 63.8 and
+//     118.0 s; the 1T's is tested never to be slower than Megatron's configuration.
 // Before this calibration the 1.7B run was predicted at 6.13 s (1.74x): unfused, every
 // operation's bytes added to its FLOP time, views copied, and the allreduce between servers at
 // one port's bandwidth (0.69 s of the 6.13 s). Not modelled: the overlap of Megatron's

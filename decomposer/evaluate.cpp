@@ -28,12 +28,14 @@ class LazyMessage {
 
 // Note [Tensor-parallel cost] (cost_model.h): a replica's t ranks on one node, which the
 // stage's first rank being a multiple of t (dividing the devices per node) ensures. Empty when
-// the stage's degree is one the cost model prices.
-std::string tensorParallelProblem(const PlanRequest& request, const Plan& plan, const StagePlan& st) {
+// the stage's degree is one the cost model prices. `allowed` caches the degrees the options
+// allow, asked for only where a stage has one above 1 (evaluation runs this per plan candidate).
+std::string tensorParallelProblem(const PlanRequest& request, const StagePlan& st,
+                                  std::optional<std::vector<int>>& allowed) {
   const int t = st.tensorParallel;
   if (t == 1) return "";
-  const std::vector<int> allowed = request.options.tensorParallelCandidates(request.devicesPerNode);
-  if (std::find(allowed.begin(), allowed.end(), t) == allowed.end())
+  if (!allowed) allowed = request.options.tensorParallelCandidates(request.devicesPerNode);
+  if (std::find(allowed->begin(), allowed->end(), t) == allowed->end())
     return "tensor_parallel=" + std::to_string(t) + " is not allowed by option tensor_parallel=" +
            request.options.tensorParallel + " with " + std::to_string(request.devicesPerNode) +
            " devices per node";
@@ -62,6 +64,7 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
     if (!problem.empty()) return problem;
   }
   int nextBlock = 0, nextRank = plan.stages.front().firstRank;
+  std::optional<std::vector<int>> allowedDegrees;
   for (size_t s = 0; s < plan.stages.size(); ++s) {
     const StagePlan& st = plan.stages[s];
     if (st.firstBlock != nextBlock || st.lastBlock < st.firstBlock) {
@@ -84,7 +87,7 @@ std::string shapeProblem(const PlanRequest& request, const Plan& plan) {
       out() << "stage " << s << " must have >= 1 replica starting at rank " << nextRank;
       return out().str();
     }
-    std::string tensorParallel = tensorParallelProblem(request, plan, st);
+    std::string tensorParallel = tensorParallelProblem(request, st, allowedDegrees);
     if (!tensorParallel.empty()) return "stage " + std::to_string(s) + ": " + tensorParallel;
     if (static_cast<int64_t>(plan.microBatchCount) * st.replicaCount > request.batchSize) {
       out() << "stage " << s << ": " << plan.microBatchCount << " micro-batches x "

@@ -207,8 +207,17 @@ std::vector<int> PlanOptions::microBatchCandidates(int64_t batch) const {
       if (samples % m == 0) result.push_back(m);
     return result;
   }
-  for (int m = 1; m <= maxPipeline; m *= 2)
-    if (m >= minPipeline) result.push_back(m);
+  // Note [Free micro-batch counts]: powers of two, and every count splitting the batch evenly.
+  auto inRange = [&](int64_t m) { return m >= minPipeline && m <= maxPipeline; };
+  for (int64_t m = 1; m <= maxPipeline; m *= 2)
+    if (inRange(m)) result.push_back(static_cast<int>(m));
+  for (int64_t d = 1; d * d <= batch; ++d) {
+    if (batch % d != 0) continue;
+    for (int64_t m : {d, batch / d})
+      if (inRange(m)) result.push_back(static_cast<int>(m));
+  }
+  std::sort(result.begin(), result.end());
+  result.erase(std::unique(result.begin(), result.end()), result.end());
   return result;
 }
 

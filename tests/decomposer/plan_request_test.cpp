@@ -38,6 +38,19 @@ TEST_CASE("plan options come from the config table and are validated", "[decompo
   PlanOptions o = PlanOptions::fromConfig(config);
   REQUIRE(o.decomposer == "uniform");
   REQUIRE(o.microBatchCandidates(64) == std::vector<int>{1, 2, 4, 8});
+  // Note [Free micro-batch counts]: the powers of two and every count dividing the batch.
+  PlanOptions free = o;
+  free.maxPipeline = 64;
+  REQUIRE(free.microBatchCandidates(24) == std::vector<int>{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64});
+  REQUIRE(free.microBatchCandidates(7) == std::vector<int>{1, 2, 4, 7, 8, 16, 32, 64});
+  free.minPipeline = 5;
+  free.maxPipeline = 30;
+  REQUIRE(free.microBatchCandidates(24) == std::vector<int>{6, 8, 12, 16, 24});
+  free.minPipeline = 1;
+  free.maxPipeline = 4096;  // Megatron-LM's 310B GPT: 2,160 samples, 144 micro-batches x 15
+  const std::vector<int> counts = free.microBatchCandidates(2160);
+  REQUIRE(std::count(counts.begin(), counts.end(), 144) == 1);
+  REQUIRE(counts.size() == 40 + 13 - 5);  // 40 divisors, 13 powers of two, 5 of them both
   // Note [Fixed micro-batch size]: every count dividing batch / micro_batch_size, powers of two
   // or not (Megatron-LM's 530B GPT: 2,520 samples, one per micro-batch, over 9 replicas: 280).
   PlanOptions fixed = o;
