@@ -23,7 +23,9 @@
 // whose dim 0 only happens to equal the batch stays cuttable, unless the front end marked it
 // not_batch_major: Note [Rows of a value] in core/ir/type.h.) A model
 // that takes `b = x.size(0)` at the start and uses it at the end therefore has one block and runs
-// data-parallel; reading the size where it is used keeps the layers cuttable.
+// data-parallel; reading the size where it is used keeps the layers cuttable. The torch.export
+// capture does that for the model where an operation's own operand has the size (Note [Sizes
+// read where they are used] in bindings/python/autostage/export.py); TorchScript's does not.
 
 #include <map>
 #include <string>

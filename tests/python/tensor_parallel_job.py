@@ -106,9 +106,10 @@ class Head(torch.nn.Module):
         logits = self.head(self.norm(self.body(ids)))[:, :-1]
         losses = torch.nn.functional.cross_entropy(logits.reshape(-1, 16384),
                                                    ids[:, 1:].reshape(-1), reduction="none")
-        # Rows of the positions' count, not of ids.shape[0]: the batch's size, read by
-        # torch.export once at the start and used here last, would cross every cut.
-        return losses.view(-1, ids.shape[1] - 1)
+        # torch.export reads ids.shape[0] once, at the start; the capture reads it here again,
+        # from the losses' rows (Note [Sizes read where they are used] in autostage/export.py),
+        # so it does not cross every cut.
+        return losses.view(ids.shape[0], -1)
 
 
 # Outputs: rtol 1e-5 in fp32. Under bf16 (an 8-bit significand: a rounding step is 2^-8 of a

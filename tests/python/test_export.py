@@ -98,6 +98,48 @@ def test_other_batch_sizes_run_the_captured_graph():
             assert torch.equal(got[0], model(x)), (batch, parts)
 
 
+class SizesReadEarly(nn.Module):
+    """The batch's size read at the start and used at the end, three ways: as it is, from a
+    flattened tensor (its rows divided), and multiplied (Note [Sizes read where they are used])."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        rows = x.shape[0]
+        h = self.b(self.a(x).relu()).relu()
+        flat = self.c(h).reshape(-1)                         # 4 x rows values
+        pairs = h.view(rows, 8, 2).reshape(rows * 8, 2)      # the size as it is, then times 8
+        return flat.view(x.shape[0], -1).sum(1) + pairs.sum(1).view(rows, 8).mean(1)
+
+
+def test_sizes_read_early_are_read_again_where_they_are_used():
+    torch.manual_seed(6)
+    model = SizesReadEarly()
+    ir = export_check(model, (torch.randn(4, 8),), split_count=3)
+    lines = str(ir).splitlines()
+    defined = {}  # int value -> line defining it
+    for i, line in enumerate(lines):
+        name = line.split(" : ")[0].strip()
+        if " : int BATCH = " in line:
+            defined[name] = i
+    # Each size is read from a tensor the operation using it has, right before it (sym_size,
+    # at most a division or product, the size list, the operation); none from the input.
+    assert defined and not any("aten::sym_size.int(%x," in line for line in lines), lines
+    assert any("_operator::floordiv" in line for line in lines)
+    assert any("_operator::mul" in line for line in lines)
+    for name, i in defined.items():
+        uses = [k for k, line in enumerate(lines) if re.search(re.escape(name) + r"\b", line)
+                and k != i]
+        assert uses and max(uses) - i <= 4, (name, lines[i:max(uses) + 1])
+    n = ir.node_count
+    for batch in (1, 3, 7):  # the sizes read again are right at other batch sizes
+        x = torch.randn(batch, 8)
+        got = run_parts(ir, [x], [list(range(n // 3)), list(range(n // 3, n))])
+        assert torch.equal(got[0], model(x)), batch
+
+
 def test_a_graph_break_is_refused_with_exports_reason():
     class Branchy(nn.Module):
         def __init__(self):

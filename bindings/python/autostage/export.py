@@ -127,6 +127,71 @@ def _value_type(val, where, batch=None):
         "autostage's IR carries tensors, ints, floats and bools between operators")
 
 
+# Note [Sizes read where they are used]
+# torch.export reads a symbolic size once: the first read of the batch's size (`x.shape[0]`)
+# becomes one sym_size node at the top of the program, and every later use of that size, where
+# the model reads it again included, refers to that node (and to arithmetic nodes over it). An
+# int cannot cross a stage boundary (a replica's size is its own: Note [Non-tensor values are not
+# cut] in decomposer/coarsen.h), so such a size used by the last layer kept the whole model in
+# one block. The importer therefore writes each use of a symbolic size by a tensor operation as a
+# read of that operation's own operand: a dim whose symbolic extent is the size (sym_size), or a
+# whole multiple of it (its rows divided, `flat.view(x.shape[0], -1)` over a flattened tensor) or
+# a whole fraction (multiplied, `h.reshape(rows * 8, 2)`). The extents are export's symbolic
+# expressions, so the read is right at every batch size the program runs, and an operand is in
+# the stage of the operation that uses it. A size no operand has (`torch.ones(rows, 1)`, or one
+# used by size arithmetic) keeps its node as export wrote it; a size node left with no user is
+# not written.
+
+
+def _is_size(node):
+    """Whether fx ``node`` computes a symbolic size (sym_size, size arithmetic), not a tensor."""
+    return node.op == "call_function" and isinstance(
+        node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def _operands(node):
+    """The fx nodes among ``node``'s arguments (lists and tuples flattened), in order."""
+    found = []
+
+    def walk(value):
+        if isinstance(value, torch.fx.Node):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+    walk(node.args)
+    walk(node.kwargs)
+    return found
+
+
+def _local_source(consumer, size):
+    """Note [Sizes read where they are used]: (tensor, dim, op, factor) such that the size is
+    ``sym_size(tensor, dim)`` (op None), that divided by ``factor`` (op "floordiv") or times it
+    (op "mul"), ``tensor`` an operand of ``consumer``; None where no operand has it."""
+    val = size.meta.get("val")
+    expr = _symbol(val) if isinstance(val, torch.SymInt) else None
+    if expr is None or expr.is_number:
+        return None
+    ratios = []
+    for operand in _operands(consumer):
+        t = operand.meta.get("val")
+        if not isinstance(t, torch.Tensor) or operand is size:
+            continue
+        for dim, extent in enumerate(t.shape):
+            e = _symbol(extent)
+            if e is None:
+                continue
+            if e == expr:
+                return operand, dim, None, 1
+            for op, ratio in (("floordiv", e / expr), ("mul", expr / e)):
+                if ratio.is_Integer and ratio > 1:
+                    ratios.append((operand, dim, op, int(ratio)))
+    return ratios[0] if ratios else None
+
+
 def _schema_element_type(argument_type):
     """The IR element type of a list argument (`int[]`, `Tensor[]`, `Tensor?[]`, ...)."""
     if isinstance(argument_type, torch._C.OptionalType):  # int[]? (mean's dim)
@@ -147,6 +212,10 @@ class _Importer:
         self.ids = {}       # fx node -> IR value id (or list of ids for multi-output nodes)
         self.constants = {}  # (type, repr) -> IR value id, one constant node per value
         self.constant_inputs = {}  # fx placeholder -> the call's non-tensor argument
+        # Note [Sizes read where they are used]: (consumer, size node) -> where the consumer
+        # reads that size itself, and the size nodes no longer written because of it.
+        self.local_sizes, self.dropped_sizes = {}, set()
+        self.consumer = None  # the node whose arguments argument() is writing
 
     # Inputs -------------------------------------------------------------------------------
     def inputs(self, leaves):
@@ -197,6 +266,46 @@ class _Importer:
             names.append(spec.target)
         return tensors, names
 
+    # Sizes -------------------------------------------------------------------------------
+    def read_sizes_where_used(self):
+        """Note [Sizes read where they are used]: decides, before any node is written, which
+        operations read a size from one of their own tensor operands, and which size nodes
+        nothing reads any more."""
+        nodes = [n for n in self.ep.graph.nodes if n.op in ("call_function", "output")]
+        needed, dropped = set(), set()
+        for consumer in reversed(nodes):  # every user of a node before the node itself
+            if isinstance(consumer.target, torch._ops.OpOverload) and \
+                    consumer.target._schema.name in _SKIPPED:
+                continue  # not written: reads nothing
+            if consumer in dropped and consumer not in needed:  # not written either, so its
+                dropped.update(s for s in _operands(consumer) if _is_size(s))  # operands lose it
+                continue
+            for size in _operands(consumer):
+                if not _is_size(size):
+                    continue
+                source = None
+                if consumer.op == "call_function" and not _is_size(consumer):
+                    source = _local_source(consumer, size)
+                if source is None:
+                    needed.add(size)
+                else:
+                    self.local_sizes[(consumer, size)] = source
+                    dropped.add(size)
+        self.dropped_sizes = dropped - needed
+
+    def local_size(self, size, source):
+        """Writes ``size`` read again from the consumer's own operand (``_local_source``)."""
+        tensor, dim, op, factor = source
+        name = f"{self.consumer.name}.{size.name}"
+        read = self.builder.add_node("aten::sym_size.int",
+                                     [self.ids[tensor], self.constant(dim, "int")], ["int"],
+                                     [name if op is None else name + ".read"], None,
+                                     _scope(self.consumer))[0]
+        if op is None:
+            return read
+        return self.builder.add_node(f"_operator::{op}", [read, self.constant(factor, "int")],
+                                     ["int"], [name], None, _scope(self.consumer))[0]
+
     # Constants and arguments --------------------------------------------------------------
     def constant(self, value, type_text):
         key = (type_text, repr(value))
@@ -210,6 +319,9 @@ class _Importer:
         if isinstance(value, torch.fx.Node) and value in self.constant_inputs:
             return self.argument(self.constant_inputs[value], argument_type, where)
         if isinstance(value, torch.fx.Node):
+            source = self.local_sizes.get((self.consumer, value))
+            if source is not None:  # Note [Sizes read where they are used]
+                return self.local_size(value, source)
             ref = self.ids.get(value)
             if isinstance(ref, list) or ref is None:
                 raise _autostage.UnsupportedError(
@@ -253,6 +365,9 @@ class _Importer:
 
     # Nodes --------------------------------------------------------------------------------
     def node(self, node):
+        if node in self.dropped_sizes:  # Note [Sizes read where they are used]
+            return
+        self.consumer = node
         target = node.target
         if target is operator.getitem:
             producer, index = node.args
@@ -325,6 +440,7 @@ class _Importer:
                     f"unsupported output {spec.arg} of kind {spec.kind.name} in the exported "
                     f"program of {self.model_name}")
         output = next(n for n in self.ep.graph.nodes if n.op == "output")
+        self.consumer = output
         for value in output.args[0]:  # constants among them are ExportedOutput's
             if isinstance(value, torch.fx.Node):
                 self.builder.add_output(self.argument(value, None, "the output"))
@@ -441,6 +557,7 @@ def export_call(model, args, kwargs, model_name=None, log=None):
             f"captured size {fixed_rows} ({why}): the captured graph runs only that many rows, "
             f"so it is profiled at {fixed_rows} rows and planned with micro-batches of exactly "
             f"{fixed_rows} rows per replica (micro_batch_size={fixed_rows})")
+    importer.read_sizes_where_used()
     for node in ep.graph.nodes:
         if node.op == "call_function":
             importer.node(node)
