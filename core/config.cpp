@@ -35,9 +35,10 @@ const std::vector<OptionSpec>& optionTable() {
        "(0: the planner chooses; a model whose batch size torch.export fixed plans with the "
        "captured size)", kPlanInput},
       {"min_pipeline", T::Int, "1", "smallest micro-batch count the planner tries", kPlanInput},
-      {"max_pipeline", T::Int, "32",
+      {"max_pipeline", T::Int, "0",
        "largest micro-batch count the planner tries (powers of two and divisors of the batch; "
-       "with micro_batch_size, divisors of batch / that size)", kPlanInput},
+       "with micro_batch_size, divisors of batch / that size); 0: up to 32, and up to the batch "
+       "where no plan fits within 32", kPlanInput},
       {"schedule", T::String, "auto", "pipeline schedule: gpipe, 1f1b or auto (planner chooses)", kPlanInput},
       {"recompute", T::String, "auto",
        "activation recomputation per stage: auto (planner chooses), always or never", kPlanInput},

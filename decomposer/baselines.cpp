@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_stage_search.h"
 
@@ -184,10 +185,30 @@ Plan planStages(const PlanRequest& request) {
                      "option virtual_stages=", request.options.virtualStages, " is searched by "
                      "decomposer=dp only (decomposer=", name, " plans one stage per rank); use "
                      "decomposer=dp or virtual_stages=auto");
-  if (name == "data_parallel") return planDataParallel(request);
-  if (name == "uniform") return planUniform(request);
-  if (name == "param_balanced") return planParamBalanced(request);
-  return planDynamicProgramming(request);
+  auto plan = [&name](const PlanRequest& r) {
+    if (name == "data_parallel") return planDataParallel(r);
+    if (name == "uniform") return planUniform(r);
+    if (name == "param_balanced") return planParamBalanced(r);
+    return planDynamicProgramming(r);
+  };
+  // Note [Micro-batch count limit] (plan.h): max_pipeline=0 tries more micro-batches only where
+  // none of the first limit's counts gives a plan that fits.
+  const PlanOptions& options = request.options;
+  const int64_t batch = request.batchSize;
+  if (options.maxPipeline != 0 || options.pipelineNum > 0 || batch <= options.pipelineLimit())
+    return plan(request);
+  try {
+    return plan(request);
+  } catch (const PlanError&) {
+    PlanRequest wider = request;
+    wider.options.maxPipeline = static_cast<int>(std::min<int64_t>(batch, 1 << 30));
+    core::logger("DPStaging")
+        ->info(
+            "No plan fits with at most {} micro-batches: searching counts up to {} (micro-batches "
+            "down to one sample; max_pipeline=0, Note [Micro-batch count limit])",
+            options.pipelineLimit(), wider.options.maxPipeline);
+    return plan(wider);
+  }
 }
 
 }  // namespace autostage::decomposer

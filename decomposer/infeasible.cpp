@@ -110,8 +110,10 @@ std::string infeasibleMessage(const PlanRequest& request) {
         << request.blocks[neediest].name << "), needs " << needed << " bytes with the most "
         << "replicas and micro-batches), but no split of the " << blocks << " blocks into stages "
         << "fits on " << request.devices << " devices: stages small enough to fit need more "
-        << "devices than there are, or micro-batches smaller than max_pipeline="
-        << request.options.maxPipeline << " allows (a stage holds the activations of its "
+        << "devices than there are, or micro-batches smaller than "
+        << request.options.pipelineLimit()
+        << " micro-batches (max_pipeline=" << request.options.maxPipeline
+        << ") allow (a stage holds the activations of its "
         << "micro-batches in flight). To fix: raise max_pipeline, use more devices or more device "
         << "memory, a smaller batch, "
         << (request.options.recompute == "never" ? "allow recomputation (recompute=auto), " : "")

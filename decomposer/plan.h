@@ -5,6 +5,7 @@
 // the cluster shape, the global batch and the options. Its text form (toText/parse) lets a bad
 // plan be replayed without the graph. Everything is plain data; no torch, no MPI.
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -47,7 +48,21 @@ struct PlanOptions {
   // 0: free.
   int microBatchSize = 0;
   int minPipeline = 1;
-  int maxPipeline = 32;
+  // Note [Micro-batch count limit]
+  // max_pipeline=N limits the micro-batch counts the search tries to N, as RaNNC's does. 0, the
+  // default, is the planner's own limit: counts up to kFirstPipelineLimit (32, RaNNC's default,
+  // where the search of a usual job stays fast) and, only where no plan fits within them, up to
+  // the batch (planStages says so in the log). Megatron-LM's largest runs need that: its 1T GPT
+  // on 3,072 A100s fits only with micro-batches of a few samples (hundreds of them per replica),
+  // and a user planning it (`autostage plan --synthetic gpt:layers=128,...`) gets that plan,
+  // not "no plan fits" with a hint to raise an option whose needed value nobody knows.
+  static constexpr int kFirstPipelineLimit = 32;
+  int maxPipeline = 0;
+  // The largest count the search tries: max_pipeline, or for 0 the first limit (Note
+  // [Micro-batch count limit]).
+  int pipelineLimit() const {
+    return maxPipeline > 0 ? maxPipeline : std::max(kFirstPipelineLimit, minPipeline);
+  }
   std::string schedule = "auto";  // gpipe | 1f1b | auto
   std::string recompute = "auto";  // auto | always | never (activation recomputation per stage)
   std::string zero = "auto";       // auto | 1 | 0: ZeRO-1 in replicated stages (Note [ZeRO-1 cost])
@@ -69,10 +84,10 @@ struct PlanOptions {
   std::string toString() const;  // `key=value` pairs separated by spaces, config key names
   static PlanOptions fromConfig(const core::Config& config);
   // Micro-batch counts the search tries for a global batch of `batch` rows, ascending: the
-  // powers of two in [minPipeline, maxPipeline] and every count in that range dividing the batch
-  // (Note [Free micro-batch counts]); with micro_batch_size=N every count in that range dividing
-  // batch / N, which is what N x micro-batches x replicas = batch allows (Note [Fixed micro-batch
-  // size]); exactly pipelineNum when forced.
+  // powers of two in [minPipeline, pipelineLimit()] and every count in that range dividing the
+  // batch (Note [Free micro-batch counts]); with micro_batch_size=N every count in that range
+  // dividing batch / N, which is what N x micro-batches x replicas = batch allows (Note [Fixed
+  // micro-batch size]); exactly pipelineNum when forced.
   //
   // Note [Free micro-batch counts]
   // m micro-batches over a stage's r replicas run ceil(batch / (m r)) rows each (CostModel::

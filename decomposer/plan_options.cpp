@@ -36,9 +36,11 @@ void PlanOptions::validate() const {
                      microBatchSize, " must be >= 0 (0: the planner chooses)");
   AUTOSTAGE_CHECK_AS(ConfigError, pipelineNum >= 0, "option pipeline_num=", pipelineNum,
                      " must be 0 (planner chooses) or a positive micro-batch count");
-  AUTOSTAGE_CHECK_AS(ConfigError, minPipeline >= 1 && maxPipeline >= minPipeline,
+  AUTOSTAGE_CHECK_AS(ConfigError,
+                     minPipeline >= 1 && (maxPipeline == 0 || maxPipeline >= minPipeline),
                      "options min_pipeline=", minPipeline, " and max_pipeline=", maxPipeline,
-                     " must satisfy 1 <= min_pipeline <= max_pipeline");
+                     " must satisfy 1 <= min_pipeline <= max_pipeline (or max_pipeline=0: the "
+                     "planner's own limit)");
   AUTOSTAGE_CHECK_AS(ConfigError, schedule == "auto" || schedule == "gpipe" || schedule == "1f1b",
                      "option schedule='", schedule, "' is unknown; use gpipe, 1f1b or auto");
   AUTOSTAGE_CHECK_AS(ConfigError, !(usage == PlanUsage::ForwardBackward && schedule == "1f1b"),
@@ -203,13 +205,14 @@ std::vector<int> PlanOptions::microBatchCandidates(int64_t batch) const {
   if (microBatchSize > 0) {  // Note [Fixed micro-batch size]: m x replicas = batch / N
     if (batch % microBatchSize != 0) return result;
     const int64_t samples = batch / microBatchSize;
-    for (int m = std::max(1, minPipeline); m <= maxPipeline && m <= samples; ++m)
+    for (int m = std::max(1, minPipeline); m <= pipelineLimit() && m <= samples; ++m)
       if (samples % m == 0) result.push_back(m);
     return result;
   }
   // Note [Free micro-batch counts]: powers of two, and every count splitting the batch evenly.
-  auto inRange = [&](int64_t m) { return m >= minPipeline && m <= maxPipeline; };
-  for (int64_t m = 1; m <= maxPipeline; m *= 2)
+  const int limit = pipelineLimit();
+  auto inRange = [&](int64_t m) { return m >= minPipeline && m <= limit; };
+  for (int64_t m = 1; m <= limit; m *= 2)
     if (inRange(m)) result.push_back(static_cast<int>(m));
   for (int64_t d = 1; d * d <= batch; ++d) {
     if (batch % d != 0) continue;

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "core/comm_costs.h"
+#include "core/config.h"
 #include "core/error.h"
 #include "decomposer/planner.h"
 #include "decomposer/synthetic.h"
@@ -275,4 +277,43 @@ TEST_CASE("a free micro-batch size plans Megatron-LM's largest GPTs no slower th
     CHECK(run.batch % m == 0);
     CHECK(free.simulation.iterationSeconds < 1.35 * run.stepSeconds());  // 1.10x to 1.28x
   }
+}
+
+TEST_CASE("max_pipeline=0 tries more micro-batches only where none of the first 32 fits",
+          "[decomposer]") {
+  // Note [Micro-batch count limit] in plan.h: the issue's command, `autostage plan --synthetic
+  // gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200 --devices 3072
+  // --devices-per-node 8 --device-memory 80GiB --batch 3072`, with the options' defaults.
+  SyntheticModel m = syntheticFromSpec("gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200",
+                                       DeviceModel{});
+  m.profile.comm = core::configuredCommProfile(core::Config{});
+  core::ClusterSpec cluster;
+  cluster.devices = 3072;
+  cluster.devicesPerNode = 8;
+  cluster.memoryPerDevice = int64_t{80} << 30;
+  PlanOptions options;
+  REQUIRE(options.maxPipeline == 0);
+  const PlanResult found = planGraph(m.graph, m.profile, cluster, 3072, options);
+  CHECK(found.plan.microBatchCount > PlanOptions::kFirstPipelineLimit);
+  CHECK(found.evaluation.feasible);
+  // A limit the user sets is kept, and the message says which it was.
+  options.maxPipeline = 32;
+  CHECK_THROWS_WITH(
+      planGraph(m.graph, m.profile, cluster, 3072, options),
+      Catch::Contains("no plan fits") && Catch::Contains("32 micro-batches (max_pipeline=32)"));
+  // Where a plan fits within 32, the default plans exactly as max_pipeline=32 does.
+  const DevicePreset& a100 = devicePreset("a100-80gb");
+  SyntheticModel small = syntheticTransformer(gpt(), a100.deviceModel("bf16"));
+  small.profile.comm = a100.comm();
+  cluster.devices = 16;
+  cluster.memoryPerDevice = static_cast<int64_t>(a100.memoryBytes);
+  PlanOptions plain;
+  plain.precision = "bf16";
+  PlanOptions limited = plain;
+  limited.maxPipeline = 32;
+  const PlanResult byDefault = planGraph(small.graph, small.profile, cluster, 256, plain);
+  const PlanResult byLimit = planGraph(small.graph, small.profile, cluster, 256, limited);
+  CHECK(byDefault.plan.microBatchCount == byLimit.plan.microBatchCount);
+  CHECK(byDefault.plan.stages == byLimit.plan.stages);
+  CHECK(byDefault.simulation.iterationSeconds == byLimit.simulation.iterationSeconds);
 }

@@ -19,8 +19,9 @@ needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun
 leg_independent = pytest.mark.leg_independent
 
 # Megatron-LM's 1-trillion-parameter GPT (Narayanan et al., SC'21, Table 1): 3,072 A100s of
-# 80 GB, 8 per node, batch 3,072. It needs micro-batches of a few samples, which max_pipeline=512
-# allows (at the default 32, a micro-batch of 12 samples per replica fits no stage).
+# 80 GB, 8 per node, batch 3,072. It needs micro-batches of a few samples: more than 32 of them,
+# which the default max_pipeline=0 tries where nothing fits within 32 (Note [Micro-batch count
+# limit] in decomposer/plan.h), and max_pipeline=512 allows.
 TRILLION = ["--synthetic", "gpt:layers=128,hidden=25600,heads=160,seq=2048,vocab=51200",
             "--devices", "3072", "--devices-per-node", "8", "--device-memory", "80GiB",
             "--batch", "3072"]
@@ -32,8 +33,13 @@ def cli(*args):
 
 @leg_independent
 def test_a_trillion_parameter_gpt_plans_tensor_parallel(tmp_path):
-    default = cli("plan", *TRILLION, "--json")
-    assert default.returncode != 0 and "no plan fits" in default.stderr, default.stderr
+    limited = cli("plan", *TRILLION, "--max-pipeline", "32", "--json")
+    assert limited.returncode != 0 and "no plan fits" in limited.stderr, limited.stderr
+    default = cli("plan", *TRILLION, "--json")  # the issue's command, as it is written
+    assert default.returncode == 0, default.stderr
+    assert "No plan fits with at most 32 micro-batches: searching counts up to 3072" in \
+        default.stderr, default.stderr
+    assert json.loads(default.stdout)["micro_batches"] > 32
     one = cli("plan", *TRILLION, "--max-pipeline", "512", "--tensor-parallel", "1", "--json")
     assert one.returncode == 0, one.stderr
     pb = str(tmp_path / "gpt.pb")
