@@ -99,6 +99,11 @@ std::string infeasibleMessage(const PlanRequest& request) {
   double shardable = 0;  // of patterns within the neediest block
   for (const ShardableSpan& s : request.shardable)
     if (s.firstBlock == neediest && s.lastBlock == neediest) shardable += s.cost.paramBytes;
+  // Raising max_pipeline helps only below micro-batches of one sample (the planner's own limit
+  // gets there where nothing fits: Note [Micro-batch count limit] in plan.h).
+  const int limit = request.options.pipelineLimit();
+  const bool belowOneSample = limit < request.batchSize;
+  const std::string raiseLimit = belowOneSample ? "raise max_pipeline, " : "";
   std::ostringstream out;
   out << "no plan fits in " << model.memoryLimit() << " bytes per device (device memory "
       << request.deviceMemoryBytes()
@@ -110,12 +115,13 @@ std::string infeasibleMessage(const PlanRequest& request) {
         << request.blocks[neediest].name << "), needs " << needed << " bytes with the most "
         << "replicas and micro-batches), but no split of the " << blocks << " blocks into stages "
         << "fits on " << request.devices << " devices: stages small enough to fit need more "
-        << "devices than there are, or micro-batches smaller than "
-        << request.options.pipelineLimit()
-        << " micro-batches (max_pipeline=" << request.options.maxPipeline
-        << ") allow (a stage holds the activations of its "
-        << "micro-batches in flight). To fix: raise max_pipeline, use more devices or more device "
-        << "memory, a smaller batch, "
+        << "devices than there are, or "
+        << (belowOneSample ? "micro-batches smaller than " + std::to_string(limit) +
+                                 " micro-batches (max_pipeline=" +
+                                 std::to_string(request.options.maxPipeline) + ") allow"
+                           : "even micro-batches of one sample do not fit")
+        << " (a stage holds the activations of its micro-batches in flight). To fix: " << raiseLimit
+        << "use more devices or more device memory, a smaller batch, "
         << (request.options.recompute == "never" ? "allow recomputation (recompute=auto), " : "")
         << (request.options.tensorParallel == "1" && request.devicesPerNode > 1
                 ? "allow tensor parallelism (tensor_parallel=auto), "
@@ -129,10 +135,11 @@ std::string infeasibleMessage(const PlanRequest& request) {
       << " bytes even alone, with the most replicas and micro-batches"
       << (request.options.recompute == "never" ? " (recompute=never)" : ", recomputed")
       << ". The largest "
-      << "indivisible block is block " << largest << " (" << request.blocks[largest].name << ") with "
-      << largestParams << " parameter bytes. To fix: give more device memory (mem_limit_gb / "
-      << "--device-memory), lower mem_margin or opt_param_factor, raise max_pipeline, use more "
-      << "devices, a smaller batch, "
+      << "indivisible block is block " << largest << " (" << request.blocks[largest].name
+      << ") with " << largestParams
+      << " parameter bytes. To fix: give more device memory (mem_limit_gb / "
+      << "--device-memory), lower mem_margin or opt_param_factor, " << raiseLimit
+      << "use more devices, a smaller batch, "
       << (request.options.recompute == "never" ? "allow recomputation (recompute=auto), " : "")
       << tensorParallelAdvice(request, shardable)
       << "or raise max_blocks so large blocks can be split.";

@@ -301,6 +301,12 @@ TEST_CASE("max_pipeline=0 tries more micro-batches only where none of the first 
   CHECK_THROWS_WITH(
       planGraph(m.graph, m.profile, cluster, 3072, options),
       Catch::Contains("no plan fits") && Catch::Contains("32 micro-batches (max_pipeline=32)"));
+  // Where even micro-batches of one sample do not fit, the message does not ask for more.
+  options.maxPipeline = 0;
+  cluster.memoryPerDevice = int64_t{60} << 30;
+  CHECK_THROWS_WITH(planGraph(m.graph, m.profile, cluster, 3072, options),
+                    Catch::Contains("even micro-batches of one sample do not fit") &&
+                        !Catch::Contains("max_pipeline"));
   // Where a plan fits within 32, the default plans exactly as max_pipeline=32 does.
   const DevicePreset& a100 = devicePreset("a100-80gb");
   SyntheticModel small = syntheticTransformer(gpt(), a100.deviceModel("bf16"));
