@@ -53,7 +53,7 @@ struct PlanOptions {
   // default, is the planner's own limit: counts up to kFirstPipelineLimit (32, RaNNC's default,
   // where the search of a usual job stays fast) and, only where no plan fits within them, up to
   // the batch (planStages says so in the log). Megatron-LM's largest runs need that: its 1T GPT
-  // on 3,072 A100s fits only with micro-batches of a few samples (hundreds of them per replica),
+  // on 3,072 A100s fits only with over a hundred micro-batches of a few samples per replica,
   // and a user planning it (`autostage plan --synthetic gpt:layers=128,...`) gets that plan,
   // not "no plan fits" with a hint to raise an option whose needed value nobody knows.
   static constexpr int kFirstPipelineLimit = 32;
