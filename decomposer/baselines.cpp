@@ -195,11 +195,11 @@ Plan planStages(const PlanRequest& request) {
   // none of the first limit's counts gives a plan that fits.
   const PlanOptions& options = request.options;
   const int64_t batch = request.batchSize;
-  if (options.maxPipeline != 0 || options.pipelineNum > 0 || batch <= options.pipelineLimit())
-    return plan(request);
   try {
     return plan(request);
   } catch (const PlanError&) {
+    if (options.maxPipeline != 0 || options.pipelineNum > 0 || batch <= options.pipelineLimit())
+      throw;
     PlanRequest wider = request;
     wider.options.maxPipeline = static_cast<int>(std::min<int64_t>(batch, 1 << 30));
     core::logger("DPStaging")

@@ -130,7 +130,7 @@ def test_sizes_read_early_are_read_again_where_they_are_used():
     assert any("_operator::floordiv" in line for line in lines)
     assert any("_operator::mul" in line for line in lines)
     for name, i in defined.items():
-        uses = [k for k, line in enumerate(lines) if re.search(re.escape(name) + r"\b", line)
+        uses = [k for k, line in enumerate(lines) if re.search(re.escape(name) + r"(?![\w.])", line)
                 and k != i]
         assert uses and max(uses) - i <= 4, (name, lines[i:max(uses) + 1])
     n = ir.node_count

@@ -178,7 +178,7 @@ def _local_source(consumer, size):
     ratios = []
     for operand in _operands(consumer):
         t = operand.meta.get("val")
-        if not isinstance(t, torch.Tensor) or operand is size:
+        if not isinstance(t, torch.Tensor):
             continue
         for dim, extent in enumerate(t.shape):
             e = _symbol(extent)
