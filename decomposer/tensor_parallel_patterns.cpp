@@ -75,15 +75,17 @@ std::vector<NodeId> tensorConsumers(const Graph& g, ValueId v) {
 }
 
 bool isPerHead(const std::string& kind) {
-  return oneOf(kind, {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
-                      "aten::transpose", "aten::contiguous", "aten::clone", "aten::matmul",
-                      "aten::bmm", "aten::baddbmm", "aten::softmax", "aten::_softmax",
-                      "aten::dropout", "aten::div", "aten::mul", "aten::add", "aten::masked_fill",
-                      "aten::where", "aten::scaled_dot_product_attention",
-                      // rotary embeddings (rotate_half) and grouped K/V heads (repeat_kv)
-                      "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct",
-                      "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::to",
-                      "aten::_to_copy", "aten::type_as"});
+  return oneOf(
+      kind,
+      {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute", "aten::transpose",
+       "aten::contiguous", "aten::clone", "aten::matmul", "aten::bmm", "aten::baddbmm",
+       "aten::softmax", "aten::_softmax", "aten::dropout", "aten::div", "aten::mul", "aten::add",
+       "aten::masked_fill", "aten::where", "aten::scaled_dot_product_attention",
+       // rotary embeddings (rotate_half) and grouped K/V heads (repeat_kv)
+       "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct", "aten::unsqueeze",
+       "aten::squeeze", "aten::expand", "aten::to", "aten::_to_copy", "aten::type_as",
+       // GPT-J's rotary embeddings rotate every two features
+       "aten::stack", "aten::flatten"});
 }
 
 // Operations that may read a per-position tensor from outside the attention pattern: a mask
@@ -176,6 +178,25 @@ ShardPattern matchAttention(const Graph& g, const std::vector<NodeId>& qkv,
   return finish(true, region, end);
 }
 
+// The linear nodes of `linears` (reading one value) grouped by the one row-parallel linear
+// their outputs reach through per-head operations, groups of three or more: Q, K and V where an
+// MLP's first linear reads the same value (a parallel layer, as GPT-J's, Phi's and Falcon's).
+std::vector<std::vector<NodeId>> byRowLinear(const Graph& g, const std::vector<NodeId>& linears,
+                                             const std::vector<char>& used) {
+  std::map<NodeId, std::vector<NodeId>> groups;
+  const auto perHead = [&](NodeId c) { return isPerHead(g.node(c).kind); };
+  for (NodeId c : linears) {
+    std::set<NodeId> region{c};
+    NodeId end = core::kNoNode;
+    if (growRegion(g, used, perHead, region, {c}, &end) && end != core::kNoNode)
+      groups[end].push_back(c);
+  }
+  std::vector<std::vector<NodeId>> result;
+  for (auto& [end, group] : groups)
+    if (group.size() >= 3) result.push_back(std::move(group));
+  return result;
+}
+
 // MLP from the column-parallel linear node `first`; empty nodes when it does not match. The
 // region from its output through element-wise nodes (and views keeping the last dimension) must
 // reach exactly one row-parallel linear, every tensor consumer of its values inside; a BATCH
@@ -260,23 +281,19 @@ ShardPattern matchVocabularyHead(const Graph& g, NodeId head) {
   }
 }
 
-// The vocabulary table LM head `head` reads (a graph input, maybe through aten::t); -1 if none.
+// The vocabulary table LM head `head` reads (a graph input, maybe through a transpose); -1 if
+// none.
 ValueId headTable(const Graph& g, NodeId head) {
   for (ValueId v : g.node(head).inputs) {
     const NodeId producer = g.producer(v);
-    const ValueId table = producer != core::kNoNode && oneOf(g.node(producer).kind, {"aten::t"})
-                              ? g.node(producer).inputs.at(0)
-                              : v;
+    const ValueId table =
+        producer != core::kNoNode && transposes2d(g, producer) ? g.node(producer).inputs.at(0) : v;
     if (g.producer(table) == core::kNoNode && vocabularyRows(g.value(table), true) > 0)
       return table;
   }
   return -1;
 }
 
-// A fused QKV projection: linear node n whose output reaches, through views keeping the last
-// dimension, a split into three or more tensors (aten::split / split_with_sizes / chunk with a
-// tensor per output, or a list unpacked by prim::ListUnpack). Returns n, the views and the split
-// (and its unpack), the nodes the attention region starts from; empty when it does not match.
 // `n` adds a 1-D parameter of `v`'s last dimension to `v` (a linear's bias written apart, as
 // TorchScript traces `x @ w.t() + b`).
 bool addsBias(const Graph& g, NodeId n, ValueId v) {
@@ -289,6 +306,14 @@ bool addsBias(const Graph& g, NodeId n, ValueId v) {
          !value.shape().empty() && bias.shape()[0] == value.shape().back();
 }
 
+// A fused QKV projection: linear node n whose output reaches, through views, transposes and the
+// add of its bias, a split into three or more tensors (aten::split / split_with_sizes / chunk
+// with a tensor per output, or a list unpacked by prim::ListUnpack): along the features, Q, K
+// and V side by side (GPT-2's c_attn), or after a view into heads, each head's Q, K and V
+// side by side (GPT-NeoX's and Megatron's layout). Returns n, the views and the split (and its
+// unpack), the nodes the attention region starts from; empty when it does not match. Which
+// layouts split, and how the weight's rows are then cut, the split's plan decides
+// (tensor_parallel_split.h).
 std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
   std::vector<NodeId> start{n};
   NodeId at = n;
@@ -296,7 +321,10 @@ std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
     const std::vector<NodeId> consumers = tensorConsumers(g, g.node(at).outputs.at(0));
     if (consumers.size() != 1 || anyGraphOutput(g, at)) return {};
     const NodeId c = consumers[0];
-    if (keepsLastDimension(g, c) || addsBias(g, c, g.node(at).outputs.at(0))) {
+    if (addsBias(g, c, g.node(at).outputs.at(0)) ||
+        (oneOf(g.node(c).kind, {"aten::view", "aten::reshape", "aten::_unsafe_view",
+                                "aten::transpose", "aten::permute", "aten::contiguous"}) &&
+         g.node(c).outputs.size() == 1)) {
       start.push_back(at = c);
       continue;
     }
@@ -337,7 +365,15 @@ std::vector<ShardPattern> findShardPatterns(const Graph& g) {
       if (isLinear(g, c) && !used[c] && activationOf(g, c) == x.id) qkv.push_back(c);
     if (qkv.size() < 3) continue;
     ShardPattern p = matchAttention(g, qkv, used);
-    if (!p.nodes.empty()) take(std::move(p));
+    if (!p.nodes.empty()) {
+      take(std::move(p));
+      continue;
+    }
+    if (qkv.size() == 3) continue;
+    for (const std::vector<NodeId>& group : byRowLinear(g, qkv, used)) {
+      ShardPattern q = matchAttention(g, group, used);
+      if (!q.nodes.empty()) take(std::move(q));
+    }
   }
   for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {  // fused QKV projections
     if (used[n] || !isLinear(g, n)) continue;

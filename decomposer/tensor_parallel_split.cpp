@@ -36,6 +36,38 @@ bool isNone(const Graph& g, ValueId v) {
   return p != core::kNoNode && g.node(p).kind == "prim::Constant" && !g.value(v).type.isTensor() &&
          g.node(p).findAttribute("value") == nullptr;
 }
+bool transposes2d(const Graph& g, NodeId n) {
+  const core::Node& node = g.node(n);
+  if (node.inputs.empty() || node.outputs.size() != 1) return false;
+  const core::Type& in = g.value(node.inputs[0]).type;
+  if (!in.isTensor() || !in.shapeKnown() || in.shape().size() != 2) return false;
+  if (isKind(node, {"aten::t", "aten::numpy_T"})) return true;
+  const auto dimension = [&](size_t i) -> std::optional<int64_t> {
+    const std::optional<int64_t> d =
+        i < node.inputs.size() ? constantInt(g, node.inputs[i]) : std::nullopt;
+    if (d) return *d < 0 ? *d + 2 : *d;
+    return std::nullopt;
+  };
+  if (isKind(node, {"aten::transpose"})) {
+    const std::optional<int64_t> a = dimension(1), b = dimension(2);
+    return a && b && *a + *b == 1 && *a != *b;
+  }
+  if (isKind(node, {"aten::permute"}) && node.inputs.size() == 2) {
+    const NodeId p = g.producer(node.inputs[1]);
+    if (p == core::kNoNode) return false;
+    const core::Node& list = g.node(p);
+    if (list.kind == "prim::Constant") {
+      const core::Attribute* a = list.findAttribute("value");
+      return a != nullptr && std::holds_alternative<std::vector<int64_t>>(a->value) &&
+             std::get<std::vector<int64_t>>(a->value) == std::vector<int64_t>{1, 0};
+    }
+    return list.kind == "prim::ListConstruct" && list.inputs.size() == 2 &&
+           constantInt(g, list.inputs[0]) == int64_t{1} &&
+           constantInt(g, list.inputs[1]) == int64_t{0};
+  }
+  return false;
+}
+
 namespace {
 
 struct Failure {
@@ -104,14 +136,14 @@ class Planner {
 
  private:
   // A parameter sliced along `dim`: a graph input read by nothing but the pattern (through
-  // aten::t nodes whose readers are in the pattern).
+  // transposes, transposes2d, whose readers are in the pattern).
   void shardParam(PatternPlan& p, ValueId param, int dim, int sections) {
     if (g_.producer(param) != core::kNoNode || g_.value(param).cls != core::ValueClass::Param)
       throw Failure{"value " + g_.value(param).name + " is not a parameter of the model"};
     for (NodeId c : g_.consumers(param)) {
       if (pattern_.count(c)) continue;
       const core::Node& n = g_.node(c);
-      bool viaTranspose = isKind(n, {"aten::t"}) && stage_[c];
+      bool viaTranspose = transposes2d(g_, c) && stage_[c];
       for (NodeId cc : viaTranspose ? g_.consumers(n.outputs.at(0)) : std::vector<NodeId>{})
         if (!pattern_.count(cc)) viaTranspose = false;
       if (!viaTranspose)
@@ -128,7 +160,8 @@ class Planner {
   }
 
   // The weight of a linear node and the dimension of it that holds `outputSide` (true: the
-  // output features) in storage order. Through aten::t, the graph input behind it.
+  // output features) in storage order. Through a transpose (transposes2d), the graph input
+  // behind it.
   std::pair<ValueId, int> weightOf(NodeId n, bool outputSide) {
     const core::Node& node = g_.node(n);
     if (isKind(node, {"aten::linear"})) return {node.inputs.at(1), outputSide ? 0 : 1};
@@ -137,7 +170,7 @@ class Planner {
       throw Failure{core::nodeLabel(g_, n) + " has no parameter as its second operand"};
     const NodeId t = g_.producer(w);
     if (t == core::kNoNode) return {w, outputSide ? 1 : 0};  // [in, out]
-    if (isKind(g_.node(t), {"aten::t"}) && g_.producer(g_.node(t).inputs.at(0)) == core::kNoNode)
+    if (transposes2d(g_, t) && g_.producer(g_.node(t).inputs.at(0)) == core::kNoNode)
       return {g_.node(t).inputs.at(0), outputSide ? 0 : 1};
     throw Failure{core::nodeLabel(g_, n) + " reads its weight through " + core::nodeLabel(g_, t)};
   }
@@ -253,7 +286,8 @@ class Planner {
     return *c;
   }
 
-  // A view or reshape: where the split lands in the output, and its size there rewritten.
+  // A view, reshape or flatten: where the split lands in the output, and its size there
+  // rewritten in the sizes of input `sizesInput` (-1: a flatten, whose output sizes follow).
   void view(PatternPlan& p, NodeId n, const Split& in, int sizesInput) {
     const core::Node& node = g_.node(n);
     const std::vector<int64_t>& is = shapeOf(g_, node.inputs.at(0));
@@ -267,7 +301,7 @@ class Planner {
       if (product(os, 0, k) * (os[k] * strideK / block) != outer) continue;
       Split out{static_cast<int>(k), block / strideK, in.origin};
       if (out.size % degree_ != 0) continue;
-      rewriteSizes(p, n, sizesInput, static_cast<int>(k), node.outputs.at(0));
+      if (sizesInput >= 0) rewriteSizes(p, n, sizesInput, static_cast<int>(k), node.outputs.at(0));
       setOutputs(p, n, out);
       return;
     }
@@ -379,6 +413,16 @@ class Planner {
     const size_t outRank = shapeOf(g_, node.outputs.at(0)).size();
     if (isKind(node, {"aten::view", "aten::reshape", "aten::_unsafe_view"})) {
       view(p, n, splitOf(p, n, in0), 1);
+      return;
+    }
+    if (isKind(node, {"aten::flatten"})) {
+      view(p, n, splitOf(p, n, in0), -1);
+      return;
+    }
+    if (isKind(node, {"aten::stack"})) {  // a new dimension: before the split one, it moves
+      Split s = splitOf(p, n, in0);
+      if (normDim(intInput(n, 1), outRank) <= s.dim) ++s.dim;
+      setOutputs(p, n, s);
       return;
     }
     if (isKind(node, {"aten::permute"})) {

@@ -79,5 +79,8 @@ bool isKind(const core::Node& n, std::initializer_list<const char*> kinds);
 std::optional<int64_t> constantInt(const core::Graph& g, core::ValueId v);
 // A None argument (TorchScript's NoneType constant; torch.export's constant without a value).
 bool isNone(const core::Graph& g, core::ValueId v);
+// Node `n` transposes a 2-D tensor: aten::t, aten::numpy_T (`w.T`, as Falcon's linear layers
+// read their weights), aten::transpose of its two dimensions, aten::permute by [1, 0].
+bool transposes2d(const core::Graph& g, core::NodeId n);
 
 }  // namespace autostage::decomposer

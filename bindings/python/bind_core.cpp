@@ -9,10 +9,42 @@
 #include "core/ir/graph.h"
 #include "core/proto/graph_file.h"
 #include "decomposer/tensor_parallel_patterns.h"
+#include "decomposer/tensor_parallel_split.h"
 
 namespace autostage::bindings {
 
 namespace py = pybind11;
+
+namespace {
+
+// Note [Tensor-parallel patterns]: (kind, scope of its first node, names of its nodes' first
+// outputs, the degrees of 2, 4 and 8 it splits at in a stage holding the whole graph) per
+// pattern, in node order.
+using PatternRow = std::tuple<std::string, std::string, std::vector<std::string>, std::vector<int>>;
+std::vector<PatternRow> shardPatterns(const core::Graph& g) {
+  using V = decomposer::ShardPattern::Vocabulary;
+  const std::vector<decomposer::ShardPattern> patterns = decomposer::findShardPatterns(g);
+  const decomposer::SplitDegrees split = decomposer::splitDegrees(g, patterns);
+  std::vector<PatternRow> result;
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    const decomposer::ShardPattern& p = patterns[i];
+    const std::string kind = p.vocabulary == V::Embedding ? "embedding"
+                             : p.vocabulary == V::Head    ? "lm_head"
+                             : p.attention                ? "attention"
+                                                          : "mlp";
+    std::vector<std::string> names;
+    for (core::NodeId n : p.nodes)
+      if (!g.node(n).outputs.empty()) names.push_back(g.value(g.node(n).outputs[0]).name);
+    std::vector<int> degrees;
+    for (int t : {2, 4, 8})
+      if (split.degrees[i] & (1u << t)) degrees.push_back(t);
+    const core::NodeId first = p.vocabulary == V::Head ? p.head : p.nodes.front();
+    result.emplace_back(kind, g.node(first).scope, names, degrees);
+  }
+  return result;
+}
+
+}  // namespace
 
 void bindCore(py::module_& m) {
   m.attr("__version__") = AUTOSTAGE_VERSION;
@@ -35,24 +67,7 @@ void bindCore(py::module_& m) {
       .def_static("parse", &core::Graph::parse, py::arg("text"), "Graph from its text form.");
   m.def("_save_graph", &core::saveGraph, py::arg("graph"), py::arg("path"));
   m.def("_load_graph", &core::loadGraph, py::arg("path"));
-  // Note [Tensor-parallel patterns]: (kind, scope of its first node, names of its nodes' first
-  // outputs) per pattern, in node order.
-  m.def("_shard_patterns", [](const core::Graph& g) {
-    std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> result;
-    for (const decomposer::ShardPattern& p : decomposer::findShardPatterns(g)) {
-      using V = decomposer::ShardPattern::Vocabulary;
-      const std::string kind = p.vocabulary == V::Embedding ? "embedding"
-                               : p.vocabulary == V::Head    ? "lm_head"
-                               : p.attention                ? "attention"
-                                                            : "mlp";
-      std::vector<std::string> names;
-      for (core::NodeId n : p.nodes)
-        if (!g.node(n).outputs.empty()) names.push_back(g.value(g.node(n).outputs[0]).name);
-      const core::NodeId first = p.vocabulary == V::Head ? p.head : p.nodes.front();
-      result.emplace_back(kind, g.node(first).scope, names);
-    }
-    return result;
-  }, py::arg("graph"));
+  m.def("_shard_patterns", &shardPatterns, py::arg("graph"));
 }
 
 }  // namespace autostage::bindings

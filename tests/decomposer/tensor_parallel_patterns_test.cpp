@@ -524,3 +524,40 @@ TEST_CASE("every block range shards at run time exactly the spans the planner co
     if (tied) CHECK(tiedEnds > 0);
   }
 }
+
+TEST_CASE("a linear layer's weight is read through any 2-D transpose", "[decomposer]") {
+  // Note [Tensor-parallel patterns]: aten::t (nn.Linear traced), aten::numpy_T (`x @ w.T`),
+  // transpose of the two dimensions, permute by [1, 0]; not a 3-D transpose, nor permute [0, 1].
+  core::Graph g;
+  const auto f32 = [](std::vector<int64_t> shape) {
+    return core::Type::tensor(core::DType::Float32, std::move(shape));
+  };
+  const auto constant = [&](core::AttributeValue value, core::Type type) {
+    return g.node(g.addNode("prim::Constant", {}, {std::move(type)}, {{"value", std::move(value)}}))
+        .outputs[0];
+  };
+  const auto integer = [&](int64_t v) {
+    return constant(v, core::Type::scalar(core::TypeKind::Int));
+  };
+  const core::Type ints = core::Type::list(core::Type::scalar(core::TypeKind::Int));
+  const core::ValueId w = g.addInput("w", f32({4, 8}), core::ValueClass::Param);
+  const core::ValueId cube = g.addInput("cube", f32({2, 4, 8}), core::ValueClass::Param);
+  const auto node = [&](const char* kind, std::vector<core::ValueId> inputs,
+                        std::vector<int64_t> shape) {
+    return g.addNode(kind, inputs, {f32(std::move(shape))});
+  };
+  CHECK(transposes2d(g, node("aten::t", {w}, {8, 4})));
+  CHECK(transposes2d(g, node("aten::numpy_T.default", {w}, {8, 4})));
+  CHECK(transposes2d(g, node("aten::transpose.int", {w, integer(0), integer(1)}, {8, 4})));
+  CHECK(transposes2d(g, node("aten::transpose.int", {w, integer(-1), integer(-2)}, {8, 4})));
+  CHECK(transposes2d(
+      g, node("aten::permute", {w, constant(std::vector<int64_t>{1, 0}, ints)}, {8, 4})));
+  const core::NodeId listed = g.addNode("prim::ListConstruct", {integer(1), integer(0)}, {ints});
+  CHECK(transposes2d(g, node("aten::permute.default", {w, g.node(listed).outputs[0]}, {8, 4})));
+  CHECK_FALSE(transposes2d(
+      g, node("aten::permute", {w, constant(std::vector<int64_t>{0, 1}, ints)}, {4, 8})));
+  CHECK_FALSE(transposes2d(g, node("aten::transpose", {w, integer(0), integer(0)}, {4, 8})));
+  CHECK_FALSE(transposes2d(g, node("aten::transpose", {cube, integer(1), integer(2)}, {2, 8, 4})));
+  CHECK_FALSE(transposes2d(g, node("aten::t", {cube}, {2, 8, 4})));
+  CHECK_FALSE(transposes2d(g, node("aten::relu", {w}, {4, 8})));
+}

@@ -2,8 +2,12 @@
 a transformers model captured with torch.export, trained with tensor_parallel=2 against the
 plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict after
 them (rtol 1e-4), and that its attention and MLP weights are held in halves. Model: `gpt2`
-(a fused QKV Conv1D, addmm, split three ways) or `llama` (rotary embeddings, 4 heads over 2 K/V
-heads, a gated MLP). Dropout is off; vocabularies are small (no vocabulary split).
+(a fused QKV Conv1D, addmm, split three ways), `llama` (rotary embeddings, 4 heads over 2 K/V
+heads, a gated MLP), `gpt_neox` (a fused QKV laid out per head: viewed into heads, then
+chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every
+two features), `phi` (side by side, partial rotary embeddings) or `falcon` (linear layers reading
+`w.T`; its multi-query attention, one K/V head, stays replicated). Dropout is off; vocabularies
+are small (no vocabulary split).
 `gpt2-dropout`: GPT-2 with its dropouts on (0.1) through torch.export, the masks drawn from the
 group's stream (Note [Tensor-parallel dropout]; tests/driver/tensor_parallel_test.cpp checks
 them exactly), which plain PyTorch does not draw: each step's loss within 5% of plain PyTorch's,
@@ -30,6 +34,25 @@ def make():
                                          n_positions=32, resid_pdrop=p, embd_pdrop=p,
                                          attn_pdrop=p)
         return transformers.GPT2LMHeadModel(config), "transformer.h.0.attn.c_attn.weight", 1
+    small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=vocab)
+    if name == "gpt_neox":
+        config = transformers.GPTNeoXConfig(intermediate_size=128, max_position_embeddings=32,
+                                            hidden_dropout=0.0, attention_dropout=0.0, **small)
+        return (transformers.GPTNeoXForCausalLM(config),
+                "gpt_neox.layers.0.attention.query_key_value.weight", 0)
+    if name == "gptj":
+        config = transformers.GPTJConfig(n_layer=2, n_embd=64, n_head=4, n_positions=32,
+                                         rotary_dim=8, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0, vocab_size=vocab)
+        return transformers.GPTJForCausalLM(config), "transformer.h.0.attn.q_proj.weight", 0
+    if name == "phi":
+        config = transformers.PhiConfig(intermediate_size=128, max_position_embeddings=32,
+                                        resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+                                        **small)
+        return transformers.PhiForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
+    if name == "falcon":
+        config = transformers.FalconConfig(hidden_dropout=0.0, attention_dropout=0.0, **small)
+        return transformers.FalconForCausalLM(config), "transformer.h.0.mlp.dense_h_to_4h.weight", 0
     config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
                                       num_attention_heads=4, num_key_value_heads=2,
                                       vocab_size=vocab, max_position_embeddings=32)

@@ -24,6 +24,8 @@ DistributedDataParallel does). Phases:
            under torch.autocast("cpu", dtype=torch.float16) with torch.amp.GradScaler, three
            SGD steps, the second on a batch holding an inf (both skip it, halve the scale);
            only where the build runs fp16 on the CPU (Note [fp16 on the CPU]);
+  parallel   two layers laid out as GPT-NeoX's, GPT-J's, Phi's and Falcon's (ParallelBlock), tp=2,
+           three SGD steps with momentum;
   noise    the block with torch.randn_like noise added to its input (tp=2), the noise returned
            too: the outputs are plain PyTorch's on the input plus that noise, which holds only
            when every member drew the same (Note [Tensor-parallel random operators]);
@@ -69,6 +71,50 @@ class Block(torch.nn.Module):
         att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
         x = x + self.o(att.transpose(1, 2).reshape(x.shape))
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class ParallelBlock(torch.nn.Module):
+    """A layer whose attention and MLP read one norm side by side (x + attention(norm(x)) +
+    mlp(norm(x)), as GPT-J's, GPT-NeoX's, Phi's and Falcon's), its MLP reading its weights as
+    `y @ w.T` (Falcon's linear layers), rotary-style factors on the first half of each head's
+    features rotating every two of them (GPT-J's: strided slices, stack, flatten). `fused`: Q, K
+    and V from one projection laid out per head (viewed into heads, then each head's features
+    chunked in three: GPT-NeoX's and Megatron's layout); else three projections reading the norm
+    beside the MLP's (GPT-J's, Phi's)."""
+
+    def __init__(self, fused, hidden=16, heads=4):
+        super().__init__()
+        self.fused, self.heads = fused, heads
+        if fused:
+            self.qkv = torch.nn.Linear(hidden, 3 * hidden)
+        else:
+            self.q, self.k, self.v = (torch.nn.Linear(hidden, hidden) for _ in range(3))
+        self.o = torch.nn.Linear(hidden, hidden)
+        self.w_up = torch.nn.Parameter(0.2 * torch.randn(32, hidden))
+        self.w_down = torch.nn.Parameter(0.2 * torch.randn(hidden, 32))
+        self.norm = torch.nn.LayerNorm(hidden)
+        angles = torch.arange(4.0).reshape(1, 1, 4, 1) * torch.tensor([0.5, 0.5]).reshape(1, 2)
+        self.register_buffer("cos", torch.cos(angles))
+        self.register_buffer("sin", torch.sin(angles))
+
+    def rotate(self, t):  # [batch, heads, positions, 4]: the first 2 features rotated
+        part, rest = t[..., :2], t[..., 2:]
+        turned = torch.stack((-part[..., 1::2], part[..., ::2]), dim=-1).flatten(-2)
+        return torch.cat((part * self.cos + turned * self.sin, rest), dim=-1)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        y = self.norm(x)
+        if self.fused:
+            heads = self.qkv(y).view(b, s, self.heads, 3 * (h // self.heads)).transpose(1, 2)
+            q, k, v = heads.chunk(3, dim=-1)
+        else:
+            q, k, v = (t(y).view(b, s, self.heads, h // self.heads).transpose(1, 2)
+                       for t in (self.q, self.k, self.v))
+        q, k = self.rotate(q), self.rotate(k)
+        att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
+        mlp = torch.nn.functional.gelu(y @ self.w_up.T) @ self.w_down.T
+        return x + self.o(att.transpose(1, 2).reshape(b, s, h)) + mlp
 
 
 class Noisy(Block):
@@ -134,9 +180,11 @@ OVERFLOW_STEP = 1  # fp16: the batch of this step holds an inf
 def state_close(got, want, atol=1e-6):
     """A parameter or optimizer state as plain PyTorch's. With an LM head the gradients sum
     16,384 classes' terms in float32: their rounding is relative to the tensor's scale, not to
-    each (maybe tiny) element, so there the absolute tolerance follows the tensor's largest."""
+    each (maybe tiny) element, so there the absolute tolerance follows the tensor's largest; so
+    too for the parallel layers' momentum (gradients up to 6, rounded at 3e-6 where elements
+    near 0 sit)."""
     got, want = torch.as_tensor(got), torch.as_tensor(want)
-    if phase in ("head", "tied", "tied_stages"):
+    if phase in ("head", "tied", "tied_stages", "parallel"):
         atol = 1e-5 * float(want.abs().max())
     if LOW:
         tolerance = dict(rtol=1e-4, atol=4e-5) if FP16 else dict(rtol=1e-3, atol=3e-4)
@@ -156,11 +204,16 @@ def gap(got, want):
 
 torch.manual_seed(3)
 if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "fp16",
-             "noise"):
+             "noise", "parallel"):
     make = Noisy if phase == "noise" else Block
+    first = "q.weight"
+    if phase == "parallel":
+        def make():
+            return torch.nn.Sequential(ParallelBlock(fused=True), ParallelBlock(fused=False))
+        first = "0.qkv.weight"
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     x2 = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(6))
-    steps, degree, first = 3, {"block4": 4, "resume": 1}.get(phase, 2), "q.weight"
+    steps, degree = 3, {"block4": 4, "resume": 1}.get(phase, 2)
 elif phase in ("vocabulary", "head", "tied", "tied_stages"):
     make = {"vocabulary": Vocabulary, "head": Head}.get(phase, lambda: Head(tied=True))
     x = torch.randint(0, 16384, (2 * world, 4), generator=torch.Generator().manual_seed(5))
@@ -180,6 +233,8 @@ local = x[rows * rank:rows * (rank + 1)]
 
 
 def optimizer_of(params):
+    if phase == "parallel":  # Not Adam: the fused K bias's gradient is rounding (Block's k)
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if phase in ("head", "tied", "tied_stages"):
         # Not Adam: with Adam (lr 0.01) the head's weight after 3 steps was up to 1.8e-4 from
         # plain PyTorch's, where SGD agrees within 1e-5: Adam's g / (sqrt(v) + eps) magnifies

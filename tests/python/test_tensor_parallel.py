@@ -151,7 +151,7 @@ def test_optimizer_state_of_a_table_tied_across_stages_is_joined_from_one_holdin
                               not _autostage._cpu_fp16_autocast(),
                               reason="no fp16 CPU autocast in this build's LibTorch (before "
                                      "2.5: Note [fp16 on the CPU])")),
-                          ("noise", 2),
+                          ("noise", 2), ("parallel", 2),
                           ("vocabulary", 2), ("head", 2),
                           ("tied", 2), ("tied_stages", 4), ("auto", 2)])
 def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
@@ -174,6 +174,9 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert len(kept) >= 4 and set(kept) == {"9"}, log
     if phase in ("vocabulary", "head", "tied", "tied_stages"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
+    if phase == "parallel":  # both layers' attention and MLP found and split
+        assert "tensor_parallel=2: 4 pattern(s) to shard" in log, log
+        assert "stays replicated" not in log, log
     if phase == "tied_stages":  # Note [Tied tables across stages]: each end in its own stage
         stages = set(re.findall(r"\[DPStaging\] \[info\] graph=(STAGE_\S+) .* tp=2 ", log))
         assert len(stages) == 2, log
@@ -191,7 +194,8 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 
 
 @needs_mpirun
-@pytest.mark.parametrize("name", ["gpt2", "llama", "gpt2-dropout"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "gpt2-dropout", "gpt_neox", "gptj", "phi",
+                                  "falcon"])
 def test_a_transformers_model_trains_tensor_parallel(name):
     pytest.importorskip("transformers")
     from autostage.export import available
@@ -269,6 +273,46 @@ def test_a_fused_qkv_projection_is_split_by_heads():
     assert [(p["kind"], p["scope"]) for p in patterns] == [("attention", "qkv")], patterns
 
 
+class _Layouts(torch.nn.Module):
+    """A fused QKV projection viewed into heads before it is chunked: `per_head` as GPT-NeoX
+    and Megatron lay it out (each head's Q, K and V side by side), else GPT-2's layout (all of
+    Q, then K, then V) viewed as [3, heads] and chunked there; then an MLP reading its weights
+    as `y @ w.T` (Falcon's linear layers)."""
+
+    def __init__(self, per_head, hidden=32, heads=4):
+        super().__init__()
+        self.per_head, self.heads = per_head, heads
+        self.qkv, self.o = torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(hidden, hidden)
+        self.w_up = torch.nn.Parameter(torch.randn(64, hidden))
+        self.w_down = torch.nn.Parameter(torch.randn(hidden, 64))
+
+    def forward(self, x):
+        b, s, h = x.shape
+        d = h // self.heads
+        if self.per_head:
+            q, k, v = self.qkv(x).view(b, s, self.heads, 3 * d).transpose(1, 2).chunk(3, dim=-1)
+        else:
+            q, k, v = (t.squeeze(2).transpose(1, 2) for t in
+                       self.qkv(x).view(b, s, 3, self.heads, d).chunk(3, dim=2))
+        att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+        x = x + self.o(att.transpose(1, 2).reshape(b, s, h))
+        return x + torch.relu(x @ self.w_up.T) @ self.w_down.T
+
+
+def test_fused_projections_laid_out_per_head_split_and_others_are_not_guessed():
+    from autostage.export import available
+    example = (torch.randn(2, 8, 32),)
+    for per_head in (True, False):
+        ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(
+            _Layouts(per_head), example)
+        found = [(p["kind"], p["degrees"]) for p in autostage.shard_patterns(ir)]
+        # Per head, each member takes whole heads (contiguous rows of the weight): 4 heads split
+        # 2 and 4 ways. GPT-2's layout viewed as [3, heads] mixes Q, K and V with the heads in
+        # the view: found (a fused projection) but split at no degree, never guessed.
+        attention = [2, 4] if per_head else []
+        assert found == [("attention", attention), ("mlp", [2, 4, 8])], (per_head, found)
+
+
 def test_transformers_models_expose_their_patterns():
     transformers = pytest.importorskip("transformers")
     from autostage.export import available, export_call
@@ -284,6 +328,16 @@ def test_transformers_models_expose_their_patterns():
         # GPT-2's attention projects Q, K and V with one Conv1D (addmm), then splits.
         "gpt2": transformers.GPT2LMHeadModel(transformers.GPT2Config(
             n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=64)),
+        # Q, K and V from one projection laid out per head (viewed into heads, then chunked).
+        "gpt_neox": transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+            vocab_size=vocab, **config)),
+        # Attention and MLP side by side, reading one norm.
+        "gptj": transformers.GPTJForCausalLM(transformers.GPTJConfig(
+            n_layer=2, n_embd=64, n_head=4, rotary_dim=8, vocab_size=vocab)),
+        "phi": transformers.PhiForCausalLM(transformers.PhiConfig(vocab_size=vocab, **config)),
+        # Linear layers reading `w.T`; multi-query attention (one K/V head) is not split.
+        "falcon": transformers.FalconForCausalLM(transformers.FalconConfig(
+            vocab_size=vocab, num_hidden_layers=2, hidden_size=64, num_attention_heads=4)),
     }
     ids = torch.randint(0, vocab, (2, 16))
     for name, model in cases.items():
@@ -296,5 +350,5 @@ def test_transformers_models_expose_their_patterns():
         # model returns its logits.
         assert kinds.count("embedding") == 1, (name, kinds)
         assert kinds.count("mlp") == 2, (name, kinds)
-        assert kinds.count("attention") == 2, (name, kinds)
+        assert kinds.count("attention") == (0 if name == "falcon" else 2), (name, kinds)
         assert "lm_head" not in kinds, (name, kinds)

@@ -42,11 +42,14 @@ def save_graph(ir_or_graph, path):
 def shard_patterns(ir_or_graph):
     """What Megatron-style tensor parallelism would split in the IR (Note [Tensor-parallel
     patterns]): one dict per pattern, in node order, with ``kind`` (attention, mlp, embedding or
-    lm_head), ``scope`` (the module of its first node) and ``nodes`` (their outputs' names).
-    Everything else stays replicated within a tensor-parallel group."""
+    lm_head), ``scope`` (the module of its first node), ``nodes`` (their outputs' names) and
+    ``degrees`` (those of 2, 4 and 8 it splits at in a stage holding it whole: where heads,
+    features or vocabulary rows divide and the layout is one the split follows; an empty list
+    where it stays replicated at every degree). Everything else stays replicated within a
+    tensor-parallel group."""
     graph = ir_or_graph.graph if isinstance(ir_or_graph, IR) else ir_or_graph
-    return [{"kind": kind, "scope": scope, "nodes": list(nodes)}
-            for kind, scope, nodes in _autostage._shard_patterns(graph)]
+    return [{"kind": kind, "scope": scope, "nodes": list(nodes), "degrees": list(degrees)}
+            for kind, scope, nodes, degrees in _autostage._shard_patterns(graph)]
 
 
 def load_graph(path):
