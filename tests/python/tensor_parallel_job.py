@@ -17,6 +17,8 @@ DistributedDataParallel does). Phases:
            eval-mode forward (its own tp=2 plan) after each step, and a forward under no_grad
            in train mode (the inference usage) after the second; the training deployment
            takes its slices back each time (Note [Sharing sliced parameters]);
+  recompute  the block (tp=2) with recompute="always": its stage re-runs the forward, its
+           all-reduces included, in the backward; on 4 ranks 2 replicas of 2 ranks;
   accumulate  the block (tp=2) accumulating the gradients of two batches before each step;
   bf16     the block (tp=2) with precision="bf16" against plain PyTorch under
            torch.autocast("cpu", dtype=torch.bfloat16), three SGD steps (tolerances below);
@@ -204,7 +206,7 @@ def gap(got, want):
 
 torch.manual_seed(3)
 if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "fp16",
-             "noise", "parallel"):
+             "noise", "parallel", "recompute"):
     make = Noisy if phase == "noise" else Block
     first = "q.weight"
     if phase == "parallel":
@@ -257,6 +259,8 @@ if phase == "zero" or (phase == "modes" and world == 4):
     options["zero"] = 1
 if LOW:
     options["precision"] = phase
+if phase == "recompute":
+    options["recompute"] = "always"
 
 
 def reference_forward(inputs):
@@ -369,6 +373,10 @@ if FP16:  # 2^10, halved at the overflow, not yet doubled again (one finite step
     if scaler.get_scale() != ref_scaler.get_scale() or scaler.get_scale() != 2.0**9:
         failures.append(f"loss scale {scaler.get_scale()}, plain PyTorch's "
                         f"{ref_scaler.get_scale()}; expected {2.0**9}")
+if phase == "recompute":  # the deployment the steps ran
+    stages = wrapped._impl.deployment_info()["stages"]
+    if not stages or not all(s["recompute"] and s["tensor_parallel"] == 2 for s in stages):
+        failures.append(f"stages {stages} are not all recomputed at tp=2")
 state = wrapped.state_dict()  # gathered from the stages' ranks and their slices
 for key, want in reference.state_dict().items():
     got = state.get(key)

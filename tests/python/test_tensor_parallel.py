@@ -146,7 +146,8 @@ def test_optimizer_state_of_a_table_tied_across_stages_is_joined_from_one_holdin
 @needs_mpirun
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
-                          ("modes", 2), ("modes", 4), ("accumulate", 2), ("bf16", 2),
+                          ("modes", 2), ("modes", 4), ("recompute", 2), ("recompute", 4),
+                          ("accumulate", 2), ("bf16", 2),
                           pytest.param("fp16", 2, marks=pytest.mark.skipif(
                               not _autostage._cpu_fp16_autocast(),
                               reason="no fp16 CPU autocast in this build's LibTorch (before "
