@@ -70,6 +70,27 @@ std::string infeasibleMessage(const PlanRequest& request) {
         << "batch); read sizes where they are used and keep the batch in dim 0 to get more cuts.";
     return out.str();
   }
+  // A forced degree: every stage's replicas are groups of that many ranks, on a rank of its own
+  // (v = 1) or sharing ranks with v - 1 others, on P / v >= 2 pipeline positions whose groups
+  // divide the devices (Note [Interleaved search] in interleaved_search.h).
+  const std::vector<int> degrees = request.options.tensorParallelCandidates(request.devicesPerNode);
+  if (forced > 0 && degrees.size() == 1 && degrees[0] > 1) {
+    const int t = degrees[0], devices = request.devices;
+    bool shape = false;
+    for (int v : request.options.virtualStageCandidates())
+      shape = shape || (v == 1 ? forced * t <= devices
+                               : forced % v == 0 && forced / v >= 2 && devices % (forced / v * t) == 0);
+    if (!shape) {
+      std::ostringstream out;
+      out << "partition_num=" << forced << " stages at tensor_parallel=" << t
+          << " do not fit on " << devices << " devices: each stage's replicas are groups of " << t
+          << " ranks, so " << forced << " stages need " << forced * t << " devices (interleaved, "
+          << "virtual_stages=v, " << forced << "/v pipeline positions of " << t
+          << " ranks, their ranks dividing the devices). Use partition_num <= " << devices / t
+          << ", tensor_parallel=auto or a smaller degree, or more devices.";
+      return out.str();
+    }
+  }
   if (const int64_t rows = request.options.microBatchSize; rows > 0) {
     // Note [Fixed micro-batch size]: no replica and micro-batch count gives that size.
     bool any = false;

@@ -96,6 +96,30 @@ def test_a_forced_degree_must_fit_a_node():
 
 
 @leg_independent
+def test_forced_stages_at_a_forced_degree_must_have_their_devices():
+    gpt = ["plan", "--synthetic", "gpt:layers=4,hidden=1024,heads=16,seq=512",
+           "--device-memory", "16GiB", "--batch", "16", "--tensor-parallel", "2"]
+    # 3 stages of 2 ranks: 6 devices, or interleaved positions that 3 stages do not make.
+    done = cli(*gpt, "--devices", "4", "--devices-per-node", "4", "--partition-num", "3")
+    assert done.returncode != 0
+    assert ("partition_num=3 stages at tensor_parallel=2 do not fit on 4 devices: each stage's "
+            "replicas are groups of 2 ranks, so 3 stages need 6 devices") in done.stderr, \
+        done.stderr
+    assert "Use partition_num <= 2, tensor_parallel=auto" in done.stderr, done.stderr
+    # 2 stages on one group of 2 ranks: no second pipeline position to interleave with.
+    two = cli(*gpt, "--devices", "2", "--devices-per-node", "2", "--partition-num", "2")
+    assert two.returncode != 0
+    assert "partition_num=2 stages at tensor_parallel=2 do not fit on 2 devices" in two.stderr
+    # 4 stages on 4 devices: interleaved, 2 positions of 2 ranks, each holding 2 stages.
+    fits = cli(*gpt, "--devices", "4", "--devices-per-node", "4", "--partition-num", "4",
+               "--json")
+    assert fits.returncode == 0, fits.stderr
+    plan = json.loads(fits.stdout)
+    assert [s["tensor_parallel"] for s in plan["stage_list"]] == [2] * 4, plan
+    assert plan["virtual_stages"] == 2, plan
+
+
+@leg_independent
 def test_a_model_without_shardable_operations():
     args = ["plan", "--synthetic", "resnet:blocks=4", "--devices", "4", "--devices-per-node", "4",
             "--device-memory", "16GiB", "--batch", "16"]

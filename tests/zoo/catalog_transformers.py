@@ -28,6 +28,15 @@ def _causal_lm(config_class, model_class, **extra):
     return build
 
 
+def llama_four_heads():
+    """Llama with 4 heads and 4 K/V heads: its attention splits 2 and 4 ways."""
+    import transformers
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=32,
+        attention_dropout=0.0))
+
+
 def gpt2():
     import transformers
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -84,6 +93,11 @@ TEXT = "8 tokens; attention_mask, labels by keyword"
 PLANS = [(1, 1, 2, "forward"), (2, 2, 2, "forward"), (4, 4, 1, "forward"),
          (4, 2, 2, "forward")]
 EXPORT = {"front_end": "export"}
+# Tensor parallelism (issue 30): t = 2 alone, with 2 stages, with replicas; t = 4 alone. Every
+# attention and MLP split (each rank holds its heads' and features' slices of the weights,
+# compared with the same slices of plain PyTorch's); the vocabulary (50 ids) stays whole.
+TP2_PLANS = [(2, 1, 2, "forward"), (4, 2, 2, "forward"), (4, 1, 2, "forward")]
+TP4_PLANS = [(4, 1, 2, "forward")]
 # Causal LMs' loss is float32: transformers computes it from logits.float().
 NOTE = "loss in float32 (transformers' logits.float()): compared within rtol 1e-5"
 ZOO = [
@@ -110,6 +124,15 @@ ZOO = [
           causal_batch, None, PLANS, loss_key="loss",
           input_text=TEXT + ", use_cache=False", options=EXPORT, dtype=torch.float32,
           note="float32 (its grouped_mm experts run no float64): compared within rtol 1e-5"),
+    Entry("GPT-2, tensor_parallel=2", FAMILY, gpt2, causal_batch, None, TP2_PLANS,
+          loss_key="loss", input_text=TEXT + ", use_cache=False",
+          options=dict(EXPORT, tensor_parallel=2), note=NOTE),
+    Entry("Llama (4 K/V heads), tensor_parallel=2", FAMILY, llama_four_heads, causal_batch, None,
+          TP2_PLANS, loss_key="loss", input_text=TEXT + ", use_cache=False",
+          options=dict(EXPORT, tensor_parallel=2), note=NOTE),
+    Entry("Llama (4 K/V heads), tensor_parallel=4", FAMILY, llama_four_heads, causal_batch, None,
+          TP4_PLANS, loss_key="loss", input_text=TEXT + ", use_cache=False",
+          options=dict(EXPORT, tensor_parallel=4), note=NOTE),
     Entry("ViT", FAMILY, vit, image_batch, None, PLANS,
           loss_key="loss", input_text="3x16x16, labels by keyword", options=EXPORT),
     Entry("deeplabv3_mobilenet_v3_large (aux), torch.export", "torchvision segmentation",

@@ -26,6 +26,11 @@ RTOL, ATOL, STEPS, LR = 1e-9, 1e-11, 2, 0.05
 FLOAT32_RTOL, FLOAT32_ATOL = 1e-5, 1e-6
 
 
+# The options an entry may set, at their defaults: options are process-wide, so each config sets
+# them all (an entry's tensor_parallel=4 must not reach the next entry's plans).
+ENTRY_OPTION_DEFAULTS = {"front_end": "auto", "tensor_parallel": 1}
+
+
 def optimizer_for(params):
     return torch.optim.SGD(params, lr=LR, momentum=0.9)
 
@@ -83,7 +88,7 @@ def run_config(entry, partition, pipeline, call, cache_dir, rank, world):
         model, optimizer, partition_num=partition, pipeline_num=pipeline,
         schedule="1f1b" if call == "train_step" else "gpipe", recompute="never", profile_cache_dir=cache_dir, profile_repeats=3, profile_passes=1,
         profile_pass_seconds=0, profile_batch_sizes="", decomposer="dp", mem_limit_gb=0,
-        **dict({"front_end": "auto"}, **entry.options))  # options are process-wide: each sets it
+        **dict(ENTRY_OPTION_DEFAULTS, **entry.options))
     mismatch, info = Mismatch(), None
     local = entry.local_batch
     rows = slice(rank * local, (rank + 1) * local)
@@ -112,6 +117,11 @@ def run_config(entry, partition, pipeline, call, cache_dir, rank, world):
             # are not model state: nothing to compare.
             names = [by_ptr[t.data_ptr()] for t in wrapped._impl.local_tensors()
                      if t.data_ptr() in by_ptr]
+
+        def mine(name, whole):
+            """Plain PyTorch's tensor cut to this rank's tensor-parallel slice where it holds
+            one (Note [Tensor-parallel parameters]); whole otherwise."""
+            return dict(wrapped._impl.slice_state([(name, whole)]))[name]
         ref_out = reference.step(args, kwargs, target)
         compare_outputs(mismatch, step, out, ref_out, rows)
         for n in names:
@@ -119,20 +129,26 @@ def run_config(entry, partition, pipeline, call, cache_dir, rank, world):
                 grad = params[n].grad
                 mismatch.check(f"step {step} grad {n}",
                                grad if grad is not None else torch.zeros_like(params[n]),
-                               reference.grad(n))
+                               mine(n, reference.grad(n)))
         optimizer.step()
         reference.optimizer_step()
         state = dict(model.named_buffers())
         state.update(model.state_dict(keep_vars=True))
         for n in names:
             if n in params or step == STEPS - 1:
-                mismatch.check(f"step {step} value {n}", state[n], reference.tensor(n))
+                mismatch.check(f"step {step} value {n}", state[n], mine(n, reference.tensor(n)))
     if mismatch.compared == 0:
         mismatch.failures.append("nothing was compared")
     stages = info["stages"]
     if len(stages) != partition or info["micro_batches"] != pipeline:
         mismatch.failures.append(f"planned {len(stages)} stages x {info['micro_batches']} "
                                  f"micro-batches, forced {partition} x {pipeline}")
+    degree = entry.options.get("tensor_parallel", 1)
+    if any(s["tensor_parallel"] != degree for s in stages):
+        mismatch.failures.append(f"stages at tensor_parallel {[s['tensor_parallel'] for s in stages]}"
+                                 f", forced {degree}")
+    elif degree > 1 and not wrapped._impl.held_slices():
+        mismatch.failures.append(f"tensor_parallel={degree} but this rank holds no slices")
     return mismatch, [len(s["ranks"]) for s in stages]
 
 
@@ -140,7 +156,7 @@ def expect_plan_error(entry, partition, pipeline, cache_dir, rank, world):
     """A plan shape the model cannot have: PlanError on every rank, naming why."""
     model = entry.model()
     wrapped = autostage.Module(model, None, partition_num=partition, pipeline_num=pipeline,
-                               **dict({"front_end": "auto"}, **entry.options),
+                               **dict(ENTRY_OPTION_DEFAULTS, **entry.options),
                                profile_cache_dir=cache_dir, profile_repeats=3,
                                profile_passes=1, profile_pass_seconds=0)
     args, kwargs, _ = entry.batch(world * entry.local_batch, 0)

@@ -48,6 +48,10 @@ def test_catalog_covers_the_issue():
             trained = [p for p in exported[name] if p[3] != "PlanError"]
             assert {p[1] for p in trained} >= {1, 2, 4}, (name, "1, 2 and 4 stages")
             assert any(p[0] > p[1] for p in trained), (name, "replicated stages")
+        # issue 30: tensor parallelism at 2 and 4, alone, with 2 stages and with replicas
+        split = {(e.options["tensor_parallel"], p[0], p[1]) for e in ZOO
+                 if e.options.get("tensor_parallel") for p in e.plans}
+        assert {(2, 2, 1), (2, 4, 2), (2, 4, 1), (4, 4, 1)} <= split, split
 
 
 @needs_mpirun
