@@ -247,7 +247,10 @@ class Planner {
       if (p.split.count(v) || !g_.value(v).type.isTensor()) continue;
       const std::vector<int64_t>& s = shapeOf(g_, v);
       const int d = joined->dim - static_cast<int>(rank - s.size());
-      if (d < 0 || s[d] == 1) continue;  // broadcast over the split dimension
+      if (d < 0 || s[d] == 1) {  // broadcast over the split dimension
+        broadcastOperand(p, n, v);
+        continue;
+      }
       if (g_.value(v).cls == core::ValueClass::Param && s[d] % joined->size == 0) {
         shardParam(p, v, d, static_cast<int>(s[d] / joined->size));
         // A bias added to a fused projection's whole output is cut in its parts, as the
@@ -260,6 +263,42 @@ class Planner {
                     ", which is not split, across the split dimension"};
     }
     return *joined;
+  }
+
+  // `v`, read by node `n` of the pattern unsplit and broadcast over the split dimension: each
+  // member's gradient of it is its heads' share. A parameter read by the pattern alone is summed
+  // over the group (PatternPlan::partial); values that need no gradient (masks, position
+  // factors from buffers and the model's inputs) are fine; a value computed from a parameter
+  // (or from the activations) would send a share into replicated nodes, which take their
+  // gradient from one member: the pattern stays replicated.
+  void broadcastOperand(PatternPlan& p, NodeId n, ValueId v) {
+    const core::Value& value = g_.value(v);
+    if (g_.producer(v) == core::kNoNode) {
+      if (value.cls != core::ValueClass::Param || !value.type.requiresGrad()) return;
+      for (NodeId c : g_.consumers(v))
+        if (!pattern_.count(c))
+          throw Failure{"parameter " + value.name + ", read by " + core::nodeLabel(g_, n) +
+                        " across the split dimension, is also read by " + core::nodeLabel(g_, c)};
+      p.partial.insert(v);
+      return;
+    }
+    std::vector<ValueId> stack{v};
+    std::set<ValueId> seen{v};
+    while (!stack.empty()) {
+      const ValueId u = stack.back();
+      stack.pop_back();
+      const NodeId producer = g_.producer(u);
+      if (producer == core::kNoNode) {
+        if (g_.value(u).type.requiresGrad())
+          throw Failure{core::nodeLabel(g_, n) + " reads " + value.name + ", computed from " +
+                        g_.value(u).name +
+                        ", across the split dimension: its gradient would "
+                        "come back split by heads"};
+        continue;
+      }
+      for (ValueId in : g_.node(producer).inputs)
+        if (seen.insert(in).second) stack.push_back(in);
+    }
   }
 
   const Split& splitOf(const PatternPlan& p, NodeId n, ValueId v) {

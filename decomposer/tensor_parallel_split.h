@@ -56,6 +56,11 @@ struct PatternPlan {
   // (Note [Vocabulary-parallel loss] in staging/tensor_parallel_ops.h).
   std::map<core::NodeId, const char*> vocabularyOps;
   std::vector<core::NodeId> nodes;  // the pattern's
+  // Whole parameters the pattern reads broadcast over the split dimension (a learnable scale of
+  // each head's features): a member's gradient of one is its heads' share, so the group sums
+  // them rather than taking one member's (Note [Tensor-parallel gradients] in
+  // staging/gradient_sync.h).
+  std::set<core::ValueId> partial;
 };
 
 

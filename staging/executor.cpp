@@ -113,14 +113,17 @@ void Executor::shardParameters() {
   for (const LocalStage& local : local_) {
     const core::StageDeployment& stage = deployment_.stages[local.id];
     if (stage.tensorParallel <= 1) continue;
-    std::set<core::ValueId> sliced;
+    // Sliced, or whole with each member's share of the gradient (Note [Tensor-parallel
+    // gradients]): neither is divided by the degree.
+    std::set<core::ValueId> summed(local.runner->partialParams().begin(),
+                                   local.runner->partialParams().end());
     for (const ParamShard& shard : local.runner->shards()) {
-      sliced.insert(shard.param);
+      summed.insert(shard.param);
       heldSlices_.push_back({params_.name(shard.param), shard, stage.tensorParallel, local.member,
                              model_.graph.value(shard.param).type.shape(), at::Tensor()});
     }
     for (core::ValueId p : stageParams(model_.graph, stage))
-      if (!sliced.count(p)) replicatedInGroup_.emplace(p, stage.tensorParallel);
+      if (!summed.count(p)) replicatedInGroup_.emplace(p, stage.tensorParallel);
   }
   sliceHeldParameters();
 }

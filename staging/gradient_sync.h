@@ -49,7 +49,10 @@
 // parameter the stage reads whole (a LayerNorm's, a row-parallel bias) gets the same gradient
 // on every member of a group (their inputs and output gradients are the same), so its holder
 // set is every rank of the stage as usual, and each member divides its gradient by the degree
-// first (Executor::allreduceGrads): the sum then counts each replica once. The global norm
+// first (Executor::allreduceGrads): the sum then counts each replica once. A whole parameter the
+// pattern itself reads across the split dimension (a learnable scale of each head's features,
+// broadcast over the heads: decomposer::PatternPlan::partial) gets on each member its heads'
+// share of the gradient: it is summed over the same set without that division. The global norm
 // counts each slice once (the lowest rank of each slice's set) and each whole parameter once.
 //
 // Note [Tied tables across stages]

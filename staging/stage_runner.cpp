@@ -77,6 +77,7 @@ torchscript::ExportedFunction StageRunner::makeFunction(const core::Graph& graph
   group_ = std::make_unique<TensorParallelGroup>(tp->backend, tp->group, tp->index);
   ShardedStage sharded = shardStage(graph, stage_.nodes, stage_.tensorParallel, group_->handle());
   shards_ = sharded.shards;
+  partial_ = sharded.partial;
   replicated_ = sharded.skipped;
   ownRandom_ = sharded.ownRandom;
   std::vector<core::NodeId> all;

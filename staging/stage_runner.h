@@ -79,6 +79,8 @@ class StageRunner {
   // The parameter slices this rank holds (empty unless the stage is tensor-parallel) and the
   // patterns that stayed replicated (Note [Tensor-parallel stages]).
   const std::vector<ParamShard>& shards() const { return shards_; }
+  // Whole parameters whose gradient is this member's heads' share (ShardedStage::partial).
+  const std::vector<core::ValueId>& partialParams() const { return partial_; }
   const std::vector<std::string>& replicatedPatterns() const { return replicated_; }
   // Random operators the runner seeds alike on every member (Note [Tensor-parallel random
   // operators]).
@@ -121,6 +123,7 @@ class StageRunner {
   const ParamStorage& params_;
   std::unique_ptr<TensorParallelGroup> group_;  // before function_: the graph names its handle
   std::vector<ParamShard> shards_;
+  std::vector<core::ValueId> partial_;
   std::vector<std::string> replicated_;
   int ownRandom_ = 0;  // Note [Tensor-parallel random operators]
   torchscript::ExportedFunction function_;

@@ -257,6 +257,9 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
   result.origin = builder.origin();
   result.graph = builder.take();
   result.shards = shardsOf(plans);
+  std::set<ValueId> partial;
+  for (const PatternPlan& p : plans) partial.insert(p.partial.begin(), p.partial.end());
+  result.partial.assign(partial.begin(), partial.end());
   return result;
 }
 

@@ -54,6 +54,9 @@ struct ShardedStage {
   // what the rewrite adds (constants, lists, tp_copy, tp_reduce).
   std::vector<core::NodeId> origin;
   std::vector<ParamShard> shards;      // ascending param
+  // Whole parameters whose gradient each member holds its heads' share of (PatternPlan::partial):
+  // summed over the group, not divided by the degree (Note [Tensor-parallel gradients]).
+  std::vector<core::ValueId> partial;  // ascending
   int sharded = 0;                     // patterns sharded
   std::vector<core::NodeId> patternNodes;  // the original nodes of the sharded patterns, ascending
   // Random operators other than the dropouts rewritten to tp_dropout (torch.randn_like,

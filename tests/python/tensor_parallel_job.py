@@ -82,7 +82,9 @@ class ParallelBlock(torch.nn.Module):
     features rotating every two of them (GPT-J's: strided slices, stack, flatten). `fused`: Q, K
     and V from one projection laid out per head (viewed into heads, then each head's features
     chunked in three: GPT-NeoX's and Megatron's layout); else three projections reading the norm
-    beside the MLP's (GPT-J's, Phi's)."""
+    beside the MLP's (GPT-J's, Phi's). A learnable scale of each head's features multiplies Q,
+    broadcast over the heads: each member's gradient of it is its heads' share, summed over the
+    group."""
 
     def __init__(self, fused, hidden=16, heads=4):
         super().__init__()
@@ -95,6 +97,7 @@ class ParallelBlock(torch.nn.Module):
         self.w_up = torch.nn.Parameter(0.2 * torch.randn(32, hidden))
         self.w_down = torch.nn.Parameter(0.2 * torch.randn(hidden, 32))
         self.norm = torch.nn.LayerNorm(hidden)
+        self.q_scale = torch.nn.Parameter(0.5 + torch.rand(hidden // heads))
         angles = torch.arange(4.0).reshape(1, 1, 4, 1) * torch.tensor([0.5, 0.5]).reshape(1, 2)
         self.register_buffer("cos", torch.cos(angles))
         self.register_buffer("sin", torch.sin(angles))
@@ -113,7 +116,7 @@ class ParallelBlock(torch.nn.Module):
         else:
             q, k, v = (t(y).view(b, s, self.heads, h // self.heads).transpose(1, 2)
                        for t in (self.q, self.k, self.v))
-        q, k = self.rotate(q), self.rotate(k)
+        q, k = self.rotate(q) * self.q_scale, self.rotate(k)
         att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
         mlp = torch.nn.functional.gelu(y @ self.w_up.T) @ self.w_down.T
         return x + self.o(att.transpose(1, 2).reshape(b, s, h)) + mlp
@@ -174,8 +177,11 @@ class Head(torch.nn.Module):
 BF16 = phase == "bf16"
 FP16 = phase == "fp16"
 LOW = BF16 or FP16
+# The parallel layers: after three steps with momentum the parameters agree within 1e-5 of each
+# tensor's largest (state_close), which moves outputs near 0 by up to 2.1e-6 (measured on the
+# 1.13 leg, 2026-12-07): atol 1e-5.
 OUT_TOL = (dict(rtol=2e-2, atol=4e-3) if BF16 else dict(rtol=3e-3, atol=1e-3) if FP16
-           else dict(rtol=1e-5, atol=1e-6))
+           else dict(rtol=1e-5, atol=1e-5) if phase == "parallel" else dict(rtol=1e-5, atol=1e-6))
 OVERFLOW_STEP = 1  # fp16: the batch of this step holds an inf
 
 
@@ -414,7 +420,8 @@ if phase not in ("mlp", "auto", "resume"):
     (expected.pow(2).sum() / world).backward()
     ref_optimizer.step()
     if not torch.allclose(out, expected[rows * rank:rows * (rank + 1)], **OUT_TOL):
-        failures.append("outputs after loading the state differ from plain PyTorch")
+        failures.append("outputs after loading the state differ from plain PyTorch"
+                        f"{gap(out, expected[rows * rank:rows * (rank + 1)])}")
     for key, want in reference.state_dict().items():
         if not state_close(wrapped.state_dict()[key], want):
             failures.append(f"{key} after loading and a step differs from plain PyTorch")

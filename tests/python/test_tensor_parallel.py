@@ -338,6 +338,40 @@ def test_fused_projections_laid_out_per_head_split_and_others_are_not_guessed():
         assert found == [("attention", attention), ("mlp", [2, 4, 8])], (per_head, found)
 
 
+class _Scaled(torch.nn.Module):
+    """Attention whose Q is multiplied by a learnable scale of each head's features: the
+    parameter itself (`direct`), or computed from one (its exp)."""
+
+    def __init__(self, direct, hidden=32, heads=4):
+        super().__init__()
+        self.direct, self.heads = direct, heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden) for _ in range(4))
+        self.scale = torch.nn.Parameter(torch.zeros(hidden // heads))
+
+    def split(self, x):
+        b, s, h = x.shape
+        return x.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)
+
+    def forward(self, x):
+        q = self.split(self.q(x)) * (self.scale if self.direct else self.scale.exp())
+        k, v = self.split(self.k(x)), self.split(self.v(x))
+        att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+        return x + self.o(att.transpose(1, 2).reshape(x.shape))
+
+
+def test_a_scale_read_across_the_heads_is_summed_or_left_replicated():
+    # The parameter read by the pattern alone: split (its gradient summed over the group; the
+    # `parallel` phase trains one against plain PyTorch). Computed from the parameter by a node
+    # outside the pattern, which would take one member's share as the whole: left replicated.
+    from autostage.export import available
+    example = (torch.randn(2, 8, 32),)
+    for direct, degrees in ((True, [2, 4]), (False, [])):
+        ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(
+            _Scaled(direct), example)
+        found = [(p["kind"], p["degrees"]) for p in autostage.shard_patterns(ir)]
+        assert found == [("attention", degrees)], (direct, found)
+
+
 def test_transformers_models_expose_their_patterns():
     transformers = pytest.importorskip("transformers")
     from autostage.export import available, export_call
