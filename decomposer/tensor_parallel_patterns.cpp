@@ -455,7 +455,8 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
   // bytes of a tied table it splits besides its own parameters (read by the other end too).
   // Returns it; with lastBlock -1, not added, when no node of it heads a group.
   auto addSpan = [&](const ShardPattern& pattern, const std::vector<NodeId>& nodes,
-                     unsigned degrees, double table, const core::LinearCost& allreduced) {
+                     unsigned degrees, double table, const core::LinearCost& allreduced,
+                     const std::set<ValueId>& whole) {
     ShardableSpan span{b.blockCount(), -1, {}, degrees};
     ShardableCost& s = span.cost;
     std::map<ValueId, int> inPattern;
@@ -503,7 +504,8 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       if (anyMeasured[k]) span.measured[k] = member[k];
     for (const auto& [param, count] : inPattern) {
       const int64_t bytes = g.value(param).type.bytes();
-      if (count == paramGroups[param] && bytes > 0) s.paramBytes += static_cast<double>(bytes);
+      if (count == paramGroups[param] && bytes > 0 && !whole.count(param))
+        s.paramBytes += static_cast<double>(bytes);
     }
     s.paramBytes += table;
     s.allreducePairs = 1;
@@ -515,7 +517,7 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     const ShardPattern& pattern = patterns[i];
     if (pattern.vocabulary == ShardPattern::Vocabulary::None) {
       addSpan(pattern, pattern.nodes, split.degrees[i], 0,
-              valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0)));
+              valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0)), split.partial[i]);
       continue;
     }
     // A vocabulary pattern's one all-reduce as a pair of half its bytes each way.
@@ -524,7 +526,8 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       return core::LinearCost{bytes.fixed / 2, bytes.perSample / 2};
     };
     if (pattern.tiedEmbedding == core::kNoNode) {
-      addSpan(pattern, pattern.nodes, split.degrees[i], 0, half(pattern.allreduced));
+      addSpan(pattern, pattern.nodes, split.degrees[i], 0, half(pattern.allreduced),
+              split.partial[i]);
       continue;
     }
     // Note [Tied tables across stages]: each end splits the table in the stage holding it; a
@@ -536,10 +539,10 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     std::vector<NodeId> headNodes;
     for (NodeId n : pattern.nodes)
       if (n != embedding) headNodes.push_back(n);
-    const ShardableSpan head =
-        addSpan(pattern, headNodes, split.degrees[i], tableBytes, half(pattern.allreduced));
+    const ShardableSpan head = addSpan(pattern, headNodes, split.degrees[i], tableBytes,
+                                       half(pattern.allreduced), split.partial[i]);
     const ShardableSpan embedded = addSpan(pattern, {embedding}, split.degrees[i], tableBytes,
-                                           half(g.node(embedding).outputs.at(0)));
+                                           half(g.node(embedding).outputs.at(0)), split.partial[i]);
     if (head.lastBlock < 0 || embedded.lastBlock < 0 || tableBytes <= 0) continue;
     // The runtime splits the embedding's end alone only in a stage holding no other reader of
     // the table (planPatterns), and both ends when it holds the whole head as well: the

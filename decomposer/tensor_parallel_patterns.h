@@ -60,7 +60,8 @@
 // when it holds them all, at the degrees the runtime's check splits it at: splitDegrees in
 // tensor_parallel_split.h): its costs (the main nodes' profiled times and activations, but for what
 // a column-parallel linear keeps: its input, whole on every member) and its parameters (those read
-// by no node outside the pattern, the row-parallel node's 1-D bias excepted), with one all-reduce
+// by no node outside the pattern, the row-parallel node's 1-D bias and the whole parameters the
+// split reads across its dimension, PatternPlan::partial, excepted), with one all-reduce
 // pair of the row-parallel output's bytes; a vocabulary pattern's one all-reduce (of the
 // embedding's output, or of the head's input) is counted as a pair of half its bytes each way. A
 // tied pattern gives a span per end, each splitting the table, and a correction over both

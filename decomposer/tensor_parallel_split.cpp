@@ -739,12 +739,17 @@ SplitDegrees splitDegrees(const Graph& graph, const std::vector<ShardPattern>& p
   const std::vector<char> all(graph.nodeCount(), 1);
   SplitDegrees result;
   result.degrees.assign(patterns.size(), 0);
+  result.partial.resize(patterns.size());
   for (size_t i = 0; i < patterns.size(); ++i) {
     for (int degree : {2, 4, 8}) {
       PatternPlan plan;
       const std::string why = planPattern(graph, patterns[i], all, degree, plan);
-      if (why.empty()) result.degrees[i] |= 1u << degree;
-      else result.replicated[degree].push_back(why);
+      if (why.empty()) {
+        result.degrees[i] |= 1u << degree;
+        result.partial[i].insert(plan.partial.begin(), plan.partial.end());
+      } else {
+        result.replicated[degree].push_back(why);
+      }
     }
   }
   return result;

@@ -75,6 +75,8 @@ std::vector<PatternPlan> planPatterns(const core::Graph& graph, const std::vecto
 struct SplitDegrees {
   std::vector<unsigned> degrees;
   std::map<int, std::vector<std::string>> replicated;
+  // Per pattern, its whole parameters (PatternPlan::partial) at the degrees it splits at.
+  std::vector<std::set<core::ValueId>> partial;
 };
 SplitDegrees splitDegrees(const core::Graph& graph, const std::vector<ShardPattern>& patterns);
 
