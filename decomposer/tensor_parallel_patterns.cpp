@@ -85,7 +85,9 @@ bool isPerHead(const std::string& kind) {
        "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct", "aten::unsqueeze",
        "aten::squeeze", "aten::expand", "aten::to", "aten::_to_copy", "aten::type_as",
        // GPT-J's rotary embeddings rotate every two features
-       "aten::stack", "aten::flatten"});
+       "aten::stack", "aten::flatten",
+       // an RMSNorm of each head's features (Qwen3's q_norm and k_norm)
+       "aten::pow", "aten::mean", "aten::rsqrt"});
 }
 
 // Operations that may read a per-position tensor from outside the attention pattern: a mask

@@ -458,6 +458,25 @@ class Planner {
       view(p, n, splitOf(p, n, in0), -1);
       return;
     }
+    if (isKind(node, {"aten::mean"})) {  // over other dimensions (each head's features)
+      Split s = splitOf(p, n, in0);
+      const size_t inRank = shapeOf(g_, in0).size();
+      auto dims = node.inputs.size() > 2 ? listEntries(g_, node.inputs.at(1)) : std::nullopt;
+      const std::optional<int64_t> keep =
+          node.inputs.size() > 2 ? constantInt(g_, node.inputs[2]) : std::nullopt;
+      if (!dims || dims->empty() || !keep)
+        throw Failure{core::nodeLabel(g_, n) + " averages over dimensions not named"};
+      int before = 0;
+      for (const std::optional<int64_t>& d : *dims) {
+        if (!d)
+          throw Failure{core::nodeLabel(g_, n) + " averages over dimensions computed at run time"};
+        notAlong(n, s, *d, inRank);
+        before += normDim(*d, inRank) < s.dim;
+      }
+      if (*keep == 0) s.dim -= before;
+      setOutputs(p, n, s);
+      return;
+    }
     if (isKind(node, {"aten::stack"})) {  // a new dimension: before the split one, it moves
       Split s = splitOf(p, n, in0);
       if (normDim(intInput(n, 1), outRank) <= s.dim) ++s.dim;

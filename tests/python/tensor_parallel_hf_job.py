@@ -5,8 +5,10 @@ them (rtol 1e-4), and that its attention and MLP weights are held in halves. Mod
 (a fused QKV Conv1D, addmm, split three ways), `llama` (rotary embeddings, 4 heads over 2 K/V
 heads, a gated MLP), `gpt_neox` (a fused QKV laid out per head: viewed into heads, then
 chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every
-two features), `phi` (side by side, partial rotary embeddings) or `falcon` (linear layers reading
-`w.T`; its multi-query attention, one K/V head, stays replicated). Dropout is off; vocabularies
+two features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSNorm of each
+head's Q and K features, its weight each member's share of the gradient summed over the group)
+or `falcon` (linear layers reading `w.T`; its multi-query attention, one K/V head, stays
+replicated). Dropout is off; vocabularies
 are small (no vocabulary split).
 `gpt2-dropout`: GPT-2 with its dropouts on (0.1) through torch.export, the masks drawn from the
 group's stream (Note [Tensor-parallel dropout]; tests/driver/tensor_parallel_test.cpp checks
@@ -50,6 +52,10 @@ def make():
                                         resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
                                         **small)
         return transformers.PhiForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
+    if name == "qwen3":
+        config = transformers.Qwen3Config(intermediate_size=128, num_key_value_heads=2,
+                                          head_dim=16, max_position_embeddings=32, **small)
+        return transformers.Qwen3ForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
     if name == "falcon":
         config = transformers.FalconConfig(hidden_dropout=0.0, attention_dropout=0.0, **small)
         return transformers.FalconForCausalLM(config), "transformer.h.0.mlp.dense_h_to_4h.weight", 0

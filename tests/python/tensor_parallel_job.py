@@ -82,9 +82,10 @@ class ParallelBlock(torch.nn.Module):
     features rotating every two of them (GPT-J's: strided slices, stack, flatten). `fused`: Q, K
     and V from one projection laid out per head (viewed into heads, then each head's features
     chunked in three: GPT-NeoX's and Megatron's layout); else three projections reading the norm
-    beside the MLP's (GPT-J's, Phi's). A learnable scale of each head's features multiplies Q,
-    broadcast over the heads: each member's gradient of it is its heads' share, summed over the
-    group."""
+    beside the MLP's (GPT-J's, Phi's), K normalised per head (an RMSNorm of each head's
+    features, as Qwen3's k_norm). A learnable scale of each head's features multiplies Q, and the
+    norm's weight K, broadcast over the heads: each member's gradient of them is its heads'
+    share, summed over the group."""
 
     def __init__(self, fused, hidden=16, heads=4):
         super().__init__()
@@ -98,6 +99,7 @@ class ParallelBlock(torch.nn.Module):
         self.w_down = torch.nn.Parameter(0.2 * torch.randn(hidden, 32))
         self.norm = torch.nn.LayerNorm(hidden)
         self.q_scale = torch.nn.Parameter(0.5 + torch.rand(hidden // heads))
+        self.k_norm = torch.nn.Parameter(0.5 + torch.rand(hidden // heads))
         angles = torch.arange(4.0).reshape(1, 1, 4, 1) * torch.tensor([0.5, 0.5]).reshape(1, 2)
         self.register_buffer("cos", torch.cos(angles))
         self.register_buffer("sin", torch.sin(angles))
@@ -116,6 +118,8 @@ class ParallelBlock(torch.nn.Module):
         else:
             q, k, v = (t(y).view(b, s, self.heads, h // self.heads).transpose(1, 2)
                        for t in (self.q, self.k, self.v))
+        if not self.fused:
+            k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * self.k_norm
         q, k = self.rotate(q) * self.q_scale, self.rotate(k)
         att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
         mlp = torch.nn.functional.gelu(y @ self.w_up.T) @ self.w_down.T

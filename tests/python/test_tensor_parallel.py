@@ -220,7 +220,7 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 
 @needs_mpirun
 @pytest.mark.parametrize("name", ["gpt2", "llama", "gpt2-dropout", "gpt_neox", "gptj", "phi",
-                                  "falcon"])
+                                  "qwen3", "falcon"])
 def test_a_transformers_model_trains_tensor_parallel(name):
     pytest.importorskip("transformers")
     from autostage.export import available
@@ -397,6 +397,12 @@ def test_transformers_models_expose_their_patterns():
         # Linear layers reading `w.T`; multi-query attention (one K/V head) is not split.
         "falcon": transformers.FalconForCausalLM(transformers.FalconConfig(
             vocab_size=vocab, num_hidden_layers=2, hidden_size=64, num_attention_heads=4)),
+        # An RMSNorm of each head's Q and K features: split, its weight read across the heads.
+        "qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+            vocab_size=vocab, num_key_value_heads=2, head_dim=16, **config)),
+        # An RMSNorm of all of Q's and K's features, before the heads: found, split at no degree.
+        "olmo2": transformers.Olmo2ForCausalLM(transformers.Olmo2Config(
+            vocab_size=vocab, **config)),
     }
     ids = torch.randint(0, vocab, (2, 16))
     for name, model in cases.items():
@@ -404,7 +410,12 @@ def test_transformers_models_expose_their_patterns():
         if name != "bert":
             kwargs["use_cache"] = False
         ir, _ = export_call(model.train(), (), kwargs, name)
-        kinds = [p["kind"] for p in autostage.shard_patterns(ir)]
+        patterns = autostage.shard_patterns(ir)
+        kinds = [p["kind"] for p in patterns]
+        attention = [p["degrees"] for p in patterns if p["kind"] == "attention"]
+        # 4 heads split 2 and 4 ways, 2 K/V heads (Llama's, Qwen3's) 2 ways.
+        want = [] if name == "olmo2" else [2] if name in ("llama", "qwen3") else [2, 4]
+        assert all(d == want for d in attention), (name, attention)
         # The word embedding is split over the vocabulary; the LM head stays whole, as the
         # model returns its logits.
         assert kinds.count("embedding") == 1, (name, kinds)
