@@ -36,6 +36,7 @@ bool isNone(const Graph& g, ValueId v) {
   return p != core::kNoNode && g.node(p).kind == "prim::Constant" && !g.value(v).type.isTensor() &&
          g.node(p).findAttribute("value") == nullptr;
 }
+
 bool transposes2d(const Graph& g, NodeId n) {
   const core::Node& node = g.node(n);
   if (node.inputs.empty() || node.outputs.size() != 1) return false;
