@@ -90,6 +90,12 @@ def run_config(entry, partition, pipeline, call, cache_dir, rank, world):
         profile_pass_seconds=0, profile_batch_sizes="", decomposer="dp", mem_limit_gb=0,
         **dict(ENTRY_OPTION_DEFAULTS, **entry.options))
     mismatch, info = Mismatch(), None
+
+    def mine(name, whole):
+        """Plain PyTorch's tensor cut to this rank's tensor-parallel slice where it holds one
+        (Note [Tensor-parallel parameters]); whole otherwise."""
+        return dict(wrapped._impl.slice_state([(name, whole)]))[name]
+
     local = entry.local_batch
     rows = slice(rank * local, (rank + 1) * local)
     for step in range(STEPS):
@@ -117,11 +123,6 @@ def run_config(entry, partition, pipeline, call, cache_dir, rank, world):
             # are not model state: nothing to compare.
             names = [by_ptr[t.data_ptr()] for t in wrapped._impl.local_tensors()
                      if t.data_ptr() in by_ptr]
-
-        def mine(name, whole):
-            """Plain PyTorch's tensor cut to this rank's tensor-parallel slice where it holds
-            one (Note [Tensor-parallel parameters]); whole otherwise."""
-            return dict(wrapped._impl.slice_state([(name, whole)]))[name]
         ref_out = reference.step(args, kwargs, target)
         compare_outputs(mismatch, step, out, ref_out, rows)
         for n in names:
