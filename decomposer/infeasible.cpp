@@ -4,6 +4,7 @@
 
 #include "decomposer/cost_model.h"
 #include "decomposer/dp_stage_search.h"
+#include "decomposer/interleaved_search.h"
 
 namespace autostage::decomposer {
 namespace {
@@ -70,16 +71,16 @@ std::string infeasibleMessage(const PlanRequest& request) {
         << "batch); read sizes where they are used and keep the batch in dim 0 to get more cuts.";
     return out.str();
   }
-  // A forced degree: every stage's replicas are groups of that many ranks, on a rank of its own
-  // (v = 1) or sharing ranks with v - 1 others, on P / v >= 2 pipeline positions whose groups
-  // divide the devices (Note [Interleaved search] in interleaved_search.h).
+  // A forced degree: every stage's replicas are groups of that many ranks, on ranks of their
+  // own (v = 1) or sharing them with v - 1 others on P / v pipeline positions (Note
+  // [Interleaved search] in interleaved_search.h).
   const std::vector<int> degrees = request.options.tensorParallelCandidates(request.devicesPerNode);
   if (forced > 0 && degrees.size() == 1 && degrees[0] > 1) {
     const int t = degrees[0], devices = request.devices;
     bool shape = false;
     for (int v : request.options.virtualStageCandidates())
       shape = shape || (v == 1 ? forced * t <= devices
-                               : forced % v == 0 && forced / v >= 2 && devices % (forced / v * t) == 0);
+                               : forced % v == 0 && positionsTile(devices, forced / v, t));
     if (!shape) {
       std::ostringstream out;
       out << "partition_num=" << forced << " stages at tensor_parallel=" << t

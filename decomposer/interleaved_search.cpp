@@ -61,6 +61,10 @@ std::vector<std::pair<int, int>> minMaxCuts(const std::vector<double>& cost, int
   return greedyCuts(cost, parts, high * (1 + 1e-12));
 }
 
+bool positionsTile(int devices, int positions, int t) {
+  return positions >= 2 && devices % (positions * t) == 0;
+}
+
 namespace {
 
 // The fastest feasible plan found so far.
@@ -91,7 +95,7 @@ void searchDegree(const CostModel& model, int virtualStages, int t, BestPlan& be
   const int blocks = model.ranges().blockCount();
   for (int positions = 2; positions <= std::min(request.devices / t, blocks / virtualStages);
        ++positions) {
-    if (request.devices % (positions * t) != 0) continue;
+    if (!positionsTile(request.devices, positions, t)) continue;
     if (options.partitionNum > 0 && positions * virtualStages != options.partitionNum) continue;
     const int replicas = request.devices / (positions * t);
     for (int microBatches : options.microBatchCandidates(request.batchSize)) {

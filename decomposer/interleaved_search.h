@@ -33,6 +33,10 @@
 
 namespace autostage::decomposer {
 
+// Whether `positions` pipeline positions of groups of t ranks make an interleaved plan on
+// `devices` (the family above: at least 2 positions, their groups dividing the devices).
+bool positionsTile(int devices, int positions, int t);
+
 // The fastest feasible interleaved plan with `virtualStages` (>= 2) stages per position, refined
 // (Note [Simulated refinement]), with predictedSeconds and searchSeconds set to its simulated
 // iteration; nullopt when none fits. `refinement`, when given, receives the refinement's counts.

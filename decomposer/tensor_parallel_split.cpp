@@ -37,43 +37,7 @@ bool isNone(const Graph& g, ValueId v) {
          g.node(p).findAttribute("value") == nullptr;
 }
 
-bool transposes2d(const Graph& g, NodeId n) {
-  const core::Node& node = g.node(n);
-  if (node.inputs.empty() || node.outputs.size() != 1) return false;
-  const core::Type& in = g.value(node.inputs[0]).type;
-  if (!in.isTensor() || !in.shapeKnown() || in.shape().size() != 2) return false;
-  if (isKind(node, {"aten::t", "aten::numpy_T"})) return true;
-  const auto dimension = [&](size_t i) -> std::optional<int64_t> {
-    const std::optional<int64_t> d =
-        i < node.inputs.size() ? constantInt(g, node.inputs[i]) : std::nullopt;
-    if (d) return *d < 0 ? *d + 2 : *d;
-    return std::nullopt;
-  };
-  if (isKind(node, {"aten::transpose"})) {
-    const std::optional<int64_t> a = dimension(1), b = dimension(2);
-    return a && b && *a + *b == 1 && *a != *b;
-  }
-  if (isKind(node, {"aten::permute"}) && node.inputs.size() == 2) {
-    const NodeId p = g.producer(node.inputs[1]);
-    if (p == core::kNoNode) return false;
-    const core::Node& list = g.node(p);
-    if (list.kind == "prim::Constant") {
-      const core::Attribute* a = list.findAttribute("value");
-      return a != nullptr && std::holds_alternative<std::vector<int64_t>>(a->value) &&
-             std::get<std::vector<int64_t>>(a->value) == std::vector<int64_t>{1, 0};
-    }
-    return list.kind == "prim::ListConstruct" && list.inputs.size() == 2 &&
-           constantInt(g, list.inputs[0]) == int64_t{1} &&
-           constantInt(g, list.inputs[1]) == int64_t{0};
-  }
-  return false;
-}
-
 namespace {
-
-struct Failure {
-  std::string reason;
-};
 
 // The entries of an int-list argument: constants, or nullopt where computed at run time.
 std::optional<std::vector<std::optional<int64_t>>> listEntries(const Graph& g, ValueId v) {
@@ -94,6 +58,37 @@ std::optional<std::vector<std::optional<int64_t>>> listEntries(const Graph& g, V
   return std::nullopt;
 }
 
+int normDim(int64_t d, size_t rank) {
+  return static_cast<int>(d < 0 ? d + static_cast<int64_t>(rank) : d);
+}
+
+}  // namespace
+
+bool transposes2d(const Graph& g, NodeId n) {
+  const core::Node& node = g.node(n);
+  if (node.inputs.empty() || node.outputs.size() != 1) return false;
+  const core::Type& in = g.value(node.inputs[0]).type;
+  if (!in.isTensor() || !in.shapeKnown() || in.shape().size() != 2) return false;
+  if (isKind(node, {"aten::t", "aten::numpy_T"})) return true;
+  if (isKind(node, {"aten::transpose"}) && node.inputs.size() == 3) {
+    const std::optional<int64_t> a = constantInt(g, node.inputs[1]),
+                                 b = constantInt(g, node.inputs[2]);
+    return a && b && normDim(*a, 2) != normDim(*b, 2);
+  }
+  if (isKind(node, {"aten::permute"}) && node.inputs.size() == 2) {
+    const auto dims = listEntries(g, node.inputs[1]);
+    return dims && dims->size() == 2 && (*dims)[0] && (*dims)[1] && normDim(*(*dims)[0], 2) == 1 &&
+           normDim(*(*dims)[1], 2) == 0;
+  }
+  return false;
+}
+
+namespace {
+
+struct Failure {
+  std::string reason;
+};
+
 const std::vector<int64_t>& shapeOf(const Graph& g, ValueId v) {
   const core::Type& t = g.value(v).type;
   if (!t.isTensor() || !t.shapeKnown())
@@ -106,8 +101,6 @@ int64_t product(const std::vector<int64_t>& s, size_t from, size_t to) {
   for (size_t i = from; i < to; ++i) p *= s[i];
   return p;
 }
-
-int normDim(int64_t d, size_t rank) { return static_cast<int>(d < 0 ? d + static_cast<int64_t>(rank) : d); }
 
 class Planner {
  public:
