@@ -34,11 +34,11 @@ def main():
     model, reference = Tied(), Tied()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    # Free communication makes replicas pay off whatever the machine's load (test_grad_tools.py
-    # checks the plan replicates a stage).
+    # The uniform planner gives each of the 2 stages 2 replicas (test_grad_tools.py checks the
+    # plan replicates a stage): the DP replicates only where the measured times say it is faster,
+    # and this model's microseconds measure flat on a loaded machine even with free communication.
     wrapped = autostage.Module(model, optimizer, partition_num=2, pipeline_num=1, schedule="gpipe",
-                               recompute="never", comm_latency=0, comm_bandwidth=1e15,
-                               allreduce_bandwidth=1e15)
+                               recompute="never", decomposer="uniform")
     rank, world = autostage.get_rank(), autostage.get_world_size()
     rows = slice(rank * local, (rank + 1) * local)
     failures = []

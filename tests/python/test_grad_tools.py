@@ -10,10 +10,8 @@ from mpi_launch import run_driver
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 def test_accumulation_and_clipping_match_plain_pytorch():
-    # Negligible configured comm costs: replicating a stage then always beats leaving ranks idle,
-    # so the plan has replicas however long this tiny model's profiled times are on a busy machine.
-    log = run_driver("grad_tools_check.py", AUTOSTAGE_COMM_LATENCY="1e-12",
-                     AUTOSTAGE_COMM_BANDWIDTH="1e15", AUTOSTAGE_ALLREDUCE_BANDWIDTH="1e15")
+    # grad_tools_check.py plans with the uniform planner: 2 stages of 2 replicas whatever the load.
+    log = run_driver("grad_tools_check.py")
     for rank in range(4):
         assert f"rank {rank}: grad tools checked; 0 failures" in log, log
     # Really a pipeline with replicas: 2 stages, one of them on several ranks.

@@ -56,12 +56,17 @@ AUTO_OPTIONS = dict(ONLY_SHARDED_FITS, zero="auto")
 
 
 def wrap(model, optimizer, world, **options):
-    # Free communication makes replicas pay off whatever the machine's load; small buckets give
-    # several per stage. 2 ranks: one stage on both; 4 ranks: 2 stages, one or both replicated.
-    # On 2 ranks the model's microseconds of compute do not always show that a second replica is
-    # faster on a loaded machine (a CI run planned one replica and left rank 0 idle), so there
-    # the memory limit decides: only the optimizer state split over both replicas fits.
-    options = dict(dict({"zero": 1}, **(ONLY_SHARDED_FITS if world <= 2 else {})), **options)
+    # Small buckets give several per stage. 2 ranks: one stage on both; 4 ranks: 2 stages. The
+    # DP replicates a stage only where the measured times say a second replica is faster, and this
+    # model's microseconds of compute measure flat on a loaded machine (CI runs planned one
+    # replica and left ranks idle, even with communication made free). So with zero=1 on 4 ranks
+    # the uniform planner fixes 2 replicas per stage, and on 2 ranks (and for zero=auto) the
+    # memory limit decides: only the optimizer state split over the replicas fits.
+    options = dict({"zero": 1}, **options)
+    if world <= 2:
+        options = dict(ONLY_SHARDED_FITS, **options)
+    elif options["zero"] == 1:
+        options["decomposer"] = "uniform"
     return autostage.Module(model, optimizer, partition_num=1 if world <= 2 else 2,
                             pipeline_num=1, schedule="gpipe", recompute="never",
                             comm_latency=0, comm_bandwidth=1e15, allreduce_bandwidth=1e15,
