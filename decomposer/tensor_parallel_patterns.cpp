@@ -458,7 +458,8 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
   // Returns it; with lastBlock -1, not added, when no node of it heads a group.
   auto addSpan = [&](const ShardPattern& pattern, const std::vector<NodeId>& nodes,
                      unsigned degrees, double table, const core::LinearCost& allreduced,
-                     const std::set<ValueId>& whole) {
+                     const std::set<ValueId>& whole,
+                     const std::map<int, std::set<NodeId>>& wholeAt) {
     ShardableSpan span{b.blockCount(), -1, {}, degrees};
     ShardableCost& s = span.cost;
     std::map<ValueId, int> inPattern;
@@ -475,11 +476,16 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       const BlockCost& whole = groupCost[gi];
       add(s.forwardSeconds, whole.forwardSeconds);
       add(s.backwardSeconds, whole.backwardSeconds);
+      bool runsWhole = false;  // at some degree (Note [Whole K/V heads])
       for (int t : {2, 4, 8}) {
         const int k = ShardableSpan::slot(t);
         const core::SplitTimes* measured = profile.nodes[n].splitAt(t);
         anyMeasured[k] = anyMeasured[k] || measured;
+        const auto at = wholeAt.find(t);
+        const bool wholeAtT = at != wholeAt.end() && at->second.count(n) != 0;
+        runsWhole = runsWhole || wholeAtT;
         auto part = [&](const core::LinearCost& wholeCost, const core::LinearCost* split) {
+          if (!split && wholeAtT) return wholeCost;
           if (!split) return core::LinearCost{wholeCost.fixed / t, wholeCost.perSample / t};
           return core::LinearCost{
               std::min(wholeCost.fixed, split->fixed * profile.calibration),
@@ -493,7 +499,9 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       // A column-parallel linear keeps its input for backward, and that input is whole on every
       // member (bench/memory_accuracy: dividing it by t put tp=2 plans 12-22% under the
       // measured peak); what the others keep is split (their inputs are the linears' slices).
-      if (!(isLinear(g, n) && n != pattern.rowLinear))
+      // A node run whole keeps its activations whole (counted so at every degree: at one where
+      // K and V split, theirs count whole too, which errs high).
+      if (!(isLinear(g, n) && n != pattern.rowLinear) && !runsWhole)
         add(s.activationBytes, groupCost[gi].activationBytes);
       for (ValueId p : b.groups[gi].params) {
         const core::Type& type = g.value(p).type;
@@ -519,7 +527,8 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     const ShardPattern& pattern = patterns[i];
     if (pattern.vocabulary == ShardPattern::Vocabulary::None) {
       addSpan(pattern, pattern.nodes, split.degrees[i], 0,
-              valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0)), split.partial[i]);
+              valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0)), split.partial[i],
+              split.wholeNodes[i]);
       continue;
     }
     // A vocabulary pattern's one all-reduce as a pair of half its bytes each way.
@@ -529,7 +538,7 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     };
     if (pattern.tiedEmbedding == core::kNoNode) {
       addSpan(pattern, pattern.nodes, split.degrees[i], 0, half(pattern.allreduced),
-              split.partial[i]);
+              split.partial[i], split.wholeNodes[i]);
       continue;
     }
     // Note [Tied tables across stages]: each end splits the table in the stage holding it; a
@@ -541,10 +550,12 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     std::vector<NodeId> headNodes;
     for (NodeId n : pattern.nodes)
       if (n != embedding) headNodes.push_back(n);
-    const ShardableSpan head = addSpan(pattern, headNodes, split.degrees[i], tableBytes,
-                                       half(pattern.allreduced), split.partial[i]);
-    const ShardableSpan embedded = addSpan(pattern, {embedding}, split.degrees[i], tableBytes,
-                                           half(g.node(embedding).outputs.at(0)), split.partial[i]);
+    const ShardableSpan head =
+        addSpan(pattern, headNodes, split.degrees[i], tableBytes, half(pattern.allreduced),
+                split.partial[i], split.wholeNodes[i]);
+    const ShardableSpan embedded =
+        addSpan(pattern, {embedding}, split.degrees[i], tableBytes,
+                half(g.node(embedding).outputs.at(0)), split.partial[i], split.wholeNodes[i]);
     if (head.lastBlock < 0 || embedded.lastBlock < 0 || tableBytes <= 0) continue;
     // The runtime splits the embedding's end alone only in a stage holding no other reader of
     // the table (planPatterns), and both ends when it holds the whole head as well: the

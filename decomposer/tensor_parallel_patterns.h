@@ -59,7 +59,9 @@
 // Each pattern becomes a ShardableSpan over the blocks holding its nodes (a stage shards it only
 // when it holds them all, at the degrees the runtime's check splits it at: splitDegrees in
 // tensor_parallel_split.h): its costs (the main nodes' profiled times and activations, but for what
-// a column-parallel linear keeps: its input, whole on every member) and its parameters (those read
+// a column-parallel linear keeps: its input, whole on every member, and for the nodes run whole,
+// SplitDegrees::wholeNodes: their time undivided at such a degree where not measured on a
+// member, their activations whole at every degree) and its parameters (those read
 // by no node outside the pattern, the row-parallel node's 1-D bias and the whole parameters the
 // split reads across its dimension, PatternPlan::partial, excepted), with one all-reduce
 // pair of the row-parallel output's bytes; a vocabulary pattern's one all-reduce (of the

@@ -108,16 +108,22 @@ class Planner {
   Planner(const Graph& g, const std::vector<char>& stage, int degree)
       : g_(g), stage_(stage), degree_(degree) {}
 
-  PatternPlan plan(const decomposer::ShardPattern& pattern) {
+  // `whole`: column linears kept whole (Note [Whole K/V heads]).
+  PatternPlan plan(const decomposer::ShardPattern& pattern, const std::set<NodeId>& whole = {}) {
     PatternPlan p;
     pattern_ = std::set<NodeId>(pattern.nodes.begin(), pattern.nodes.end());
     p.row = pattern.rowLinear;
+    p.wholeColumns = whole;
     for (NodeId n : pattern.nodes)
-      if (n != pattern.rowLinear && decomposer::isLinearNode(g_, n)) p.columns.insert(n);
+      if (n != pattern.rowLinear && !whole.count(n) && decomposer::isLinearNode(g_, n))
+        p.columns.insert(n);
     if (p.columns.empty()) throw Failure{"no column-parallel linear"};
     for (NodeId n : pattern.nodes) {
       if (n == pattern.tiedEmbedding) continue;  // runs as tp_embedding of the same rows
-      if (p.columns.count(n)) column(p, n);
+      if (whole.count(n))
+        wholeColumn(p, n);
+      else if (p.columns.count(n))
+        column(p, n);
       else if (n == p.row) row(p, n);
       else if (pattern.vocabulary != decomposer::ShardPattern::Vocabulary::Head ||
                !vocabularyLoss(p, n))
@@ -125,6 +131,9 @@ class Planner {
     }
     for (const auto& [param, origin] : p.paramOrigin)
       if (p.sections.count(origin)) p.params[param].sections = p.sections[origin];
+    for (ValueId v : p.partial)
+      if (p.params.count(v))
+        throw Failure{"parameter " + g_.value(v).name + " is read both sliced and whole"};
     return p;
   }
 
@@ -132,6 +141,19 @@ class Planner {
   // A parameter sliced along `dim`: a graph input read by nothing but the pattern (through
   // transposes, transposes2d, whose readers are in the pattern).
   void shardParam(PatternPlan& p, ValueId param, int dim, int sections) {
+    readByPatternAlone(param);
+    const std::vector<int64_t>& s = shapeOf(g_, param);
+    if (s.at(dim) % (static_cast<int64_t>(sections) * degree_) != 0)
+      throw Failure{"parameter " + g_.value(param).name + " has " + std::to_string(s[dim]) +
+                    " rows/columns, not divisible by " + std::to_string(sections * degree_)};
+    auto [it, added] = p.params.emplace(param, ParamShard{param, dim, sections});
+    if (!added && (it->second.dim != dim))
+      throw Failure{"parameter " + g_.value(param).name + " is split two ways"};
+  }
+
+  // `param` is a parameter of the model that only the pattern reads (directly, or through a
+  // transpose, transposes2d, whose readers are in the pattern).
+  void readByPatternAlone(ValueId param) {
     if (g_.producer(param) != core::kNoNode || g_.value(param).cls != core::ValueClass::Param)
       throw Failure{"value " + g_.value(param).name + " is not a parameter of the model"};
     for (NodeId c : g_.consumers(param)) {
@@ -144,13 +166,6 @@ class Planner {
         throw Failure{"parameter " + g_.value(param).name + " is also read by " +
                       core::nodeLabel(g_, c)};
     }
-    const std::vector<int64_t>& s = shapeOf(g_, param);
-    if (s.at(dim) % (static_cast<int64_t>(sections) * degree_) != 0)
-      throw Failure{"parameter " + g_.value(param).name + " has " + std::to_string(s[dim]) +
-                    " rows/columns, not divisible by " + std::to_string(sections * degree_)};
-    auto [it, added] = p.params.emplace(param, ParamShard{param, dim, sections});
-    if (!added && (it->second.dim != dim))
-      throw Failure{"parameter " + g_.value(param).name + " is split two ways"};
   }
 
   // The weight of a linear node and the dimension of it that holds `outputSide` (true: the
@@ -200,6 +215,38 @@ class Planner {
     p.split[out] = Split{static_cast<int>(s.size()) - 1, s.back(), n};
   }
 
+  // A column linear kept whole (Note [Whole K/V heads]): its parameters are partial.
+  void wholeColumn(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    std::vector<ValueId> params{weightOf(n, true).first};
+    if (isKind(node, {"aten::linear"}) && !isNone(g_, node.inputs.at(2)))
+      params.push_back(node.inputs.at(2));
+    if (isKind(node, {"aten::addmm"})) {
+      requireOnes(n, {3, 4});
+      params.push_back(node.inputs.at(0));
+    }
+    for (ValueId param : params) {
+      readByPatternAlone(param);
+      if (g_.value(param).type.requiresGrad()) p.partial.insert(param);
+    }
+    p.whole.insert(node.outputs.at(0));
+  }
+
+  // A node reading whole values and no split one (Note [Whole K/V heads]): it runs as it is and
+  // its outputs are whole; its other tensor operands broadcast as a split node's do, and a size
+  // computed at run time becomes its recorded constant.
+  void wholeNode(PatternPlan& p, NodeId n) {
+    const core::Node& node = g_.node(n);
+    for (ValueId v : node.inputs)
+      if (!p.whole.count(v) && g_.value(v).type.isTensor()) broadcastOperand(p, n, v);
+    if (isKind(node, {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::expand"}) &&
+        node.inputs.size() > 1 && g_.value(node.inputs[1]).type.kind() == core::TypeKind::List)
+      rewriteSizes(p, n, 1, -1, node.outputs.at(0));
+    for (ValueId out : node.outputs)
+      if (g_.value(out).type.isTensor() || g_.value(out).type.kind() == core::TypeKind::List)
+        p.whole.insert(out);
+  }
+
   void row(PatternPlan& p, NodeId n) {
     const core::Node& node = g_.node(n);
     const ValueId x = decomposer::linearActivation(g_, n);
@@ -226,6 +273,7 @@ class Planner {
   Split joinOperands(PatternPlan& p, NodeId n, const std::vector<int>& operands, size_t rank) {
     const core::Node& node = g_.node(n);
     std::optional<Split> joined;
+    int64_t extent = 0;  // of the split dimension, unsplit
     for (int i : operands) {
       const ValueId v = node.inputs.at(i);
       auto it = p.split.find(v);
@@ -234,6 +282,7 @@ class Planner {
       if (joined && (joined->dim != s.dim || joined->size != s.size))
         throw Failure{core::nodeLabel(g_, n) + " combines tensors split differently"};
       joined = s;
+      extent = shapeOf(g_, v).at(it->second.dim);
     }
     if (!joined) throw Failure{core::nodeLabel(g_, n) + " reads no split tensor"};
     for (int i : operands) {
@@ -241,6 +290,15 @@ class Planner {
       if (p.split.count(v) || !g_.value(v).type.isTensor()) continue;
       const std::vector<int64_t>& s = shapeOf(g_, v);
       const int d = joined->dim - static_cast<int>(rank - s.size());
+      if (p.whole.count(v)) {  // Note [Whole K/V heads]
+        if (d >= 0 && s[d] == extent)
+          p.slices[{n, i}] = Split{d, joined->size, joined->origin};
+        else if (d >= 0 && s[d] != 1)
+          throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name +
+                        ", kept whole, with " + std::to_string(s[d]) +
+                        " entries along the split dimension of " + std::to_string(extent)};
+        continue;  // else broadcast: each member's gradient of it is its heads' share
+      }
       if (d < 0 || s[d] == 1) {  // broadcast over the split dimension
         broadcastOperand(p, n, v);
         continue;
@@ -417,6 +475,13 @@ class Planner {
     std::vector<int> tensors;
     for (size_t i = 0; i < node.inputs.size(); ++i)
       if (g_.value(node.inputs[i]).type.isTensor()) tensors.push_back(static_cast<int>(i));
+    const auto isSplit = [&](ValueId v) { return p.split.count(v) != 0; };
+    const auto isWhole = [&](ValueId v) { return p.whole.count(v) != 0; };
+    if (std::none_of(node.inputs.begin(), node.inputs.end(), isSplit) &&
+        std::any_of(node.inputs.begin(), node.inputs.end(), isWhole)) {
+      wholeNode(p, n);
+      return;
+    }
     if (isKind(node, {"prim::ListConstruct"})) {
       std::optional<Split> s;
       for (ValueId v : node.inputs) {
@@ -633,6 +698,25 @@ std::string vocabularyEmbeddingProblem(const Graph& graph, NodeId n, int degree,
   return "";
 }
 
+// The column linears of an attention pattern narrower than its widest (K and V of fewer heads
+// than Q: Note [Whole K/V heads]); empty for other patterns, or where every column is as wide.
+std::set<NodeId> narrowColumns(const Graph& graph, const ShardPattern& pattern) {
+  std::map<NodeId, int64_t> width;
+  if (!pattern.attention) return {};
+  for (NodeId n : pattern.nodes) {
+    if (n == pattern.rowLinear || !isLinearNode(graph, n)) continue;
+    const core::Type& t = graph.value(graph.node(n).outputs.at(0)).type;
+    if (!t.isTensor() || !t.shapeKnown() || t.shape().empty()) return {};
+    width[n] = t.shape().back();
+  }
+  int64_t widest = 0;
+  for (const auto& [n, w] : width) widest = std::max(widest, w);
+  std::set<NodeId> narrow;
+  for (const auto& [n, w] : width)
+    if (w < widest) narrow.insert(n);
+  return narrow;
+}
+
 // Plans `pattern`, whose nodes `stage` holds all of, for `degree` ranks into `plan`; returns ""
 // or the line saying why it stays replicated.
 std::string planPattern(const Graph& graph, const ShardPattern& pattern,
@@ -660,7 +744,19 @@ std::string planPattern(const Graph& graph, const ShardPattern& pattern,
              " stay replicated: the embedding: " + why;
   }
   try {
-    plan = Planner(graph, stage, degree).plan(pattern);
+    try {
+      plan = Planner(graph, stage, degree).plan(pattern);
+    } catch (const Failure& f) {
+      const std::set<NodeId> whole = narrowColumns(graph, pattern);
+      if (whole.empty()) throw;
+      try {
+        plan = Planner(graph, stage, degree).plan(pattern, whole);
+      } catch (const Failure& again) {
+        std::string names;
+        for (NodeId n : whole) names += (names.empty() ? "" : ", ") + core::nodeLabel(graph, n);
+        throw Failure{f.reason + "; with " + names + " whole: " + again.reason};
+      }
+    }
   } catch (const Failure& f) {
     return name + " stays replicated: " + f.reason;
   } catch (const std::out_of_range&) {  // an operator with fewer operands than its schema
@@ -753,6 +849,7 @@ SplitDegrees splitDegrees(const Graph& graph, const std::vector<ShardPattern>& p
   SplitDegrees result;
   result.degrees.assign(patterns.size(), 0);
   result.partial.resize(patterns.size());
+  result.wholeNodes.resize(patterns.size());
   for (size_t i = 0; i < patterns.size(); ++i) {
     for (int degree : {2, 4, 8}) {
       PatternPlan plan;
@@ -760,6 +857,9 @@ SplitDegrees splitDegrees(const Graph& graph, const std::vector<ShardPattern>& p
       if (why.empty()) {
         result.degrees[i] |= 1u << degree;
         result.partial[i].insert(plan.partial.begin(), plan.partial.end());
+        std::set<NodeId> whole = plan.wholeColumns;
+        for (ValueId v : plan.whole) whole.insert(graph.producer(v));
+        if (!whole.empty()) result.wholeNodes[i][degree] = std::move(whole);
       } else {
         result.replicated[degree].push_back(why);
       }

@@ -61,8 +61,31 @@ struct PatternPlan {
   // them rather than taking one member's (Note [Tensor-parallel gradients] in
   // staging/gradient_sync.h).
   std::set<core::ValueId> partial;
+  // Note [Whole K/V heads]: column linears kept whole (their activation through tp_copy, their
+  // parameters in `partial`), the values computed from them alone, and the operands sliced to
+  // the member's part of the split they meet: (node, input index) -> the split taken
+  // (autostage::tp_slice).
+  std::set<core::NodeId> wholeColumns;
+  std::set<core::ValueId> whole;
+  std::map<std::pair<core::NodeId, int>, Split> slices;
 };
 
+// Note [Whole K/V heads]
+// Grouped-query and multi-query attention (Llama's, Mistral's, Gemma's, Qwen2's K/V heads) has
+// fewer K and V heads than Q heads; where those do not divide by the degree, their projections
+// cannot be cut by heads. As Megatron-LM does, each member then computes K and V whole: a column
+// linear of the attention narrower than the widest (Q's) is kept whole when the pattern does not
+// split with every column cut. Its activation goes through the same tp_copy as Q's and its
+// weight and bias are partial (each member's gradient of them is its heads' share; the group
+// sums them). Every value computed from whole values and no split one is whole (any operator:
+// it runs as it is, the same on every member); what else such a node reads must broadcast as a
+// split node's operand does (masks, position factors, parameters the pattern alone reads, then
+// partial). Where a whole value meets a split one (the scores' matmul, sdpa) with the split
+// dimension's full extent (K and V repeated to every Q head), it is sliced to the member's part
+// by autostage::tp_slice (a narrow, whose backward fills the other heads' gradient with zeros);
+// where it broadcasts over that dimension (one K/V head read by every Q head) it is read as it
+// is. A view or expand of a whole value keeps its sizes, but for a size computed at run time,
+// which becomes its recorded constant (it could read a split tensor's size).
 
 // The plans of the patterns a stage holding `nodes` (sorted) shards at `degree`; one line per
 // pattern it holds that stays replicated, with the reason, goes to `skipped`.
@@ -77,6 +100,10 @@ struct SplitDegrees {
   std::map<int, std::vector<std::string>> replicated;
   // Per pattern, its whole parameters (PatternPlan::partial) at the degrees it splits at.
   std::vector<std::set<core::ValueId>> partial;
+  // Per pattern and degree, the nodes it runs whole at that degree (Note [Whole K/V heads]:
+  // K's and V's projections and what is computed from them), whose compute and activations a
+  // member does not divide.
+  std::vector<std::map<int, std::set<core::NodeId>>> wholeNodes;
 };
 SplitDegrees splitDegrees(const core::Graph& graph, const std::vector<ShardPattern>& patterns);
 

@@ -30,8 +30,12 @@ using decomposer::Rewrite;
 class Builder {
  public:
   // `dropouts`: rewrite every dropout to tp_dropout (a group of more than one rank).
-  Builder(const Graph& g, bool exportKinds, int64_t group, bool dropouts)
-      : g_(g), exportKinds_(exportKinds), dropouts_(dropouts), group_(group),
+  Builder(const Graph& g, bool exportKinds, int degree, int64_t group, bool dropouts)
+      : g_(g),
+        exportKinds_(exportKinds),
+        dropouts_(dropouts),
+        degree_(degree),
+        group_(group),
         out_(g.name() + ".tp") {}
 
   ValueId input(ValueId v, const core::Type& type) {
@@ -89,10 +93,15 @@ class Builder {
       }
       inputs.push_back(rewrite ? rewriteList(v, *rewrite) : map_.at(v));
     }
-    if (plan && plan->columns.count(n)) {  // the activation through tp_copy, once per value
+    if (plan && (plan->columns.count(n) || plan->wholeColumns.count(n))) {
+      // The activation through tp_copy, once per value (Q's and a whole K's: one).
       const ValueId x = decomposer::linearActivation(g_, n);
       for (size_t i = 0; i < node.inputs.size(); ++i)
         if (node.inputs[i] == x) inputs[i] = copyOf(x);
+    }
+    for (size_t i = 0; plan && i < node.inputs.size(); ++i) {  // Note [Whole K/V heads]
+      auto it = plan->slices.find({n, static_cast<int>(i)});
+      if (it != plan->slices.end()) inputs[i] = sliceOf(inputs[i], node.inputs[i], it->second);
     }
     ValueId bias = -1;
     std::string op = node.kind;
@@ -156,6 +165,19 @@ class Builder {
     }
   }
 
+  // The member's part of whole value `value` (standing for original `original`) along `split`.
+  ValueId sliceOf(ValueId value, ValueId original, const decomposer::Split& split) {
+    const core::Type& type = g_.value(original).type;
+    std::vector<int64_t> shape = type.shape();
+    shape.at(split.dim) /= degree_;
+    const NodeId c =
+        out_.addNode(kind("tp_slice"),
+                     {value, intConstant(split.dim), intConstant(split.size), intConstant(degree_),
+                      intConstant(group_)},
+                     {core::Type::tensor(type.dtype(), shape, type.requiresGrad())}, {}, "");
+    return out_.node(c).outputs.at(0);
+  }
+
   ValueId copyOf(ValueId x) {
     auto it = copies_.find(x);
     if (it != copies_.end()) return it->second;
@@ -176,6 +198,7 @@ class Builder {
   const Graph& g_;
   bool exportKinds_;
   bool dropouts_;
+  int degree_;
   int64_t group_;
   Graph out_;
   std::map<ValueId, ValueId> map_;
@@ -237,7 +260,7 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
   std::map<ValueId, ParamShard> shards;
   for (const ParamShard& s : shardsOf(plans)) shards[s.param] = s;
 
-  Builder builder(graph, exportfe::isExportGraph(graph), group, degree > 1);
+  Builder builder(graph, exportfe::isExportGraph(graph), degree, group, degree > 1);
   const core::Boundary boundary = graph.boundary(nodes);
   for (ValueId v : boundary.inputs) {
     auto s = shards.find(v);

@@ -17,7 +17,11 @@
 //    split extent (a separate bias) is sliced too;
 //  - the row-parallel linear holds columns [j n/t, (j+1) n/t) of its weight's input dimension,
 //    runs without its bias and its output goes through `autostage::tp_reduce(y, bias)`
-//    (all-reduce sum forward then the bias, identity backward).
+//    (all-reduce sum forward then the bias, identity backward);
+//  - K and V projections of fewer heads than the degree (grouped-query and multi-query
+//    attention) run whole on every member, reading the same tp_copy as Q, and their values are
+//    cut to the member's heads where they meet Q's (`autostage::tp_slice`; Note [Whole K/V
+//    heads] in decomposer/tensor_parallel_split.h); their parameters' gradients are partial.
 // Outside the patterns every node runs as it is, replicated over the group: the inputs of every
 // member are the same, so are its outputs and the gradients it sends back. A pattern the
 // propagation cannot follow (a head-specific mask from outside, a view that mixes the split

@@ -115,6 +115,23 @@ class ReduceFromGroup : public torch::autograd::Function<ReduceFromGroup> {
 
 at::Tensor tpCopy(const at::Tensor& x, int64_t group) { return CopyToGroup::apply(x, group); }
 
+// Note [Whole K/V heads]: this member's slice of every block of `block` indices along `dim`
+// (the heads of Q it holds, of K and V repeated to every head). Composed of differentiable
+// operators: the backward puts the gradient back in the member's slice, zeros elsewhere.
+at::Tensor tpSlice(const at::Tensor& x, int64_t dim, int64_t block, int64_t degree, int64_t group) {
+  AUTOSTAGE_INTERNAL_ASSERT(dim >= 0 && dim < x.dim() && block > 0 && degree > 0 &&
+                                x.size(dim) % block == 0 && block % degree == 0,
+                            "tp_slice of ", x.sizes(), " along ", dim, " in blocks of ", block,
+                            " over ", degree);
+  std::vector<int64_t> blocks = x.sizes().vec();
+  blocks[dim] = x.size(dim) / block;
+  blocks.insert(blocks.begin() + dim + 1, block);
+  const int64_t part = block / degree;
+  std::vector<int64_t> sizes = x.sizes().vec();
+  sizes[dim] = blocks[dim] * part;
+  return x.reshape(blocks).narrow(dim + 1, registered(group)->member * part, part).reshape(sizes);
+}
+
 // Megatron's vocabulary-parallel embedding: this member holds rows [m rows, (m + 1) rows) of the
 // table; ids outside them read zeros, and the all-reduce sums each id's one row.
 at::Tensor tpEmbedding(const at::Tensor& weight, const at::Tensor& indices, int64_t padding,
@@ -262,6 +279,7 @@ at::Tensor tpCrossEntropy(const at::Tensor& x, const at::Tensor& target, int64_t
 
 TORCH_LIBRARY(autostage, m) {
   m.def("tp_copy(Tensor x, int group) -> Tensor");
+  m.def("tp_slice(Tensor x, int dim, int block, int degree, int group) -> Tensor");
   m.def("tp_reduce(Tensor x, Tensor? bias, int group) -> Tensor");
   m.def("tp_dropout(Tensor x, float p, bool train, int split, int group) -> Tensor");
   m.def("tp_embedding(Tensor weight, Tensor indices, int padding_idx, int group) -> Tensor");
@@ -275,6 +293,7 @@ TORCH_LIBRARY(autostage, m) {
 
 TORCH_LIBRARY_IMPL(autostage, CompositeImplicitAutograd, m) {
   m.impl("tp_copy", tpCopy);
+  m.impl("tp_slice", tpSlice);
   m.impl("tp_reduce", tpReduce);
   m.impl("tp_dropout", tpDropout);
   m.impl("tp_embedding", tpEmbedding);

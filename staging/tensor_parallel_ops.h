@@ -3,6 +3,9 @@
 // staging/tensor_parallel.h), as dispatcher operators that both executors (TorchScript and the
 // torch.export interpreter) call and autograd differentiates:
 //   autostage::tp_copy(Tensor x, int group) -> Tensor           identity; backward all-reduces
+//   autostage::tp_slice(Tensor x, int dim, int block, int degree, int group) -> Tensor
+//                 the member's part of each block along dim (Note [Whole K/V heads] in
+//                 decomposer/tensor_parallel_split.h); backward: zeros outside it
 //   autostage::tp_reduce(Tensor x, Tensor? bias, int group) -> Tensor
 //                                                  all-reduce (sum) then + bias; backward identity
 //   autostage::tp_embedding(Tensor weight, Tensor indices, int padding_idx, int group) -> Tensor

@@ -188,6 +188,33 @@ ShardedStage shardWhole(const core::Graph& graph) {
   return shardStage(graph, allNodes(graph), 2, 7);
 }
 
+// Multi-query attention (Note [Whole K/V heads] in decomposer/tensor_parallel_split.h): Q of 4
+// heads, K and V of one head of 4 features repeated to every Q head (transformers' repeat_kv:
+// unsqueeze, expand, reshape), then the MLP.
+torch::jit::Module makeMultiQueryBlock() {
+  torch::jit::Module m("MultiQueryBlock");
+  m.register_module("q", makeLinear(16, 16));
+  for (const char* name : {"k", "v"}) m.register_module(name, makeLinear(16, 4));
+  m.register_module("o", makeLinear(16, 16));
+  m.register_module("up", makeLinear(16, 32));
+  m.register_module("down", makeLinear(32, 16));
+  m.define(R"(
+def repeat(self, t):
+    return t.view(-1, 4, 1, 4).transpose(1, 2).unsqueeze(2).expand(-1, 1, 4, 4, 4).reshape(-1, 4, 4, 4)
+
+def forward(self, x, y):
+    q = self.q.forward(x).view(-1, 4, 4, 4).transpose(1, 2)
+    k = self.repeat(self.k.forward(x))
+    v = self.repeat(self.v.forward(x))
+    att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 2.0, dim=-1)
+    o = torch.matmul(att, v).transpose(1, 2).reshape(-1, 4, 16)
+    h = x + self.o.forward(o)
+    h = h + self.down.forward(torch.tanh(self.up.forward(h)))
+    return torch.mean((h - y) * (h - y))
+)");
+  return m;
+}
+
 // `stages`: each stage's ranks and its degree; the block's nodes are cut evenly by count.
 void runCase(const std::vector<std::vector<int>>& ranks, int degree, int world,
              bool recompute = false, torch::jit::Module (*make)() = makeBlock) {
@@ -257,6 +284,92 @@ TEST_CASE("the block's attention and MLP shard for a tensor-parallel member", "[
     CHECK(std::count(stage.origin.begin(), stage.origin.end(), n) == 1);
 }
 
+TEST_CASE("multi-query attention keeps K and V whole and slices their repeated heads",
+          "[staging]") {
+  torch::manual_seed(41);
+  torchscript::ImportedModel model = torchscript::importModule(
+      makeMultiQueryBlock(), {torch::randn({4, 4, 16}), torch::randn({4, 4, 16})});
+  const std::vector<core::NodeId> all = allNodes(model.graph);
+  for (int degree : {2, 4}) {
+    INFO("degree " << degree);
+    ShardedStage stage = shardStage(model.graph, all, degree, 7);
+    std::string skipped;
+    for (const std::string& s : stage.skipped) skipped += s + "\n";
+    INFO(skipped);
+    CHECK(stage.sharded == 2);
+    CHECK(stage.skipped.empty());
+    std::set<std::string> sliced, partial;
+    for (const ParamShard& s : stage.shards) sliced.insert(model.graph.value(s.param).name);
+    for (core::ValueId v : stage.partial) partial.insert(model.graph.value(v).name);
+    // Q and the MLP split; K and V whole, each member's gradient of them its heads' share.
+    CHECK(partial == std::set<std::string>{"k.weight", "k.bias", "v.weight", "v.bias"});
+    for (const std::string& name : partial) CHECK(sliced.count(name) == 0);
+    CHECK(sliced.count("q.weight") == 1);
+    int copies = 0, slices = 0;
+    for (const core::Node& n : stage.graph.nodes()) {
+      copies += n.kind == "autostage::tp_copy";
+      slices += n.kind == "autostage::tp_slice";
+      if (n.kind == "autostage::tp_slice")  // [N, 4 heads, ...] -> the member's heads
+        CHECK(stage.graph.value(n.outputs.at(0)).type.shape().at(1) == 4 / degree);
+    }
+    CHECK(copies == 2);  // x, read by Q, K and V; h, read by up
+    CHECK(slices == 2);  // K's transpose at the scores' matmul, V at the output's
+  }
+  // The planner's view (addShardableSpans): the attention splits at 2 and 4, running K's and V's
+  // projections and repeats whole (their time and activations undivided), Q's split.
+  const std::vector<decomposer::ShardPattern> patterns = decomposer::findShardPatterns(model.graph);
+  const decomposer::SplitDegrees split = decomposer::splitDegrees(model.graph, patterns);
+  auto reader = [&](const std::string& param) {  // the linear node (matmul of weight.t())
+    for (const core::Node& n : model.graph.nodes())
+      for (core::ValueId v : n.inputs)
+        if (model.graph.value(v).name == param) return model.graph.consumers(n.outputs.at(0)).at(0);
+    return core::kNoNode;
+  };
+  REQUIRE(patterns.size() == 2);
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    INFO("pattern " << i);
+    if (!patterns[i].attention) {
+      CHECK(split.wholeNodes[i].empty());
+      continue;
+    }
+    CHECK(split.degrees[i] == ((1u << 2) | (1u << 4)));
+    for (int degree : {2, 4}) {
+      const std::set<core::NodeId>& whole = split.wholeNodes[i].at(degree);
+      CHECK(whole.count(reader("k.weight")) == 1);
+      CHECK(whole.count(reader("v.weight")) == 1);
+      CHECK(whole.count(reader("q.weight")) == 0);
+      CHECK(whole.size() > 2);  // the views, expands and reshapes of the repeats too
+    }
+  }
+}
+
+TEST_CASE("tp_slice takes the member's part of each block, zeros in its backward", "[staging]") {
+  at::set_num_threads(1);
+  const at::Tensor x = torch::arange(2 * 8 * 3, torch::kFloat).reshape({2, 8, 3});
+  std::vector<at::Tensor> out(2), grad(2);
+  testing::rethrowFirst(comm::runThreadRanks(2, [&](comm::ThreadBackend& backend) {
+    const int rank = backend.rank();
+    TensorParallelGroup group(testing::borrow(backend), comm::Group({0, 1}), rank);
+    auto op = c10::Dispatcher::singleton()
+                  .findSchemaOrThrow("autostage::tp_slice", "")
+                  .typed<at::Tensor(const at::Tensor&, int64_t, int64_t, int64_t, int64_t)>();
+    at::Tensor leaf = x.clone().requires_grad_(true);
+    out[rank] = op.call(leaf, 1, 4, 2, group.handle());  // 2 blocks of 4 along dim 1, halved
+    out[rank].sum().backward();
+    grad[rank] = leaf.grad();
+  }));
+  for (int member : {0, 1}) {
+    INFO("member " << member);
+    // Indices 2m, 2m + 1 of each block of 4: {0, 1, 4, 5} and {2, 3, 6, 7}.
+    const at::Tensor index =
+        torch::tensor({2 * member, 2 * member + 1, 4 + 2 * member, 5 + 2 * member});
+    CHECK(torch::equal(out[member], x.index_select(1, index)));
+    at::Tensor want = torch::zeros_like(x);
+    want.index_fill_(1, index, 1);
+    CHECK(torch::equal(grad[member], want));
+  }
+}
+
 TEST_CASE("tensor-parallel stages train as the plain module: tp=2, with replicas, in 2 stages",
           "[staging]") {
   at::set_num_threads(1);
@@ -265,6 +378,8 @@ TEST_CASE("tensor-parallel stages train as the plain module: tp=2, with replicas
   runCase({{0, 1}, {2, 3}}, 2, 4);  // 2 stages of tp=2 (a pattern cut by the stages stays whole)
   runCase({{0, 1}}, 2, 2, /*recompute=*/true);     // the all-reduces run again in the re-run
   runCase({{0, 1}}, 2, 2, false, makeFusedBlock);  // each of Q, K, V's thirds cut in halves
+  runCase({{0, 1}}, 2, 2, false, makeMultiQueryBlock);        // K and V whole on each member
+  runCase({{0, 1, 2, 3}}, 4, 4, false, makeMultiQueryBlock);  // one head each
 }
 
 TEST_CASE("a fused Q/K/V projection is cut per part, its bias too", "[staging]") {

@@ -1,9 +1,10 @@
-"""Run under mpirun on 2 ranks (see test_tensor_parallel.py; PyTorch 2.x with transformers):
-a transformers model captured with torch.export, trained with tensor_parallel=2 against the
-plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict after
-them (rtol 1e-4), and that its attention and MLP weights are held in halves. Model: `gpt2`
+"""Run under mpirun on 2 or 4 ranks (see test_tensor_parallel.py; PyTorch 2.x with transformers):
+a transformers model captured with torch.export, trained with tensor_parallel=<ranks> against
+the plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict
+after them (rtol 1e-4), and that its attention and MLP weights are held in slices. Model: `gpt2`
 (a fused QKV Conv1D, addmm, split three ways), `llama` (rotary embeddings, 4 heads over 2 K/V
-heads, a gated MLP), `gpt_neox` (a fused QKV laid out per head: viewed into heads, then
+heads, a gated MLP; on 4 ranks its K and V are kept whole: Note [Whole K/V heads]), `gemma`
+(multi-query attention: 4 heads over one K/V head, kept whole), `gpt_neox` (a fused QKV laid out per head: viewed into heads, then
 chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every
 two features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSNorm of each
 head's Q and K features, its weight each member's share of the gradient summed over the group)
@@ -56,6 +57,10 @@ def make():
         config = transformers.Qwen3Config(intermediate_size=128, num_key_value_heads=2,
                                           head_dim=16, max_position_embeddings=32, **small)
         return transformers.Qwen3ForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
+    if name == "gemma":
+        config = transformers.GemmaConfig(intermediate_size=128, num_key_value_heads=1,
+                                          head_dim=16, max_position_embeddings=32, **small)
+        return transformers.GemmaForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
     if name == "falcon":
         config = transformers.FalconConfig(hidden_dropout=0.0, attention_dropout=0.0, **small)
         return transformers.FalconForCausalLM(config), "transformer.h.0.mlp.dense_h_to_4h.weight", 0
@@ -74,7 +79,7 @@ ids = torch.randint(0, vocab, (2 * world, 8), generator=torch.Generator().manual
 local = ids[2 * rank:2 * (rank + 1)]
 optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
 ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
-wrapped = autostage.Module(model, optimizer, tensor_parallel=2)
+wrapped = autostage.Module(model, optimizer, tensor_parallel=world)
 dropout = name == "gpt2-dropout"
 rtol, atol = (5e-2, 0.0) if dropout else (1e-4, 1e-5)
 if dropout:
@@ -103,7 +108,7 @@ for key, value in ([] if dropout else reference.state_dict().items()):
         failures.append(f"{key} after 2 steps differs from plain PyTorch")
 held = dict(model.named_parameters())[sliced].shape
 whole = dict(reference.named_parameters())[sliced].shape
-if held[dim] * 2 != whole[dim]:
-    failures.append(f"{sliced} is held as {tuple(held)}, not in halves of {tuple(whole)}")
+if held[dim] * world != whole[dim]:
+    failures.append(f"{sliced} is held as {tuple(held)}, not in {world} slices of {tuple(whole)}")
 print(f"rank {rank}: tensor_parallel {name} checked; {len(failures)} failures", flush=True)
 finish(rank, failures)

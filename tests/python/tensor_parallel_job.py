@@ -28,6 +28,9 @@ DistributedDataParallel does). Phases:
            only where the build runs fp16 on the CPU (Note [fp16 on the CPU]);
   parallel   two layers laid out as GPT-NeoX's, GPT-J's, Phi's and Falcon's (ParallelBlock), tp=2,
            three SGD steps with momentum;
+  grouped  two layers whose attention has fewer K/V heads than Q heads (GroupedBlock: 1 and 2 of
+           4), tp=2 on 2 ranks and tp=4 on 4 ranks, three SGD steps with momentum: K and V kept
+           whole where their heads do not divide by the degree (Note [Whole K/V heads]);
   noise    the block with torch.randn_like noise added to its input (tp=2), the noise returned
            too: the outputs are plain PyTorch's on the input plus that noise, which holds only
            when every member drew the same (Note [Tensor-parallel random operators]);
@@ -126,6 +129,50 @@ class ParallelBlock(torch.nn.Module):
         return x + self.o(att.transpose(1, 2).reshape(b, s, h)) + mlp
 
 
+class GroupedBlock(torch.nn.Module):
+    """Grouped-query attention (Llama's, Mistral's, Qwen2's; multi-query with `kv_heads=1`, as
+    Gemma-2B's): K and V of `kv_heads` heads repeated to each of the 4 Q heads as transformers'
+    repeat_kv does (unsqueeze, expand, reshape), K normalised per head with a weight (Qwen3's
+    k_norm) and both rotated (rotate_half's cat), then a gated MLP after a second norm."""
+
+    def __init__(self, kv_heads, hidden=16, heads=4):
+        super().__init__()
+        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
+        self.q, self.o = torch.nn.Linear(hidden, hidden), torch.nn.Linear(hidden, hidden)
+        # K without a bias (Block's reason); V with one, kept whole when K/V are.
+        self.k = torch.nn.Linear(hidden, kv_heads * self.dim, bias=False)
+        self.v = torch.nn.Linear(hidden, kv_heads * self.dim)
+        self.k_norm = torch.nn.Parameter(0.5 + torch.rand(self.dim))
+        self.gate, self.up = (torch.nn.Linear(hidden, 32, bias=False) for _ in range(2))
+        self.down = torch.nn.Linear(32, hidden, bias=False)
+        self.norm, self.norm2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+        angles = torch.arange(4.0).reshape(1, 1, 4, 1) * torch.tensor([0.3, 0.7, 0.3, 0.7])
+        self.register_buffer("cos", torch.cos(angles))
+        self.register_buffer("sin", torch.sin(angles))
+
+    def rotate(self, t):  # [batch, heads, positions, 4]
+        turned = torch.cat((-t[..., 2:], t[..., :2]), dim=-1)
+        return t * self.cos + turned * self.sin
+
+    def repeat(self, t):
+        b, kv, s, d = t.shape
+        repeats = self.heads // kv
+        return t[:, :, None, :, :].expand(b, kv, repeats, s, d).reshape(b, kv * repeats, s, d)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        y = self.norm(x)
+        q = self.q(y).view(b, s, self.heads, self.dim).transpose(1, 2)
+        k = self.k(y).view(b, s, self.kv_heads, self.dim).transpose(1, 2)
+        v = self.v(y).view(b, s, self.kv_heads, self.dim).transpose(1, 2)
+        k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * self.k_norm
+        q, k = self.rotate(q), self.repeat(self.rotate(k))
+        att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ self.repeat(v)
+        x = x + self.o(att.transpose(1, 2).reshape(b, s, h))
+        y = self.norm2(x)
+        return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
+
+
 class Noisy(Block):
     """The block with noise drawn from the default generator on its input; returns the noise."""
 
@@ -185,7 +232,8 @@ LOW = BF16 or FP16
 # tensor's largest (state_close), which moves outputs near 0 by up to 2.1e-6 (measured on the
 # 1.13 leg, 2026-12-07): atol 1e-5.
 OUT_TOL = (dict(rtol=2e-2, atol=4e-3) if BF16 else dict(rtol=3e-3, atol=1e-3) if FP16
-           else dict(rtol=1e-5, atol=1e-5) if phase == "parallel" else dict(rtol=1e-5, atol=1e-6))
+           else dict(rtol=1e-5, atol=1e-5) if phase in ("parallel", "grouped")
+           else dict(rtol=1e-5, atol=1e-6))
 OVERFLOW_STEP = 1  # fp16: the batch of this step holds an inf
 
 
@@ -196,7 +244,7 @@ def state_close(got, want, atol=1e-6):
     too for the parallel layers' momentum (gradients up to 6, rounded at 3e-6 where elements
     near 0 sit)."""
     got, want = torch.as_tensor(got), torch.as_tensor(want)
-    if phase in ("head", "tied", "tied_stages", "parallel"):
+    if phase in ("head", "tied", "tied_stages", "parallel", "grouped"):
         atol = 1e-5 * float(want.abs().max())
     if LOW:
         tolerance = dict(rtol=1e-4, atol=4e-5) if FP16 else dict(rtol=1e-3, atol=3e-4)
@@ -216,16 +264,20 @@ def gap(got, want):
 
 torch.manual_seed(3)
 if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "fp16",
-             "noise", "parallel", "recompute"):
+             "noise", "parallel", "recompute", "grouped"):
     make = Noisy if phase == "noise" else Block
     first = "q.weight"
     if phase == "parallel":
         def make():
             return torch.nn.Sequential(ParallelBlock(fused=True), ParallelBlock(fused=False))
         first = "0.qkv.weight"
+    if phase == "grouped":
+        def make():
+            return torch.nn.Sequential(GroupedBlock(kv_heads=1), GroupedBlock(kv_heads=2))
+        first = "0.q.weight"
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     x2 = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(6))
-    steps, degree = 3, {"block4": 4, "resume": 1}.get(phase, 2)
+    steps, degree = 3, {"block4": 4, "resume": 1, "grouped": world}.get(phase, 2)
 elif phase in ("vocabulary", "head", "tied", "tied_stages"):
     make = {"vocabulary": Vocabulary, "head": Head}.get(phase, lambda: Head(tied=True))
     x = torch.randint(0, 16384, (2 * world, 4), generator=torch.Generator().manual_seed(5))
@@ -245,7 +297,7 @@ local = x[rows * rank:rows * (rank + 1)]
 
 
 def optimizer_of(params):
-    if phase == "parallel":  # Not Adam: the fused K bias's gradient is rounding (Block's k)
+    if phase in ("parallel", "grouped"):  # Not Adam: the fused K bias's gradient is rounding
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if phase in ("head", "tied", "tied_stages"):
         # Not Adam: with Adam (lr 0.01) the head's weight after 3 steps was up to 1.8e-4 from

@@ -170,6 +170,7 @@ def test_optimizer_state_of_a_table_tied_across_stages_is_joined_from_one_holdin
 @needs_mpirun
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
+                          ("grouped", 2), ("grouped", 4),
                           ("modes", 2), ("modes", 4), ("recompute", 2), ("recompute", 4),
                           ("accumulate", 2), ("bf16", 2),
                           pytest.param("fp16", 2, marks=pytest.mark.skipif(
@@ -183,11 +184,11 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
     log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
+    degree = 4 if phase == "block4" or (phase, ranks) == ("grouped", 4) else 2
     if phase != "auto":
-        assert (" tp=4 " if phase == "block4" else " tp=2 ") in log, log  # the partition log
+        assert f" tp={degree} " in log, log  # the partition log
     # Note [Tensor-parallel profile]: the patterns measured on a member's slices at the degree.
-    measured = re.search(r"tensor-parallel degree %d: (\d+) node groups measured;"
-                         % (4 if phase == "block4" else 2), log)
+    measured = re.search(r"tensor-parallel degree %d: (\d+) node groups measured;" % degree, log)
     assert measured and int(measured.group(1)) > 0, log
     if phase == "zero" or (phase, ranks) == ("modes", 4):
         assert " repl=2 tp=2 zero=1 " in log, log
@@ -199,8 +200,8 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert len(kept) >= 4 and set(kept) == {"9"}, log
     if phase in ("vocabulary", "head", "tied", "tied_stages"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
-    if phase == "parallel":  # both layers' attention and MLP found and split
-        assert "tensor_parallel=2: 4 pattern(s) to shard" in log, log
+    if phase in ("parallel", "grouped"):  # both layers' attention and MLP found and split
+        assert f"tensor_parallel={degree}: 4 pattern(s) to shard" in log, log
         assert "stays replicated" not in log, log
     if phase == "tied_stages":  # Note [Tied tables across stages]: each end in its own stage
         stages = set(re.findall(r"\[DPStaging\] \[info\] graph=(STAGE_\S+) .* tp=2 ", log))
@@ -219,15 +220,16 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 
 
 @needs_mpirun
-@pytest.mark.parametrize("name", ["gpt2", "llama", "gpt2-dropout", "gpt_neox", "gptj", "phi",
-                                  "qwen3", "falcon"])
-def test_a_transformers_model_trains_tensor_parallel(name):
+@pytest.mark.parametrize("name,ranks", [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2),
+                                        ("gpt_neox", 2), ("gptj", 2), ("phi", 2), ("qwen3", 2),
+                                        ("falcon", 2), ("gemma", 2), ("llama", 4)])
+def test_a_transformers_model_trains_tensor_parallel(name, ranks):
     pytest.importorskip("transformers")
     from autostage.export import available
     if not available():
         pytest.skip("torch.export training IR needs PyTorch 2.5+")
-    log = run_driver("tensor_parallel_hf_job.py", name, ranks=2)
-    for rank in range(2):
+    log = run_driver("tensor_parallel_hf_job.py", name, ranks=ranks)
+    for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {name} checked; 0 failures" in log, log
     assert "stays replicated" not in log, log  # every attention and MLP is split
     assert "own random generator" not in log, log  # every dropout draws the group's masks
@@ -400,6 +402,9 @@ def test_transformers_models_expose_their_patterns():
         # An RMSNorm of each head's Q and K features: split, its weight read across the heads.
         "qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
             vocab_size=vocab, num_key_value_heads=2, head_dim=16, **config)),
+        # Multi-query attention: 4 heads over one K/V head, kept whole (Note [Whole K/V heads]).
+        "gemma": transformers.GemmaForCausalLM(transformers.GemmaConfig(
+            vocab_size=vocab, num_key_value_heads=1, head_dim=16, **config)),
         # An RMSNorm of all of Q's and K's features, before the heads: found, split at no degree.
         "olmo2": transformers.Olmo2ForCausalLM(transformers.Olmo2Config(
             vocab_size=vocab, **config)),
@@ -413,8 +418,9 @@ def test_transformers_models_expose_their_patterns():
         patterns = autostage.shard_patterns(ir)
         kinds = [p["kind"] for p in patterns]
         attention = [p["degrees"] for p in patterns if p["kind"] == "attention"]
-        # 4 heads split 2 and 4 ways, 2 K/V heads (Llama's, Qwen3's) 2 ways.
-        want = [] if name == "olmo2" else [2] if name in ("llama", "qwen3") else [2, 4]
+        # 4 heads split 2 and 4 ways; fewer K/V heads (Llama's and Qwen3's 2, Gemma's 1) than the
+        # degree are kept whole.
+        want = [] if name == "olmo2" else [2, 4]
         assert all(d == want for d in attention), (name, attention)
         # The word embedding is split over the vocabulary; the LM head stays whole, as the
         # model returns its logits.
