@@ -4,7 +4,8 @@
         /usr/bin/python3 examples/transformer_lm.py [--layers 4] [--dim 128] [--mode train_step]
 
 The model: token + position embedding, LAYERS pre-norm transformer layers (causal self-attention
-+ GELU MLP), a final LayerNorm and an LM head whose weight is tied to the token embedding
++ GELU MLP; --kv-heads K < --heads: grouped-query attention, K and V of K heads each read by
+heads / K query heads, as Llama's), a final LayerNorm and an LM head whose weight is tied to the token embedding
 (--untied for a separate one).
 Two ways to train:
   --mode forward     (default) out = model(tokens); cross_entropy(out, targets).backward():
@@ -29,18 +30,35 @@ class CausalSelfAttention(torch.nn.Module):
     cuts" in docs/guide.md about torch.nn.MultiheadAttention).
     """
 
-    def __init__(self, dim, heads, seq):
+    def __init__(self, dim, heads, seq, kv_heads=None):
         super().__init__()
         self.heads, self.head_dim, self.seq = heads, dim // heads, seq
-        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.kv_heads = kv_heads or heads
+        if self.kv_heads == heads:
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+        else:  # grouped-query attention: K and V of fewer heads, each shared by a group of Q's
+            self.q = torch.nn.Linear(dim, dim)
+            self.k, self.v = (torch.nn.Linear(dim, self.kv_heads * self.head_dim) for _ in "kv")
         self.out = torch.nn.Linear(dim, dim)
         self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1),
                              persistent=False)
 
+    def split_heads(self, t, heads):
+        return t.reshape(-1, self.seq, heads, self.head_dim).transpose(1, 2)  # [batch, heads, seq, dim]
+
+    def repeat_kv(self, t):
+        """[batch, kv_heads, seq, dim] -> [batch, heads, seq, dim], each K/V head repeated for its
+        group of query heads (as transformers' repeat_kv)."""
+        group = self.heads // self.kv_heads
+        return t[:, :, None].expand(-1, self.kv_heads, group, self.seq, self.head_dim).reshape(
+            -1, self.heads, self.seq, self.head_dim)
+
     def forward(self, x):
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        shape = (-1, self.seq, self.heads, self.head_dim)
-        q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))  # [batch, heads, seq, dim]
+        if self.kv_heads == self.heads:
+            q, k, v = (self.split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        else:
+            q = self.split_heads(self.q(x), self.heads)
+            k, v = (self.repeat_kv(self.split_heads(t(x), self.kv_heads)) for t in (self.k, self.v))
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim) + self.mask
         context = torch.softmax(scores, dim=-1) @ v
         return self.out(context.transpose(1, 2).reshape(-1, self.seq, self.heads * self.head_dim))
@@ -49,10 +67,10 @@ class CausalSelfAttention(torch.nn.Module):
 class EncoderLayer(torch.nn.Module):
     """Pre-norm transformer layer: x + attention(norm(x)), then x + MLP(norm(x))."""
 
-    def __init__(self, dim, heads, seq):
+    def __init__(self, dim, heads, seq, kv_heads=None):
         super().__init__()
         self.norm1 = torch.nn.LayerNorm(dim)
-        self.attention = CausalSelfAttention(dim, heads, seq)
+        self.attention = CausalSelfAttention(dim, heads, seq, kv_heads)
         self.norm2 = torch.nn.LayerNorm(dim)
         self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
                                        torch.nn.Linear(4 * dim, dim))
@@ -63,12 +81,13 @@ class EncoderLayer(torch.nn.Module):
 
 
 class CausalLM(torch.nn.Module):
-    def __init__(self, vocab, dim, layers, heads, seq, tied=True):
+    def __init__(self, vocab, dim, layers, heads, seq, tied=True, kv_heads=None):
         super().__init__()
         self.token = torch.nn.Embedding(vocab, dim)
         torch.nn.init.normal_(self.token.weight, std=0.02)  # logits start near uniform
         self.position = torch.nn.Parameter(torch.randn(seq, dim) * 0.02)
-        self.layers = torch.nn.ModuleList([EncoderLayer(dim, heads, seq) for _ in range(layers)])
+        self.layers = torch.nn.ModuleList([EncoderLayer(dim, heads, seq, kv_heads)
+                                           for _ in range(layers)])
         self.norm = torch.nn.LayerNorm(dim)
         self.head = torch.nn.Linear(dim, vocab, bias=False)
         if tied:
@@ -113,6 +132,8 @@ def parse_args(argv):
     p.add_argument("--vocab", type=int, default=256, help="vocabulary size (default: 256)")
     p.add_argument("--dim", type=int, default=128, help="model width (default: 128)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (default: 4)")
+    p.add_argument("--kv-heads", type=int, default=0,
+                   help="K/V heads, dividing --heads (default 0: as many as --heads)")
     p.add_argument("--layers", type=int, default=4, help="encoder layers (default: 4)")
     p.add_argument("--untied", action="store_true", help="separate LM head weight")
     p.add_argument("--mode", choices=["forward", "train_step"], default="forward")
@@ -126,6 +147,8 @@ def parse_args(argv):
             p.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if args.dim % args.heads:
         p.error(f"--dim ({args.dim}) must be a multiple of --heads ({args.heads})")
+    if args.kv_heads < 0 or (args.kv_heads and args.heads % args.kv_heads):
+        p.error(f"--kv-heads ({args.kv_heads}) must divide --heads ({args.heads})")
     return args
 
 
@@ -134,7 +157,8 @@ def main(argv):
     import autostage  # after argument checks: a usage error needs no MPI
 
     torch.manual_seed(0)  # the same initial model on every rank
-    lm = CausalLM(args.vocab, args.dim, args.layers, args.heads, args.seq, tied=not args.untied)
+    lm = CausalLM(args.vocab, args.dim, args.layers, args.heads, args.seq, tied=not args.untied,
+                  kv_heads=args.kv_heads or None)
     model = lm if args.mode == "forward" else LMWithLoss(lm)
     rank = autostage.get_rank()
     if rank == 0:

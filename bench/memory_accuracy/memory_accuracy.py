@@ -57,6 +57,11 @@ CONFIGS = [
                        "tensor_parallel=2 zero=1 decomposer=data_parallel"),
     ("transformer", 2, "partition_num=1 pipeline_num=2 schedule=1f1b recompute=always "
                        "tensor_parallel=2"),
+    # Multi-query attention at tp=2 and 4: K and V whole on every rank, Q's heads split.
+    ("transformer_gqa", 2, "partition_num=1 pipeline_num=1 schedule=gpipe recompute=never "
+                           "tensor_parallel=2"),
+    ("transformer_gqa", 4, "partition_num=1 pipeline_num=2 schedule=gpipe recompute=never "
+                           "tensor_parallel=4"),
     # The untied LM head and the loss split over a 16,384-token vocabulary (train_step: the
     # loss is in the model), the embedding's rows too; and the head tied to the embedding.
     ("transformer_vocab", 2, "partition_num=1 pipeline_num=2 schedule=1f1b recompute=never "

@@ -43,6 +43,16 @@ def transformer(batch, generator):
     return model, (tokens,), targets, example.next_token_loss
 
 
+def transformer_gqa(batch, generator):
+    """The transformer with multi-query attention (4 Q heads, one K/V head): a tensor-parallel
+    stage keeps K and V whole on every rank (Note [Whole K/V heads] in
+    decomposer/tensor_parallel_split.h)."""
+    import transformer_lm as example
+    model = example.CausalLM(vocab=256, dim=128, heads=4, layers=4, seq=32, tied=True, kv_heads=1)
+    tokens, targets = example.synthetic_batch(batch, 32, 256, generator)
+    return model, (tokens,), targets, example.next_token_loss
+
+
 def transformer_vocab(batch, generator, tied=False):
     """The transformer with a 16,384-token vocabulary and its own LM head: split over the
     vocabulary by a tensor-parallel stage, the embedding's rows too (Note [Vocabulary-parallel
@@ -65,7 +75,8 @@ def resnet18(batch, generator):
     return model, (x,), y, torch.nn.functional.cross_entropy
 
 
-MODELS = {"tutorial": tutorial, "transformer": transformer, "transformer_vocab": transformer_vocab,
+MODELS = {"tutorial": tutorial, "transformer": transformer, "transformer_gqa": transformer_gqa,
+          "transformer_vocab": transformer_vocab,
           "transformer_vocab_tied": transformer_vocab_tied, "resnet18": resnet18}
 
 

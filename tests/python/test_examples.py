@@ -54,9 +54,13 @@ def check_output(log, parameters, steps, stages):
     assert "Module is ready. (rank0)" in log
 
 
-def transformer_parameters(vocab, dim, layers, seq, tied):
+def transformer_parameters(vocab, dim, layers, seq, tied, heads=2, kv_heads=None):
     per_layer = 2 * (2 * dim)                 # two LayerNorms
-    per_layer += 3 * dim * dim + 3 * dim      # fused q, k, v projection
+    if kv_heads is None:
+        per_layer += 3 * dim * dim + 3 * dim  # fused q, k, v projection
+    else:                                     # q; k and v of kv_heads heads
+        kv = kv_heads * dim // heads
+        per_layer += dim * dim + dim + 2 * (dim * kv + kv)
     per_layer += dim * dim + dim              # output projection
     per_layer += 4 * dim * dim + 4 * dim + 4 * dim * dim + dim  # MLP
     head = 0 if tied else vocab * dim
@@ -82,13 +86,17 @@ def test_tutorial_rejects_bad_arguments_with_usage():
 
 
 @needs_mpirun
-@pytest.mark.parametrize("mode,tied", [("forward", True), ("train_step", False)])
-def test_transformer_lm_on_two_stages(mode, tied):
+@pytest.mark.parametrize("mode,tied,kv_heads", [("forward", True, None),
+                                                ("train_step", False, None),
+                                                ("train_step", True, 1)])
+def test_transformer_lm_on_two_stages(mode, tied, kv_heads):
     vocab, dim, layers, seq = 32, 16, 2, 8
     args = ["--vocab", str(vocab), "--dim", str(dim), "--layers", str(layers), "--seq", str(seq),
             "--heads", "2", "--batch", "2", "--steps", "2", "--mode", mode, "--partition-num", "2"]
+    args += [] if kv_heads is None else ["--kv-heads", str(kv_heads)]  # grouped-query attention
     log = run_example("transformer_lm.py", args + ([] if tied else ["--untied"]), ranks=2)
-    check_output(log, transformer_parameters(vocab, dim, layers, seq, tied), steps=2, stages=2)
+    check_output(log, transformer_parameters(vocab, dim, layers, seq, tied, 2, kv_heads), steps=2,
+                 stages=2)
 
 
 def test_resnet18_on_one_rank():
