@@ -37,6 +37,16 @@ def llama_four_heads():
         attention_dropout=0.0))
 
 
+def llama_grouped():
+    """Llama with 4 heads over 2 K/V heads: at tensor_parallel=4 its K and V are computed whole
+    on every rank (Note [Whole K/V heads] in decomposer/tensor_parallel_split.h)."""
+    import transformers
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        attention_dropout=0.0))
+
+
 def gpt2():
     import transformers
     return transformers.GPT2LMHeadModel(transformers.GPT2Config(
@@ -132,6 +142,14 @@ ZOO = [
           options=dict(EXPORT, tensor_parallel=2), note=NOTE),
     Entry("Llama (4 K/V heads), tensor_parallel=4", FAMILY, llama_four_heads, causal_batch, None,
           TP4_PLANS, loss_key="loss", input_text=TEXT + ", use_cache=False",
+          options=dict(EXPORT, tensor_parallel=4), note=NOTE),
+    # Fewer K/V heads than the degree: K and V whole on every rank, their gradients summed.
+    Entry("Qwen2 (1 K/V head of 2), tensor_parallel=2", FAMILY,
+          _causal_lm("Qwen2Config", "Qwen2ForCausalLM"), causal_batch, None, TP2_PLANS,
+          loss_key="loss", input_text=TEXT + ", use_cache=False",
+          options=dict(EXPORT, tensor_parallel=2), note=NOTE),
+    Entry("Llama (2 K/V heads of 4), tensor_parallel=4", FAMILY, llama_grouped, causal_batch,
+          None, TP4_PLANS, loss_key="loss", input_text=TEXT + ", use_cache=False",
           options=dict(EXPORT, tensor_parallel=4), note=NOTE),
     Entry("ViT", FAMILY, vit, image_batch, None, PLANS,
           loss_key="loss", input_text="3x16x16, labels by keyword", options=EXPORT),
