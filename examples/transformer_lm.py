@@ -5,8 +5,8 @@
 
 The model: token + position embedding, LAYERS pre-norm transformer layers (causal self-attention
 + GELU MLP; --kv-heads K < --heads: grouped-query attention, K and V of K heads each read by
-heads / K query heads, as Llama's), a final LayerNorm and an LM head whose weight is tied to the token embedding
-(--untied for a separate one).
+heads / K query heads, as Llama's), a final LayerNorm and an LM head whose weight is tied to the
+token embedding (--untied for a separate one).
 Two ways to train:
   --mode forward     (default) out = model(tokens); cross_entropy(out, targets).backward():
                      autostage runs the pipeline forward, the loss is computed outside it.
@@ -43,8 +43,8 @@ class CausalSelfAttention(torch.nn.Module):
         self.register_buffer("mask", torch.triu(torch.full((seq, seq), float("-inf")), diagonal=1),
                              persistent=False)
 
-    def split_heads(self, t, heads):
-        return t.reshape(-1, self.seq, heads, self.head_dim).transpose(1, 2)  # [batch, heads, seq, dim]
+    def split_heads(self, t, heads):  # -> [batch, heads, seq, dim]
+        return t.reshape(-1, self.seq, heads, self.head_dim).transpose(1, 2)
 
     def repeat_kv(self, t):
         """[batch, kv_heads, seq, dim] -> [batch, heads, seq, dim], each K/V head repeated for its

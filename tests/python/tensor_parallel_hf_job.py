@@ -4,8 +4,8 @@ the plain model on the same data: the loss of each of 2 SGD steps and the gather
 after them (rtol 1e-4), and that its attention and MLP weights are held in slices. Model: `gpt2`
 (a fused QKV Conv1D, addmm, split three ways), `llama` (rotary embeddings, 4 heads over 2 K/V
 heads, a gated MLP; on 4 ranks its K and V are kept whole: Note [Whole K/V heads]), `gemma`
-(multi-query attention: 4 heads over one K/V head, kept whole), `gpt_neox` (a fused QKV laid out per head: viewed into heads, then
-chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every
+(multi-query attention: 4 heads over one K/V head, kept whole), `gpt_neox` (a fused QKV laid
+out per head: viewed into heads, then chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every
 two features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSNorm of each
 head's Q and K features, its weight each member's share of the gradient summed over the group)
 or `falcon` (linear layers reading `w.T`; its multi-query attention, one K/V head, stays

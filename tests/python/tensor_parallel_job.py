@@ -31,6 +31,7 @@ DistributedDataParallel does). Phases:
   grouped  two layers whose attention has fewer K/V heads than Q heads (GroupedBlock: 1 and 2 of
            4), tp=2 on 2 ranks and tp=4 on 4 ranks, three SGD steps with momentum: K and V kept
            whole where their heads do not divide by the degree (Note [Whole K/V heads]);
+  grouped_zero  those layers at tp=2 with ZeRO-1 on 4 ranks (2 replicas of 2 ranks);
   noise    the block with torch.randn_like noise added to its input (tp=2), the noise returned
            too: the outputs are plain PyTorch's on the input plus that noise, which holds only
            when every member drew the same (Note [Tensor-parallel random operators]);
@@ -232,7 +233,7 @@ LOW = BF16 or FP16
 # tensor's largest (state_close), which moves outputs near 0 by up to 2.1e-6 (measured on the
 # 1.13 leg, 2026-12-07): atol 1e-5.
 OUT_TOL = (dict(rtol=2e-2, atol=4e-3) if BF16 else dict(rtol=3e-3, atol=1e-3) if FP16
-           else dict(rtol=1e-5, atol=1e-5) if phase in ("parallel", "grouped")
+           else dict(rtol=1e-5, atol=1e-5) if phase in ("parallel", "grouped", "grouped_zero")
            else dict(rtol=1e-5, atol=1e-6))
 OVERFLOW_STEP = 1  # fp16: the batch of this step holds an inf
 
@@ -244,7 +245,7 @@ def state_close(got, want, atol=1e-6):
     too for the parallel layers' momentum (gradients up to 6, rounded at 3e-6 where elements
     near 0 sit)."""
     got, want = torch.as_tensor(got), torch.as_tensor(want)
-    if phase in ("head", "tied", "tied_stages", "parallel", "grouped"):
+    if phase in ("head", "tied", "tied_stages", "parallel", "grouped", "grouped_zero"):
         atol = 1e-5 * float(want.abs().max())
     if LOW:
         tolerance = dict(rtol=1e-4, atol=4e-5) if FP16 else dict(rtol=1e-3, atol=3e-4)
@@ -264,14 +265,14 @@ def gap(got, want):
 
 torch.manual_seed(3)
 if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "fp16",
-             "noise", "parallel", "recompute", "grouped"):
+             "noise", "parallel", "recompute", "grouped", "grouped_zero"):
     make = Noisy if phase == "noise" else Block
     first = "q.weight"
     if phase == "parallel":
         def make():
             return torch.nn.Sequential(ParallelBlock(fused=True), ParallelBlock(fused=False))
         first = "0.qkv.weight"
-    if phase == "grouped":
+    if phase.startswith("grouped"):
         def make():
             return torch.nn.Sequential(GroupedBlock(kv_heads=1), GroupedBlock(kv_heads=2))
         first = "0.q.weight"
@@ -297,7 +298,8 @@ local = x[rows * rank:rows * (rank + 1)]
 
 
 def optimizer_of(params):
-    if phase in ("parallel", "grouped"):  # Not Adam: the fused K bias's gradient is rounding
+    # Not Adam: the fused K bias's gradient is rounding (Block's k).
+    if phase in ("parallel", "grouped", "grouped_zero"):
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if phase in ("head", "tied", "tied_stages"):
         # Not Adam: with Adam (lr 0.01) the head's weight after 3 steps was up to 1.8e-4 from
@@ -317,7 +319,7 @@ optimizer = optimizer_of(model.parameters())
 options = {"decomposer": "data_parallel"} if phase not in ("mlp", "auto", "tied_stages") else {}
 if phase == "tied_stages":
     options["partition_num"] = 2
-if phase == "zero" or (phase == "modes" and world == 4):
+if phase in ("zero", "grouped_zero") or (phase == "modes" and world == 4):
     options["zero"] = 1
 if LOW:
     options["precision"] = phase

@@ -170,7 +170,7 @@ def test_optimizer_state_of_a_table_tied_across_stages_is_joined_from_one_holdin
 @needs_mpirun
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
-                          ("grouped", 2), ("grouped", 4),
+                          ("grouped", 2), ("grouped", 4), ("grouped_zero", 4),
                           ("modes", 2), ("modes", 4), ("recompute", 2), ("recompute", 4),
                           ("accumulate", 2), ("bf16", 2),
                           pytest.param("fp16", 2, marks=pytest.mark.skipif(
@@ -190,7 +190,7 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
     # Note [Tensor-parallel profile]: the patterns measured on a member's slices at the degree.
     measured = re.search(r"tensor-parallel degree %d: (\d+) node groups measured;" % degree, log)
     assert measured and int(measured.group(1)) > 0, log
-    if phase == "zero" or (phase, ranks) == ("modes", 4):
+    if phase in ("zero", "grouped_zero") or (phase, ranks) == ("modes", 4):
         assert " repl=2 tp=2 zero=1 " in log, log
     if phase == "modes":  # the eval deployment and the inference usage's, both tensor-parallel
         assert log.count("Switching from") >= 4, log
@@ -200,7 +200,7 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert len(kept) >= 4 and set(kept) == {"9"}, log
     if phase in ("vocabulary", "head", "tied", "tied_stages"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
-    if phase in ("parallel", "grouped"):  # both layers' attention and MLP found and split
+    if phase in ("parallel", "grouped", "grouped_zero"):  # both layers' attention and MLP split
         assert f"tensor_parallel={degree}: 4 pattern(s) to shard" in log, log
         assert "stays replicated" not in log, log
     if phase == "tied_stages":  # Note [Tied tables across stages]: each end in its own stage

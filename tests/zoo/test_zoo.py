@@ -53,8 +53,8 @@ def test_catalog_covers_the_issue():
                  if e.options.get("tensor_parallel") for p in e.plans}
         assert {(2, 2, 1), (2, 4, 2), (2, 4, 1), (4, 4, 1)} <= split, split
         # and with fewer K/V heads than the degree (Note [Whole K/V heads])
-        grouped = {e.options["tensor_parallel"] for e in ZOO
-                   if e.options.get("tensor_parallel") and "K/V head" in e.name and " of " in e.name}
+        grouped = {e.options["tensor_parallel"] for e in ZOO if e.options.get("tensor_parallel")
+                   and "K/V head" in e.name and " of " in e.name}
         assert grouped == {2, 4}, grouped
 
 
