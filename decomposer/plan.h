@@ -155,7 +155,9 @@ struct ShardableSpan {
   bool splitsAt(int t) const { return t >= 1 && t < 32 && ((degrees >> t) & 1u) != 0; }
   // Per degree 2, 4, 8 (slot 0, 1, 2): the sharded operations' forward and backward times on one
   // member, from the profile's SplitTimes (Note [Tensor-parallel profile] in
-  // profiler/split_profile.h), each no more than the whole; absent: the whole ones / t.
+  // profiler/split_profile.h), each no more than the whole, or where a pattern runs nodes whole
+  // at the degree (Note [Whole K/V heads] in tensor_parallel_split.h) the others' whole times / t
+  // and those nodes' whole; absent: the whole ones / t.
   struct MemberTimes {
     core::LinearCost forwardSeconds, backwardSeconds;
   };

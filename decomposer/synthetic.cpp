@@ -17,21 +17,32 @@ struct LayerParams {
   ValueId ln1w, ln1b, wq, bq, wk, bk, wv, bv, wo, bo, ln2w, ln2b, w1, b1, w2, b2;
 };
 
-LayerParams layerParams(SyntheticBuilder& b, const std::string& p, int64_t h) {
-  return {b.param(p + "ln1.weight", {h}), b.param(p + "ln1.bias", {h}),
-          b.param(p + "attn.q.weight", {h, h}), b.param(p + "attn.q.bias", {h}),
-          b.param(p + "attn.k.weight", {h, h}), b.param(p + "attn.k.bias", {h}),
-          b.param(p + "attn.v.weight", {h, h}), b.param(p + "attn.v.bias", {h}),
-          b.param(p + "attn.out.weight", {h, h}), b.param(p + "attn.out.bias", {h}),
-          b.param(p + "ln2.weight", {h}), b.param(p + "ln2.bias", {h}),
-          b.param(p + "mlp.fc1.weight", {4 * h, h}), b.param(p + "mlp.fc1.bias", {4 * h}),
-          b.param(p + "mlp.fc2.weight", {h, 4 * h}), b.param(p + "mlp.fc2.bias", {h})};
+// `kv`: the K and V projections' output features (h unless grouped).
+LayerParams layerParams(SyntheticBuilder& b, const std::string& p, int64_t h, int64_t kv) {
+  return {b.param(p + "ln1.weight", {h}),
+          b.param(p + "ln1.bias", {h}),
+          b.param(p + "attn.q.weight", {h, h}),
+          b.param(p + "attn.q.bias", {h}),
+          b.param(p + "attn.k.weight", {kv, h}),
+          b.param(p + "attn.k.bias", {kv}),
+          b.param(p + "attn.v.weight", {kv, h}),
+          b.param(p + "attn.v.bias", {kv}),
+          b.param(p + "attn.out.weight", {h, h}),
+          b.param(p + "attn.out.bias", {h}),
+          b.param(p + "ln2.weight", {h}),
+          b.param(p + "ln2.bias", {h}),
+          b.param(p + "mlp.fc1.weight", {4 * h, h}),
+          b.param(p + "mlp.fc1.bias", {4 * h}),
+          b.param(p + "mlp.fc2.weight", {h, 4 * h}),
+          b.param(p + "mlp.fc2.bias", {h})};
 }
+
+int64_t kvHeadsOf(const TransformerShape& s) { return s.kvHeads > 0 ? s.kvHeads : s.heads; }
 
 // One transformer layer: kTransformerLayerNodes IR nodes, the shape of a traced BERT/GPT block.
 ValueId transformerLayer(SyntheticBuilder& b, ValueId x, const LayerParams& w,
                          const TransformerShape& s, const std::string& scope) {
-  const int64_t S = s.sequence, H = s.hidden, n = s.heads, d = H / n;
+  const int64_t S = s.sequence, H = s.hidden, n = s.heads, d = H / n, kv = kvHeadsOf(s);
   const double sh = static_cast<double>(S) * H, lin = 2.0 * S * H * H, attn = 2.0 * S * S * H;
   const std::vector<int64_t> seqShape{1, S, H}, heads{1, n, S, d}, split{1, S, n, d};
   const bool fused = s.fusedKernels;  // Note [Device presets]: Megatron-LM's fused kernels
@@ -41,9 +52,16 @@ ValueId transformerLayer(SyntheticBuilder& b, ValueId x, const LayerParams& w,
   ValueId batch = b.scalarOp("aten::Int", {num}, scope);
   std::vector<ValueId> qkv;
   for (auto [wt, bias, name] : {std::tuple{w.wq, w.bq, ".q"}, {w.wk, w.bk, ".k"}, {w.wv, w.bv, ".v"}}) {
-    ValueId y = b.linear(ln1, wt, bias, seqShape, lin, scope + ".attn" + name, fused);
-    ValueId viewed = b.shapeOp("aten::view", y, split, scope + ".attn");
-    qkv.push_back(b.shapeOp("aten::permute", viewed, heads, scope + ".attn", {0, 2, 1, 3}));
+    const int64_t h = name == std::string(".q") ? n : kv;  // this projection's heads
+    ValueId y = b.linear(ln1, wt, bias, {1, S, h * d}, lin * h / n, scope + ".attn" + name, fused);
+    ValueId viewed = b.shapeOp("aten::view", y, {1, S, h, d}, scope + ".attn");
+    qkv.push_back(b.shapeOp("aten::permute", viewed, {1, h, S, d}, scope + ".attn", {0, 2, 1, 3}));
+    if (h == n) continue;
+    // transformers' repeat_kv: each K/V head read by n / kv query heads.
+    ValueId one = b.op("aten::unsqueeze", {qkv.back(), b.intConstant(2, scope)}, {1, h, 1, S, d}, 0,
+                       scope + ".attn", false);
+    ValueId many = b.shapeOp("aten::expand", one, {1, h, n / h, S, d}, scope + ".attn");
+    qkv.back() = b.shapeOp("aten::reshape", many, heads, scope + ".attn");
   }
   for (int i = 0; i < 2; ++i) {  // head-count bookkeeping TorchScript keeps
     ValueId sz = b.scalarOp("aten::size", {qkv[i]}, scope);
@@ -93,6 +111,9 @@ SyntheticModel syntheticTransformer(const TransformerShape& s, const DeviceModel
                      "transformer shape layers=", s.layers, " hidden=", s.hidden, " heads=", s.heads,
                      " seq=", s.sequence, " vocab=", s.vocabulary,
                      ": all must be >= 1 and hidden divisible by heads");
+  AUTOSTAGE_CHECK_AS(ConfigError, s.kvHeads >= 0 && s.heads % kvHeadsOf(s) == 0,
+                     "transformer shape kv_heads=", s.kvHeads, " with heads=", s.heads,
+                     ": K/V heads must divide the heads (0: as many as the heads)");
   SyntheticBuilder b(s.causal ? "gpt" : "bert", device,
                      device.activationType.value_or(core::DType::Float16));
   const int64_t S = s.sequence, H = s.hidden, V = s.vocabulary;
@@ -102,7 +123,9 @@ SyntheticModel syntheticTransformer(const TransformerShape& s, const DeviceModel
   ValueId posEmb = b.param("embeddings.position.weight", {S, H});
   ValueId lnw = b.param("embeddings.ln.weight", {H}), lnb = b.param("embeddings.ln.bias", {H});
   std::vector<LayerParams> layers;
-  for (int l = 0; l < s.layers; ++l) layers.push_back(layerParams(b, "layers." + std::to_string(l) + ".", H));
+  const int64_t kvFeatures = H / s.heads * kvHeadsOf(s);
+  for (int l = 0; l < s.layers; ++l)
+    layers.push_back(layerParams(b, "layers." + std::to_string(l) + ".", H, kvFeatures));
   ValueId headW = s.tiedHead ? wordEmb : b.param("lm_head.weight", {V, H});
   ValueId headB = b.param("lm_head.bias", {V});
   ValueId flnw = b.param("final_ln.weight", {H}), flnb = b.param("final_ln.bias", {H});

@@ -47,6 +47,9 @@ struct TransformerShape {
   // (one kernel with the softmax) and the dropout before each residual add (one bias-dropout-add
   // kernel) take no time of their own.
   bool fusedKernels = false;
+  // K/V heads (grouped-query attention, Llama's): K and V project to kvHeads heads, repeated to
+  // every query head (unsqueeze, expand, reshape) before the scores; 0: as many as `heads`.
+  int kvHeads = 0;
 };
 
 struct ResNetShape {
@@ -67,12 +70,14 @@ struct SyntheticModel {
 };
 
 SyntheticModel syntheticTransformer(const TransformerShape& shape, const DeviceModel& device);
-// IR nodes per layer of syntheticTransformer (bench/plan_scaling sizes its graphs by it).
+// IR nodes per layer of syntheticTransformer without kvHeads (bench/plan_scaling sizes its
+// graphs by it); grouped K/V heads add 3 per K and V.
 constexpr int kTransformerLayerNodes = 69;
 SyntheticModel syntheticResNet(const ResNetShape& shape, const DeviceModel& device);
 SyntheticModel syntheticMlp(const MlpShape& shape, const DeviceModel& device);
 
-// "bert:layers=96,hidden=2048,heads=32,seq=512[,vocab=V,tied=1,fused=1]", "gpt:..." (causal),
+// "bert:layers=96,hidden=2048,heads=32,seq=512[,vocab=V,tied=1,fused=1,kv_heads=K]", "gpt:..."
+// (causal),
 // "resnet:blocks=16,width=64,image=224", "mlp:layers=8,hidden=1024". Throws ConfigError naming
 // the bad part and the accepted keys.
 SyntheticModel syntheticFromSpec(const std::string& spec, const DeviceModel& device);

@@ -123,7 +123,7 @@ SyntheticModel syntheticFromSpec(const std::string& spec, const DeviceModel& dev
   size_t colon = spec.find(':');
   std::string family = spec.substr(0, colon), body = colon == std::string::npos ? "" : spec.substr(colon + 1);
   if (family == "bert" || family == "gpt") {
-    auto f = parseFields(spec, body, "layers,hidden,heads,seq,vocab,tied,fused");
+    auto f = parseFields(spec, body, "layers,hidden,heads,seq,vocab,tied,fused,kv_heads");
     TransformerShape s;
     s.layers = field(f, "layers", s.layers);
     s.hidden = field(f, "hidden", s.hidden);
@@ -132,6 +132,7 @@ SyntheticModel syntheticFromSpec(const std::string& spec, const DeviceModel& dev
     s.vocabulary = field(f, "vocab", family == "gpt" ? 50257 : s.vocabulary);
     s.tiedHead = field(f, "tied", 0) != 0;
     s.fusedKernels = field(f, "fused", 0) != 0;
+    s.kvHeads = field(f, "kv_heads", 0);
     s.causal = family == "gpt";
     return syntheticTransformer(s, device);
   }

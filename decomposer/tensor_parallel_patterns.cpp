@@ -467,7 +467,7 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     // member where the profile has them (calibrated as groupCosts calibrates the whole ones, and
     // no more than those), else the whole ones / t.
     std::array<ShardableSpan::MemberTimes, 3> member;
-    std::array<bool, 3> anyMeasured{};
+    std::array<bool, 3> anyMeasured{};  // or run whole (Note [Whole K/V heads])
     for (NodeId n : nodes) {
       const int gi = groupOf[n];
       if (gi < 0) continue;  // not a group's main node: no cost of its own
@@ -484,6 +484,7 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
         const auto at = wholeAt.find(t);
         const bool wholeAtT = at != wholeAt.end() && at->second.count(n) != 0;
         runsWhole = runsWhole || wholeAtT;
+        anyMeasured[k] = anyMeasured[k] || wholeAtT;
         auto part = [&](const core::LinearCost& wholeCost, const core::LinearCost* split) {
           if (!split && wholeAtT) return wholeCost;
           if (!split) return core::LinearCost{wholeCost.fixed / t, wholeCost.perSample / t};

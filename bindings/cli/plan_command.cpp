@@ -194,7 +194,8 @@ std::string planUsage() {
          "         [--device-preset a100-40gb|a100-80gb|h100-80gb|h200]  (memory, peak FLOP/s,\n"
          "                    HBM and links from the data sheet; flags above override them)\n"
          "         [--server unix:PATH|tcp:HOST:PORT [--timeout-s S]]  (ask `autostage serve`)\n"
-         "  SPEC: bert:layers=96,hidden=2048,heads=32,seq=512 | gpt:... | resnet:blocks=16 | mlp:layers=8\n";
+         "  SPEC: bert:layers=96,hidden=2048,heads=32,seq=512[,kv_heads=8] | gpt:... | resnet:blocks=16\n"
+         "        | mlp:layers=8\n";
 }
 
 int runPlanCommand(const std::vector<std::string>& args, std::ostream& out) {

@@ -55,6 +55,63 @@ TEST_CASE("a transformer layer has one attention and one MLP pattern", "[decompo
   REQUIRE(attention == 3);
 }
 
+TEST_CASE("grouped K/V heads split with the attention, or stay whole where they do not divide",
+          "[decomposer]") {
+  // Note [Whole K/V heads]: 8 query heads over 2 K/V heads. At 2 K and V split by heads; at 4 and
+  // 8 each member computes them whole, and the planner leaves their time undivided.
+  TransformerShape shape;
+  shape.layers = 2;
+  shape.hidden = 256;
+  shape.heads = 8;
+  shape.kvHeads = 2;
+  shape.sequence = 64;
+  shape.vocabulary = 1000;
+  shape.causal = true;
+  const SyntheticModel m = syntheticTransformer(shape, DeviceModel{});
+  const std::vector<ShardPattern> patterns = findShardPatterns(m.graph);
+  REQUIRE(patterns.size() == 4);
+  const SplitDegrees split = splitDegrees(m.graph, patterns);
+  // The K projection's matmul of a layer: the reader of the transposed weight.
+  auto kProjection = [&](int layer) {
+    for (const core::Node& n : m.graph.nodes())
+      if (n.kind == "aten::t" && m.graph.value(n.inputs.at(0)).name ==
+                                     "layers." + std::to_string(layer) + ".attn.k.weight")
+        return m.graph.consumers(n.outputs.at(0)).at(0);
+    return core::kNoNode;
+  };
+  int layer = 0;
+  for (size_t i = 0; i < patterns.size(); ++i) {
+    INFO("pattern " << i);
+    CHECK(split.degrees[i] == ShardableSpan::kAllDegrees);
+    if (!patterns[i].attention) {
+      CHECK(split.wholeNodes[i].empty());
+      continue;
+    }
+    CHECK(split.wholeNodes[i].count(2) == 0);
+    for (int t : {4, 8}) CHECK(split.wholeNodes[i].at(t).count(kProjection(layer)) == 1);
+    ++layer;
+  }
+  const Blocking b = buildBlocking(m.graph, m.profile, 256, 8, true);
+  int attention = 0;
+  for (const ShardableSpan& s : b.request.shardable) {
+    const double whole = s.cost.forwardSeconds.perSample;
+    if (!s.measured[ShardableSpan::slot(4)]) {  // an MLP: every node divided
+      CHECK(s.costAt(4).memberForwardSeconds.perSample == Approx(whole / 4));
+      continue;
+    }
+    ++attention;
+    CHECK_FALSE(s.measured[ShardableSpan::slot(2)].has_value());  // K and V split at 2
+    CHECK(s.costAt(2).memberForwardSeconds.perSample == Approx(whole / 2));
+    // At 4 and 8 more than the whole / t (K's and V's projections whole), less than the whole.
+    for (int t : {4, 8}) {
+      const double member = s.costAt(t).memberForwardSeconds.perSample;
+      CHECK(member > whole / t * 1.05);
+      CHECK(member < whole);
+    }
+  }
+  CHECK(attention == 2);
+}
+
 TEST_CASE("an MLP whose linear layers feed residual adds has no pattern", "[decomposer]") {
   MlpShape shape;  // linear -> relu -> linear -> relu ...: each linear's output reaches the next
   shape.layers = 4;

@@ -120,6 +120,25 @@ def test_forced_stages_at_a_forced_degree_must_have_their_devices():
 
 
 @leg_independent
+def test_a_grouped_query_gpt_plans_its_k_and_v_whole():
+    # kv_heads=2 of 16 at tensor_parallel=4: K and V computed whole on each rank (Note [Whole K/V
+    # heads]); their projections are smaller than the full K and V of kv_heads=0 (16 K/V heads).
+    args = ["plan", "--devices", "8", "--devices-per-node", "8", "--device-memory", "16GiB",
+            "--batch", "16", "--tensor-parallel", "4", "--json"]
+    memory = {}
+    for kv in (0, 2):
+        done = cli(*args, "--synthetic",
+                   f"gpt:layers=8,hidden=1024,heads=16,kv_heads={kv},seq=512,vocab=32000")
+        assert done.returncode == 0, done.stderr
+        plan = json.loads(done.stdout)
+        assert set(plan["tensor_parallel"].split(",")) == {"4"}, plan
+        memory[kv] = max(s["memory_bytes"] for s in plan["stage_list"])
+    assert memory[2] < memory[0], memory
+    bad = cli(*args, "--synthetic", "gpt:layers=2,hidden=64,heads=4,kv_heads=3")
+    assert bad.returncode != 0
+    assert "kv_heads=3 with heads=4: K/V heads must divide the heads" in bad.stderr, bad.stderr
+
+
 def test_a_model_without_shardable_operations():
     args = ["plan", "--synthetic", "resnet:blocks=4", "--devices", "4", "--devices-per-node", "4",
             "--device-memory", "16GiB", "--batch", "16"]
