@@ -47,6 +47,9 @@ struct Blocking {
   std::map<int, std::vector<std::string>> replicatedAt;
   // The patterns found (request.shardable has a span for each, three for a tied table's).
   size_t patterns = 0;
+  // Per degree, the attention patterns that split at it with K and V whole (Note [Whole K/V
+  // heads] in tensor_parallel_split.h).
+  std::map<int, size_t> wholeKvAt;
 
   int blockCount() const { return static_cast<int>(blockFirstGroup.size()) - 1; }
   // Ascending ids of every node a stage of blocks [first, last] runs (attached nodes included).

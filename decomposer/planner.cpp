@@ -34,6 +34,13 @@ Blocking makeBlocking(const core::Graph& graph, const core::GraphProfile& profil
     // The degrees searched at which patterns stay replicated (ShardableSpan::degrees), and a
     // forced degree at which all do, which would only copy the stages.
     for (int t : options.tensorParallelCandidates(cluster.devicesPerNode)) {
+      auto whole = blocking.wholeKvAt.find(t);
+      if (whole != blocking.wholeKvAt.end())
+        core::logger("Decomposer")
+            ->info(
+                "tensor_parallel: {} attention pattern(s) compute K and V whole on each of {} "
+                "ranks: their K/V heads do not divide by {} (Note [Whole K/V heads])",
+                whole->second, t, t);
       auto it = blocking.replicatedAt.find(t);
       if (it == blocking.replicatedAt.end()) continue;
       const std::vector<std::string>& lines = it->second;

@@ -452,6 +452,9 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
   // The degrees each pattern splits at, by the runtime's own check (tensor_parallel_split.h).
   const SplitDegrees split = splitDegrees(g, patterns);
   b.replicatedAt = split.replicated;
+  b.wholeKvAt.clear();
+  for (const std::map<int, std::set<NodeId>>& whole : split.wholeNodes)
+    for (const auto& [t, nodes] : whole) ++b.wholeKvAt[t];
   b.patterns = patterns.size();
   // Adds the span of `nodes` (a pattern, or one end of a tied one) at `degrees`; `table`: the
   // bytes of a tied table it splits besides its own parameters (read by the other end too).

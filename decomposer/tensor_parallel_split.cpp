@@ -586,7 +586,7 @@ class Planner {
     }
     if (isKind(node, {"aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::slice"})) {
       const Split& s = splitOf(p, n, in0);
-      notAlong(n, s, intInput(n, 1), outRank);
+      if (!wholeSlice(n)) notAlong(n, s, intInput(n, 1), outRank);
       setOutputs(p, n, s);
       return;
     }
@@ -621,6 +621,23 @@ class Planner {
       return;
     }
     throw Failure{core::nodeLabel(g_, n) + ": its operator is not followed by the sharding"};
+  }
+
+  // An aten::slice taking every index (TorchScript records `t[:, :, None]` so; transformers'
+  // repeat_kv reads K and V that way): the identity, along the split dimension too.
+  bool wholeSlice(NodeId n) {
+    const core::Node& node = g_.node(n);
+    if (!isKind(node, {"aten::slice"}) || node.inputs.size() != 5) return false;
+    const std::vector<int64_t>& in = shapeOf(g_, node.inputs[0]);
+    const std::optional<int64_t> dim = constantInt(g_, node.inputs[1]);
+    const int d = dim ? normDim(*dim, in.size()) : -1;
+    if (d < 0 || d >= static_cast<int>(in.size())) return false;
+    const std::optional<int64_t> start = constantInt(g_, node.inputs[2]),
+                                 end = constantInt(g_, node.inputs[3]),
+                                 step = constantInt(g_, node.inputs[4]);
+    const bool fromFirst = isNone(g_, node.inputs[2]) || start == int64_t{0};
+    const bool toLast = isNone(g_, node.inputs[3]) || (end && *end >= in[d]);
+    return fromFirst && toLast && step == int64_t{1};
   }
 
   // An LM head's log-softmax along the split vocabulary, or its loss (Note [Vocabulary-parallel

@@ -133,6 +133,8 @@ def test_a_grouped_query_gpt_plans_its_k_and_v_whole():
         plan = json.loads(done.stdout)
         assert set(plan["tensor_parallel"].split(",")) == {"4"}, plan
         memory[kv] = max(s["memory_bytes"] for s in plan["stage_list"])
+        whole = "8 attention pattern(s) compute K and V whole on each of 4 ranks"
+        assert (whole in done.stderr) == (kv == 2), done.stderr
     assert memory[2] < memory[0], memory
     bad = cli(*args, "--synthetic", "gpt:layers=2,hidden=64,heads=4,kv_heads=3")
     assert bad.returncode != 0
@@ -221,6 +223,9 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
     if phase in ("parallel", "grouped", "grouped_zero"):  # both layers' attention and MLP split
         assert f"tensor_parallel={degree}: 4 pattern(s) to shard" in log, log
+    if phase.startswith("grouped"):  # 1 K/V head does not divide by 2; 1 and 2 not by 4
+        assert (f"tensor_parallel: {degree // 2} attention pattern(s) compute K and V whole on "
+                f"each of {degree} ranks") in log, log
         assert "stays replicated" not in log, log
     if phase == "tied_stages":  # Note [Tied tables across stages]: each end in its own stage
         stages = set(re.findall(r"\[DPStaging\] \[info\] graph=(STAGE_\S+) .* tp=2 ", log))
