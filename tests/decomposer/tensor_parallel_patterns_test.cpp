@@ -21,11 +21,12 @@ using namespace autostage::decomposer;
 
 namespace {
 
-SyntheticModel smallTransformer(int layers, int hidden = 256) {
+SyntheticModel smallTransformer(int layers, int hidden = 256, int heads = 4, int kvHeads = 0) {
   TransformerShape shape;
   shape.layers = layers;
   shape.hidden = hidden;
-  shape.heads = 4;
+  shape.heads = heads;
+  shape.kvHeads = kvHeads;
   shape.sequence = 64;
   shape.vocabulary = 1000;
   shape.causal = true;
@@ -59,15 +60,7 @@ TEST_CASE("grouped K/V heads split with the attention, or stay whole where they 
           "[decomposer]") {
   // Note [Whole K/V heads]: 8 query heads over 2 K/V heads. At 2 K and V split by heads; at 4 and
   // 8 each member computes them whole, and the planner leaves their time undivided.
-  TransformerShape shape;
-  shape.layers = 2;
-  shape.hidden = 256;
-  shape.heads = 8;
-  shape.kvHeads = 2;
-  shape.sequence = 64;
-  shape.vocabulary = 1000;
-  shape.causal = true;
-  const SyntheticModel m = syntheticTransformer(shape, DeviceModel{});
+  const SyntheticModel m = smallTransformer(2, 256, 8, 2);
   const std::vector<ShardPattern> patterns = findShardPatterns(m.graph);
   REQUIRE(patterns.size() == 4);
   const SplitDegrees split = splitDegrees(m.graph, patterns);
