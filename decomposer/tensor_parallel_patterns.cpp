@@ -470,7 +470,9 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     // member where the profile has them (calibrated as groupCosts calibrates the whole ones, and
     // no more than those), else the whole ones / t.
     std::array<ShardableSpan::MemberTimes, 3> member;
-    std::array<bool, 3> anyMeasured{};  // or run whole (Note [Whole K/V heads])
+    // Whether a node is measured at the degree, or runs whole there (Note [Whole K/V heads]):
+    // then the member times differ from the whole ones / t.
+    std::array<bool, 3> memberKnown{};
     for (NodeId n : nodes) {
       const int gi = groupOf[n];
       if (gi < 0) continue;  // not a group's main node: no cost of its own
@@ -483,11 +485,11 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       for (int t : {2, 4, 8}) {
         const int k = ShardableSpan::slot(t);
         const core::SplitTimes* measured = profile.nodes[n].splitAt(t);
-        anyMeasured[k] = anyMeasured[k] || measured;
+        memberKnown[k] = memberKnown[k] || measured;
         const auto at = wholeAt.find(t);
         const bool wholeAtT = at != wholeAt.end() && at->second.count(n) != 0;
         runsWhole = runsWhole || wholeAtT;
-        anyMeasured[k] = anyMeasured[k] || wholeAtT;
+        memberKnown[k] = memberKnown[k] || wholeAtT;
         auto part = [&](const core::LinearCost& wholeCost, const core::LinearCost* split) {
           if (!split && wholeAtT) return wholeCost;
           if (!split) return core::LinearCost{wholeCost.fixed / t, wholeCost.perSample / t};
@@ -515,7 +517,7 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     }
     if (span.lastBlock < 0) return span;
     for (int k = 0; k < 3; ++k)
-      if (anyMeasured[k]) span.measured[k] = member[k];
+      if (memberKnown[k]) span.measured[k] = member[k];
     for (const auto& [param, count] : inPattern) {
       const int64_t bytes = g.value(param).type.bytes();
       if (count == paramGroups[param] && bytes > 0 && !whole.count(param))

@@ -26,6 +26,14 @@ using decomposer::PatternPlan;
 using decomposer::planPatterns;
 using decomposer::Rewrite;
 
+// `type` with dimension `dim` divided by `degree` (shapes the front ends record).
+core::Type dividedType(const core::Type& type, int dim, int degree) {
+  if (!type.isTensor() || !type.shapeKnown()) return type;
+  std::vector<int64_t> shape = type.shape();
+  if (dim < static_cast<int>(shape.size()) && shape[dim] > 0) shape[dim] /= degree;
+  return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
+}
+
 // Builds the member's stage graph: the stage's nodes in order, with each plan's rewrites.
 class Builder {
  public:
@@ -167,14 +175,11 @@ class Builder {
 
   // The member's part of whole value `value` (standing for original `original`) along `split`.
   ValueId sliceOf(ValueId value, ValueId original, const decomposer::Split& split) {
-    const core::Type& type = g_.value(original).type;
-    std::vector<int64_t> shape = type.shape();
-    shape.at(split.dim) /= degree_;
     const NodeId c =
         out_.addNode(kind("tp_slice"),
                      {value, intConstant(split.dim), intConstant(split.size), intConstant(degree_),
                       intConstant(group_)},
-                     {core::Type::tensor(type.dtype(), shape, type.requiresGrad())}, {}, "");
+                     {dividedType(g_.value(original).type, split.dim, degree_)}, {}, "");
     return out_.node(c).outputs.at(0);
   }
 
@@ -215,15 +220,6 @@ bool drawsOwnRandom(const core::Node& n) {
                 "aten::feature_dropout_", "aten::alpha_dropout", "aten::feature_alpha_dropout"}) ||
          (isKind(n, {"aten::dropout"}) && n.inputs.size() != 3);
 }
-
-// `type` with dimension `dim` divided by `degree` (shapes the front ends record).
-core::Type dividedType(const core::Type& type, int dim, int degree) {
-  if (!type.isTensor() || !type.shapeKnown()) return type;
-  std::vector<int64_t> shape = type.shape();
-  if (dim < static_cast<int>(shape.size()) && shape[dim] > 0) shape[dim] /= degree;
-  return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
-}
-
 
 // The parameter slices `plans` give, ascending parameter.
 std::vector<ParamShard> shardsOf(const std::vector<PatternPlan>& plans) {
