@@ -75,19 +75,19 @@ std::vector<NodeId> tensorConsumers(const Graph& g, ValueId v) {
 }
 
 bool isPerHead(const std::string& kind) {
-  return oneOf(
-      kind,
-      {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute", "aten::transpose",
-       "aten::contiguous", "aten::clone", "aten::matmul", "aten::bmm", "aten::baddbmm",
-       "aten::softmax", "aten::_softmax", "aten::dropout", "aten::div", "aten::mul", "aten::add",
-       "aten::masked_fill", "aten::where", "aten::scaled_dot_product_attention",
-       // rotary embeddings (rotate_half) and grouped K/V heads (repeat_kv)
-       "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct", "aten::unsqueeze",
-       "aten::squeeze", "aten::expand", "aten::to", "aten::_to_copy", "aten::type_as",
-       // GPT-J's rotary embeddings rotate every two features
-       "aten::stack", "aten::flatten",
-       // an RMSNorm of each head's features (Qwen3's q_norm and k_norm)
-       "aten::pow", "aten::mean", "aten::rsqrt"});
+  return oneOf(kind,
+               {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
+                "aten::transpose", "aten::contiguous", "aten::clone", "aten::alias", "aten::matmul",
+                "aten::bmm", "aten::baddbmm", "aten::softmax", "aten::_softmax", "aten::dropout",
+                "aten::div", "aten::mul", "aten::add", "aten::masked_fill", "aten::where",
+                "aten::scaled_dot_product_attention",
+                // rotary embeddings (rotate_half) and grouped K/V heads (repeat_kv)
+                "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct", "aten::unsqueeze",
+                "aten::squeeze", "aten::expand", "aten::to", "aten::_to_copy", "aten::type_as",
+                // GPT-J's rotary embeddings rotate every two features
+                "aten::stack", "aten::flatten",
+                // an RMSNorm of each head's features (Qwen3's q_norm and k_norm)
+                "aten::pow", "aten::mean", "aten::rsqrt"});
 }
 
 // Operations that may read a per-position tensor from outside the attention pattern: a mask
@@ -199,17 +199,40 @@ std::vector<std::vector<NodeId>> byRowLinear(const Graph& g, const std::vector<N
   return result;
 }
 
+// A split of a tensor into parts along its last dimension (Phi-3's gate_up_proj output chunked
+// into the gate and up halves), or TorchScript's unpacking of the parts' list.
+bool splitsLastDimension(const Graph& g, NodeId n) {
+  const core::Node& node = g.node(n);
+  if (node.kind == "prim::ListUnpack") return true;
+  if (!oneOf(node.kind, {"aten::chunk", "aten::split", "aten::split_with_sizes",
+                         "aten::unsafe_split", "aten::unsafe_chunk"}) ||
+      node.inputs.size() < 3)
+    return false;
+  const core::Type& in = g.value(node.inputs[0]).type;
+  const NodeId p = g.producer(node.inputs[2]);
+  const core::Attribute* dim = p == core::kNoNode || g.node(p).kind != "prim::Constant"
+                                   ? nullptr
+                                   : g.node(p).findAttribute("value");
+  if (!in.isTensor() || !in.shapeKnown() || dim == nullptr ||
+      !std::holds_alternative<int64_t>(dim->value))
+    return false;
+  const int64_t d = std::get<int64_t>(dim->value), rank = static_cast<int64_t>(in.shape().size());
+  return d == -1 || d == rank - 1;
+}
+
 // MLP from the column-parallel linear node `first`; empty nodes when it does not match. The
-// region from its output through element-wise nodes (and views keeping the last dimension) must
-// reach exactly one row-parallel linear, every tensor consumer of its values inside; a BATCH
-// tensor from outside may only be a sibling column-parallel linear of the same activation (a
-// gated MLP: act(gate(x)) * up(x)), whose consumers must then lie inside too.
+// region from its output through element-wise nodes (views keeping the last dimension, and a
+// split into parts along it: a fused gated MLP, Note [Fused parts] in tensor_parallel_split.h)
+// must reach exactly one row-parallel linear, every tensor consumer of its values inside; a
+// BATCH tensor from outside may only be a sibling column-parallel linear of the same activation
+// (a gated MLP: act(gate(x)) * up(x)), whose consumers must then lie inside too.
 ShardPattern matchMlp(const Graph& g, NodeId first, const std::vector<char>& used) {
   std::set<NodeId> region{first};
   NodeId row = core::kNoNode;
   const auto elementwise = [&](NodeId c) {
-    return (isElementwise(g.node(c).kind) || keepsLastDimension(g, c)) &&
-           g.node(c).outputs.size() == 1;
+    return ((isElementwise(g.node(c).kind) || keepsLastDimension(g, c)) &&
+            g.node(c).outputs.size() == 1) ||
+           splitsLastDimension(g, c);
   };
   if (!growRegion(g, used, elementwise, region, {first}, &row)) return {};
   NodeId sibling = core::kNoNode;
@@ -308,10 +331,11 @@ bool addsBias(const Graph& g, NodeId n, ValueId v) {
          !value.shape().empty() && bias.shape()[0] == value.shape().back();
 }
 
-// A fused QKV projection: linear node n whose output reaches, through views, transposes and the
-// add of its bias, a split into three or more tensors (aten::split / split_with_sizes / chunk
-// with a tensor per output, or a list unpacked by prim::ListUnpack): along the features, Q, K
-// and V side by side (GPT-2's c_attn), or after a view into heads, each head's Q, K and V
+// A fused QKV projection: linear node n whose output reaches, through views, transposes,
+// unsqueezes and the add of its bias, a split into three or more tensors (aten::split /
+// split_with_sizes / chunk with a tensor per output, or a list unpacked by prim::ListUnpack;
+// or three or more slices): along the features, Q, K and V side by side (GPT-2's and
+// GPT-BigCode's c_attn, Phi-3's qkv_proj), or after a view into heads, each head's Q, K and V
 // side by side (GPT-NeoX's and Megatron's layout). Returns n, the views and the split (and its
 // unpack), the nodes the attention region starts from; empty when it does not match. Which
 // layouts split, and how the weight's rows are then cut, the split's plan decides
@@ -321,11 +345,19 @@ std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
   NodeId at = n;
   while (true) {
     const std::vector<NodeId> consumers = tensorConsumers(g, g.node(at).outputs.at(0));
-    if (consumers.size() != 1 || anyGraphOutput(g, at)) return {};
+    if (anyGraphOutput(g, at)) return {};
+    if (consumers.size() >= 3 && std::all_of(consumers.begin(), consumers.end(), [&](NodeId c) {
+          return oneOf(g.node(c).kind, {"aten::slice"}) && !anyGraphOutput(g, c);
+        })) {  // Phi-3's `qkv[..., :q]`, `qkv[..., q:q + kv]`, `qkv[..., q + kv:]`
+      start.insert(start.end(), consumers.begin(), consumers.end());
+      return start;
+    }
+    if (consumers.size() != 1) return {};
     const NodeId c = consumers[0];
     if (addsBias(g, c, g.node(at).outputs.at(0)) ||
-        (oneOf(g.node(c).kind, {"aten::view", "aten::reshape", "aten::_unsafe_view",
-                                "aten::transpose", "aten::permute", "aten::contiguous"}) &&
+        (oneOf(g.node(c).kind,
+               {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::transpose",
+                "aten::permute", "aten::contiguous", "aten::unsqueeze"}) &&
          g.node(c).outputs.size() == 1)) {
       start.push_back(at = c);
       continue;
@@ -461,8 +493,8 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
   // Returns it; with lastBlock -1, not added, when no node of it heads a group.
   auto addSpan = [&](const ShardPattern& pattern, const std::vector<NodeId>& nodes,
                      unsigned degrees, double table, const core::LinearCost& allreduced,
-                     const std::set<ValueId>& whole,
-                     const std::map<int, std::set<NodeId>>& wholeAt) {
+                     const std::set<ValueId>& whole, const std::map<int, std::set<NodeId>>& wholeAt,
+                     const std::map<ValueId, double>& wholeShare) {
     ShardableSpan span{b.blockCount(), -1, {}, degrees};
     ShardableCost& s = span.cost;
     std::map<ValueId, int> inPattern;
@@ -520,8 +552,10 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       if (memberKnown[k]) span.measured[k] = member[k];
     for (const auto& [param, count] : inPattern) {
       const int64_t bytes = g.value(param).type.bytes();
-      if (count == paramGroups[param] && bytes > 0 && !whole.count(param))
-        s.paramBytes += static_cast<double>(bytes);
+      if (count != paramGroups[param] || bytes <= 0 || whole.count(param)) continue;
+      const auto share = wholeShare.find(param);  // Note [Fused parts]: rows held whole
+      s.paramBytes +=
+          static_cast<double>(bytes) * (share == wholeShare.end() ? 1.0 : 1.0 - share->second);
     }
     s.paramBytes += table;
     s.allreducePairs = 1;
@@ -534,7 +568,7 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     if (pattern.vocabulary == ShardPattern::Vocabulary::None) {
       addSpan(pattern, pattern.nodes, split.degrees[i], 0,
               valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0)), split.partial[i],
-              split.wholeNodes[i]);
+              split.wholeNodes[i], split.wholeShare[i]);
       continue;
     }
     // A vocabulary pattern's one all-reduce as a pair of half its bytes each way.
@@ -544,7 +578,7 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
     };
     if (pattern.tiedEmbedding == core::kNoNode) {
       addSpan(pattern, pattern.nodes, split.degrees[i], 0, half(pattern.allreduced),
-              split.partial[i], split.wholeNodes[i]);
+              split.partial[i], split.wholeNodes[i], split.wholeShare[i]);
       continue;
     }
     // Note [Tied tables across stages]: each end splits the table in the stage holding it; a
@@ -558,10 +592,10 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
       if (n != embedding) headNodes.push_back(n);
     const ShardableSpan head =
         addSpan(pattern, headNodes, split.degrees[i], tableBytes, half(pattern.allreduced),
-                split.partial[i], split.wholeNodes[i]);
-    const ShardableSpan embedded =
-        addSpan(pattern, {embedding}, split.degrees[i], tableBytes,
-                half(g.node(embedding).outputs.at(0)), split.partial[i], split.wholeNodes[i]);
+                split.partial[i], split.wholeNodes[i], split.wholeShare[i]);
+    const ShardableSpan embedded = addSpan(pattern, {embedding}, split.degrees[i], tableBytes,
+                                           half(g.node(embedding).outputs.at(0)), split.partial[i],
+                                           split.wholeNodes[i], split.wholeShare[i]);
     if (head.lastBlock < 0 || embedded.lastBlock < 0 || tableBytes <= 0) continue;
     // The runtime splits the embedding's end alone only in a stage holding no other reader of
     // the table (planPatterns), and both ends when it holds the whole head as well: the

@@ -12,26 +12,30 @@
 //   Attention: three or more linear nodes reading one value (Q, K, V: column-parallel, split by
 //     heads) whose outputs reach one linear node (the output projection, row-parallel) through
 //     per-head operations only (views, reshapes, permutes, transposes, matmul, bmm, softmax,
-//     dropout, element-wise arithmetic, masked_fill, where, scaled_dot_product_attention, and
-//     what rotary embeddings and grouped K/V heads add: slice, neg, cat with its list, unsqueeze,
-//     expand, dtype casts, GPT-J's rotation of every two features: stack, flatten, and an RMSNorm
-//     of each head's features, Qwen3's: pow, mean, rsqrt). Where an MLP's first linear reads
-//     that value too (GPT-J's, Phi's and Falcon's attention and MLP side by side), Q, K and V
+//     dropout, element-wise arithmetic, masked_fill, where, scaled_dot_product_attention, alias,
+//     and what rotary embeddings and grouped K/V heads add: slice, neg, cat with its list,
+//     unsqueeze, expand, dtype casts, GPT-J's rotation of every two features: stack, flatten, and
+//     an RMSNorm of each head's features, Qwen3's: pow, mean, rsqrt). Where an MLP's first linear
+//     reads that value too (GPT-J's, Phi's and Falcon's attention and MLP side by side), Q, K and V
 //     are those reaching one output projection. Every tensor consumer of a value in the pattern
 //     is in the pattern, none is a graph output; a tensor read from outside is allowed only as a
 //     mask or a position factor (add, mul, masked_fill, where, the attention's mask argument).
 //     A fused projection counts as Q, K and V: one linear node whose output is split three ways
-//     (aten::split, split_with_sizes or chunk, unpacked by prim::ListUnpack on TorchScript),
-//     through views, transposes and the add of its bias: GPT-2's c_attn (Q, K and V side by
-//     side in the features) and GPT-NeoX's and Megatron's (viewed into heads first, each head's
-//     Q, K and V side by side). Whether a layout splits is the split's plan's to say
-//     (tensor_parallel_split.h): it follows which indices each member holds through every view,
-//     so a layout mixing the parts with the heads is found and stays replicated.
+//     (aten::split, split_with_sizes or chunk, unpacked by prim::ListUnpack on TorchScript; or
+//     read by three or more slices), through views, transposes, unsqueezes and the add of its
+//     bias: GPT-2's and GPT-BigCode's c_attn (Q, K and V side by side in the features, the
+//     latter's K and V one head each), Phi-3's qkv_proj (sliced) and GPT-NeoX's and Megatron's
+//     (viewed into heads first, each head's Q, K and V side by side). Parts of unequal sizes are
+//     the split's plan's (Note [Fused parts] in tensor_parallel_split.h). Whether a layout splits
+//     is the split's plan's to say (tensor_parallel_split.h): it follows which indices each member
+//     holds through every view, so a layout mixing the parts with the heads is found and stays
+//     replicated.
 //   MLP: a linear node (column-parallel) whose output reaches one second linear node
 //     (row-parallel) through element-wise nodes (activations such as GPT-2's tanh GELU written
-//     out, bias adds, dtype casts, dropout) and views keeping the last dimension (GPT-2's Conv1D
-//     flattens rows around its addmm); every tensor consumer inside, a BATCH tensor from outside
-//     only the output of a sibling linear of the same input (a gated MLP: silu(gate(x)) *
+//     out, bias adds, dtype casts, dropout), views keeping the last dimension (GPT-2's Conv1D
+//     flattens rows around its addmm) and splits along it (Phi-3's gate_up_proj, chunked into
+//     the gate and up halves: a fused gated MLP); every tensor consumer inside, a BATCH tensor from
+//     outside only the output of a sibling linear of the same input (a gated MLP: silu(gate(x)) *
 //     up(x) -> down, as in Llama, Qwen2 and Mistral), which is column-parallel too.
 // Consumers that produce no tensor (aten::size, aten::Int, prim::NumToTensor) are ignored. A
 // linear node belongs to at most one pattern (attention first).
@@ -63,7 +67,8 @@
 // SplitDegrees::wholeNodes: their time undivided at such a degree where not measured on a
 // member, their activations whole at every degree) and its parameters (those read
 // by no node outside the pattern, the row-parallel node's 1-D bias and the whole parameters the
-// split reads across its dimension, PatternPlan::partial, excepted), with one all-reduce
+// split reads across its dimension, PatternPlan::partial, excepted, and a fused projection's
+// rows held whole at some degree, SplitDegrees::wholeShare, counted whole), with one all-reduce
 // pair of the row-parallel output's bytes; a vocabulary pattern's one all-reduce (of the
 // embedding's output, or of the head's input) is counted as a pair of half its bytes each way. A
 // tied pattern gives a span per end, each splitting the table, and a correction over both

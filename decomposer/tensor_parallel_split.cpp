@@ -2,6 +2,8 @@
 #include "decomposer/tensor_parallel_split.h"
 
 #include <algorithm>
+#include <cstring>
+#include <ostream>
 #include <string_view>
 
 #include "core/error.h"
@@ -37,6 +39,21 @@ bool isNone(const Graph& g, ValueId v) {
          g.node(p).findAttribute("value") == nullptr;
 }
 
+std::ostream& operator<<(std::ostream& out, const ShardPart& part) {
+  return out << part.size << (part.whole ? " whole" : "");
+}
+
+std::vector<ShardPart> partsOf(const ParamShard& shard, int64_t extent) {
+  if (!shard.parts.empty()) return shard.parts;
+  return {ShardPart{extent, false}};
+}
+
+int64_t memberExtent(const std::vector<ShardPart>& parts, int degree) {
+  int64_t extent = 0;
+  for (const ShardPart& part : parts) extent += part.whole ? part.size : part.size / degree;
+  return extent;
+}
+
 namespace {
 
 // The entries of an int-list argument: constants, or nullopt where computed at run time.
@@ -60,6 +77,66 @@ std::optional<std::vector<std::optional<int64_t>>> listEntries(const Graph& g, V
 
 int normDim(int64_t d, size_t rank) {
   return static_cast<int>(d < 0 ? d + static_cast<int64_t>(rank) : d);
+}
+
+// The value an int computed at run time had when the graph was recorded, where it follows from
+// constants and recorded sizes other than a batch dimension's (TorchScript traces
+// `b, s, h = x.shape` as aten::size, and `h + kv` through prim::NumToTensor, aten::add and
+// aten::Int); nullopt otherwise. Safe to bake in as a constant: no batch size is read.
+std::optional<int64_t> recordedInt(const Graph& g, ValueId v, int depth = 0) {
+  if (std::optional<int64_t> c = constantInt(g, v)) return c;
+  const NodeId p = g.producer(v);
+  if (p == core::kNoNode || depth > 16) return std::nullopt;
+  const core::Node& node = g.node(p);
+  if (node.kind == "prim::Constant") {  // a traced int: a one-element int64 tensor
+    const core::Attribute* a = node.findAttribute("value");
+    const auto* t = a == nullptr ? nullptr : std::get_if<core::TensorData>(&a->value);
+    if (t == nullptr || t->dtype != core::DType::Int64 || t->bytes.size() != sizeof(int64_t))
+      return std::nullopt;
+    int64_t value = 0;
+    std::memcpy(&value, t->bytes.data(), sizeof value);
+    return value;
+  }
+  const auto operand = [&](size_t i) -> std::optional<int64_t> {
+    return i < node.inputs.size() ? recordedInt(g, node.inputs[i], depth + 1) : std::nullopt;
+  };
+  if (isKind(node, {"prim::NumToTensor", "aten::Int", "aten::ScalarImplicit", "aten::IntImplicit"}))
+    return operand(0);
+  if (isKind(node, {"aten::size"}) && node.inputs.size() == 2) {
+    const core::Value& t = g.value(node.inputs[0]);
+    const std::optional<int64_t> d = constantInt(g, node.inputs[1]);
+    if (!d || !t.type.isTensor() || !t.type.shapeKnown()) return std::nullopt;
+    const std::vector<int64_t>& shape = t.type.shape();
+    const int k = normDim(*d, shape.size());
+    const bool batch = (t.cls == core::ValueClass::Batch || t.cls == core::ValueClass::Loss) &&
+                       !t.type.notBatchMajor() && k == 0;
+    if (k < 0 || k >= static_cast<int>(shape.size()) || batch) return std::nullopt;
+    return shape[k];
+  }
+  if (isKind(node,
+             {"aten::add", "aten::sub", "aten::mul", "aten::floordiv", "aten::floor_divide"})) {
+    const std::optional<int64_t> a = operand(0), b = operand(1);
+    if (!a || !b) return std::nullopt;
+    const std::optional<int64_t> alpha = node.inputs.size() > 2 ? operand(2) : int64_t{1};
+    if (isKind(node, {"aten::add"}))
+      return alpha ? std::optional<int64_t>(*a + *alpha * *b) : std::nullopt;
+    if (isKind(node, {"aten::sub"}))
+      return alpha ? std::optional<int64_t>(*a - *alpha * *b) : std::nullopt;
+    if (isKind(node, {"aten::mul"})) return *a * *b;
+    return *b != 0 && *a >= 0 && *b > 0 ? std::optional<int64_t>(*a / *b) : std::nullopt;
+  }
+  return std::nullopt;
+}
+
+// The entries of an int-list argument as recordedInt gives them.
+std::optional<std::vector<std::optional<int64_t>>> recordedEntries(const Graph& g, ValueId list) {
+  const NodeId p = g.producer(list);
+  if (p != core::kNoNode && g.node(p).kind == "prim::ListConstruct") {
+    std::vector<std::optional<int64_t>> out;
+    for (ValueId e : g.node(p).inputs) out.push_back(recordedInt(g, e));
+    return out;
+  }
+  return listEntries(g, list);
 }
 
 }  // namespace
@@ -102,15 +179,27 @@ int64_t product(const std::vector<int64_t>& s, size_t from, size_t to) {
   return p;
 }
 
+// `sections` equal cut parts of `extent` indices (none named for one).
+std::vector<ShardPart> equalParts(int64_t extent, int64_t sections) {
+  if (sections <= 1) return {};
+  return std::vector<ShardPart>(static_cast<size_t>(sections), ShardPart{extent / sections, false});
+}
+
 class Planner {
  public:
   // `stage`: per node of `g`, whether the stage holds it.
   Planner(const Graph& g, const std::vector<char>& stage, int degree)
       : g_(g), stage_(stage), degree_(degree) {}
 
-  // `whole`: column linears kept whole (Note [Whole K/V heads]).
-  PatternPlan plan(const decomposer::ShardPattern& pattern, const std::set<NodeId>& whole = {}) {
+  // `whole`: column linears kept whole (Note [Whole K/V heads]); `wholeParts`: a fused
+  // projection's parts narrower than its widest kept whole (Note [Fused parts]).
+  PatternPlan plan(const decomposer::ShardPattern& pattern, const std::set<NodeId>& whole = {},
+                   bool wholeParts = false) {
     PatternPlan p;
+    wholeParts_ = wholeParts;
+    unequalParts_ = false;
+    elements_.clear();
+    cut_.clear();
     pattern_ = std::set<NodeId>(pattern.nodes.begin(), pattern.nodes.end());
     p.row = pattern.rowLinear;
     p.wholeColumns = whole;
@@ -129,8 +218,7 @@ class Planner {
                !vocabularyLoss(p, n))
         follow(p, n);
     }
-    for (const auto& [param, origin] : p.paramOrigin)
-      if (p.sections.count(origin)) p.params[param].sections = p.sections[origin];
+    for (const auto& [param, origin] : p.paramOrigin) partsFollow(p, param, origin);
     for (ValueId v : p.partial)
       if (p.params.count(v))
         throw Failure{"parameter " + g_.value(v).name + " is read both sliced and whole"};
@@ -139,16 +227,48 @@ class Planner {
 
  private:
   // A parameter sliced along `dim`: a graph input read by nothing but the pattern (through
-  // transposes, transposes2d, whose readers are in the pattern).
-  void shardParam(PatternPlan& p, ValueId param, int dim, int sections) {
+  // transposes, transposes2d, whose readers are in the pattern). `sections` equal parts; a
+  // fused projection's own weight and bias (PatternPlan::paramOrigin) are checked when its
+  // parts are known (partsFollow) where `divisible` is false.
+  void shardParam(PatternPlan& p, ValueId param, int dim, int64_t sections, bool divisible = true) {
     readByPatternAlone(param);
     const std::vector<int64_t>& s = shapeOf(g_, param);
-    if (s.at(dim) % (static_cast<int64_t>(sections) * degree_) != 0)
+    if (divisible && s.at(dim) % (sections * degree_) != 0)
       throw Failure{"parameter " + g_.value(param).name + " has " + std::to_string(s[dim]) +
                     " rows/columns, not divisible by " + std::to_string(sections * degree_)};
-    auto [it, added] = p.params.emplace(param, ParamShard{param, dim, sections});
+    auto [it, added] =
+        p.params.emplace(param, ParamShard{param, dim, equalParts(s.at(dim), sections)});
     if (!added && (it->second.dim != dim))
       throw Failure{"parameter " + g_.value(param).name + " is split two ways"};
+  }
+
+  // A column linear's own weight or bias takes its parts (Note [Fused parts]); one without
+  // parts is cut in equal slices.
+  void partsFollow(PatternPlan& p, ValueId param, NodeId origin) {
+    ParamShard& shard = p.params.at(param);
+    const int64_t extent = shapeOf(g_, param).at(shard.dim);
+    auto it = p.parts.find(origin);
+    if (it == p.parts.end()) {
+      if (extent % degree_ != 0)
+        throw Failure{"parameter " + g_.value(param).name + " has " + std::to_string(extent) +
+                      " rows/columns, not divisible by " + std::to_string(degree_)};
+      return;
+    }
+    int64_t total = 0;
+    bool whole = false;
+    for (const ShardPart& part : it->second) {
+      total += part.size;
+      whole |= part.whole;
+    }
+    if (total != extent)
+      throw Failure{"parameter " + g_.value(param).name + " has " + std::to_string(extent) +
+                    " rows/columns where the parts of " + core::nodeLabel(g_, origin) +
+                    " add up to " + std::to_string(total)};
+    if (whole && shard.dim != 0)
+      throw Failure{"parameter " + g_.value(param).name +
+                    " would hold whole parts along its columns (dimension " +
+                    std::to_string(shard.dim) + "); a part's gradient is summed by rows"};
+    shard.parts = it->second;
   }
 
   // `param` is a parameter of the model that only the pattern reads (directly, or through a
@@ -191,25 +311,27 @@ class Planner {
     }
   }
 
+  // A column-parallel linear. Its features' divisibility is checked when its parts are known
+  // (partsFollow: a fused projection's whole parts need not divide).
   void column(PatternPlan& p, NodeId n) {
     const core::Node& node = g_.node(n);
     auto [w, dim] = weightOf(n, true);
-    shardParam(p, w, dim, 1);
+    shardParam(p, w, dim, 1, false);
     p.paramOrigin[w] = n;
     if (isKind(node, {"aten::linear"}) && !isNone(g_, node.inputs.at(2))) {
-      shardParam(p, node.inputs.at(2), 0, 1);
+      shardParam(p, node.inputs.at(2), 0, 1, false);
       p.paramOrigin[node.inputs.at(2)] = n;
     }
     if (isKind(node, {"aten::addmm"})) {
       requireOnes(n, {3, 4});
       const ValueId b = node.inputs.at(0);
       if (shapeOf(g_, b).size() != 1) throw Failure{core::nodeLabel(g_, n) + " adds a bias that is not 1-D"};
-      shardParam(p, b, 0, 1);
+      shardParam(p, b, 0, 1, false);
       p.paramOrigin[b] = n;
     }
     const ValueId out = node.outputs.at(0);
     const std::vector<int64_t>& s = shapeOf(g_, out);
-    if (s.back() % degree_ != 0)
+    if (!wholeParts_ && s.back() % degree_ != 0)
       throw Failure{core::nodeLabel(g_, n) + " has " + std::to_string(s.back()) +
                     " output features, not divisible by " + std::to_string(degree_)};
     p.split[out] = Split{static_cast<int>(s.size()) - 1, s.back(), n};
@@ -304,11 +426,12 @@ class Planner {
         continue;
       }
       if (g_.value(v).cls == core::ValueClass::Param && s[d] % joined->size == 0) {
-        shardParam(p, v, d, static_cast<int>(s[d] / joined->size));
         // A bias added to a fused projection's whole output is cut in its parts, as the
-        // projection is (sections set once its split is seen).
+        // projection is (its parts set once its cut is seen: partsFollow).
         const std::vector<int64_t>& width = shapeOf(g_, g_.node(joined->origin).outputs.at(0));
-        if (s[d] == joined->size && joined->size == width.back()) p.paramOrigin[v] = joined->origin;
+        const bool follows = s[d] == joined->size && joined->size == width.back();
+        shardParam(p, v, d, s[d] / joined->size, !follows);
+        if (follows) p.paramOrigin[v] = joined->origin;
         continue;
       }
       throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name +
@@ -440,34 +563,183 @@ class Planner {
       setOutputs(p, n, in);
       return;
     }
-    // A fused projection: each part is one projection, sliced on its own.
-    if (p.sections.count(in.origin) || in.size != shapeOf(g_, node.inputs.at(0))[in.dim])
-      throw Failure{core::nodeLabel(g_, n) + " splits a tensor already cut in parts"};
+    // A fused projection: each part is one projection, sliced on its own (Note [Fused parts]).
+    // TorchScript records `split([a, b, c])` as aten::split of a list.
+    const bool listed = isKind(node, {"aten::split_with_sizes"}) ||
+                        g_.value(node.inputs.at(1)).type.kind() == core::TypeKind::List;
     std::vector<int64_t> sizes;
-    if (isKind(node, {"aten::chunk"})) {
+    if (isKind(node, {"aten::chunk", "aten::unsafe_chunk"})) {
       const int64_t k = intInput(n, 1);
       if (k <= 0 || in.size % k != 0) throw Failure{core::nodeLabel(g_, n) + " makes unequal chunks"};
       sizes.assign(k, in.size / k);
-    } else if (isKind(node, {"aten::split_with_sizes"})) {
-      auto entries = listEntries(g_, node.inputs.at(1));
+    } else if (listed) {
+      // Sizes computed at run time from recorded sizes become constants (all are rewritten).
+      auto entries = recordedEntries(g_, node.inputs.at(1));
       if (!entries) throw Failure{core::nodeLabel(g_, n) + " takes sizes computed at run time"};
-      for (size_t k = 0; k < entries->size(); ++k) {
-        if (!(*entries)[k]) throw Failure{core::nodeLabel(g_, n) + " takes sizes computed at run time"};
-        sizes.push_back(*(*entries)[k]);
-        p.rewrites[{n, 1}][static_cast<int>(k)] = sizes.back() / degree_;
+      for (const std::optional<int64_t>& e : *entries) {
+        if (!e) throw Failure{core::nodeLabel(g_, n) + " takes sizes computed at run time"};
+        sizes.push_back(*e);
       }
     } else {
       const int64_t size = intInput(n, 1);
       if (size <= 0 || in.size % size != 0) throw Failure{core::nodeLabel(g_, n) + " makes unequal parts"};
       sizes.assign(in.size / size, size);
-      p.rewrites[{n, 1}][-1] = size / degree_;
     }
-    for (int64_t s : sizes)
-      if (s != sizes.front() || s % degree_ != 0)
-        throw Failure{core::nodeLabel(g_, n) + " makes parts of " + std::to_string(s) +
-                      ", unequal or not divisible by " + std::to_string(degree_)};
-    p.sections[in.origin] = static_cast<int>(sizes.size());
-    setOutputs(p, n, Split{in.dim, sizes.front(), in.origin});
+    const std::vector<ShardPart> parts = cutParts(p, n, in, sizes, node.inputs.at(0));
+    if (listed) {
+      for (size_t k = 0; k < parts.size(); ++k)
+        p.rewrites[{n, 1}][static_cast<int>(k)] =
+            parts[k].whole ? parts[k].size : parts[k].size / degree_;
+    } else if (isKind(node, {"aten::split", "aten::unsafe_split"})) {
+      p.rewrites[{n, 1}][-1] = sizes.front() / degree_;
+    }
+    // One output per part (torch.export), or one list (TorchScript: unpacked by ListUnpack).
+    std::vector<std::optional<Split>> each;
+    for (const ShardPart& part : parts)
+      each.push_back(part.whole ? std::nullopt
+                                : std::optional<Split>(Split{in.dim, part.size, in.origin}));
+    if (node.outputs.size() == parts.size()) {
+      for (size_t k = 0; k < parts.size(); ++k) partOutput(p, node.outputs[k], each[k]);
+    } else if (node.outputs.size() == 1) {
+      elements_[node.outputs[0]] = each;
+      const bool equal = std::all_of(parts.begin(), parts.end(), [&](const ShardPart& part) {
+        return !part.whole && part.size == parts.front().size;
+      });
+      if (equal) p.split[node.outputs[0]] = *each.front();  // the list, for its other readers
+    } else {
+      throw Failure{core::nodeLabel(g_, n) + " has " + std::to_string(node.outputs.size()) +
+                    " outputs for " + std::to_string(parts.size()) + " parts"};
+    }
+  }
+
+  // Value `v` is a part: split as `s`, or whole.
+  void partOutput(PatternPlan& p, ValueId v, const std::optional<Split>& s) {
+    if (s)
+      p.split[v] = *s;
+    else
+      p.whole.insert(v);
+  }
+
+  // The parts of `sizes` (adding up to the split dimension) that node `n` cuts `x`, the output
+  // of fused projection in.origin, into (Note [Fused parts]): each cut, or with wholeParts_ whole
+  // where narrower than the widest.
+  std::vector<ShardPart> cutParts(PatternPlan& p, NodeId n, const Split& in,
+                                  const std::vector<int64_t>& sizes, ValueId x) {
+    if (p.parts.count(in.origin) || in.size != shapeOf(g_, x)[in.dim])
+      throw Failure{core::nodeLabel(g_, n) + " splits a tensor already cut in parts"};
+    cut_[in.origin] = x;
+    const int64_t widest = *std::max_element(sizes.begin(), sizes.end());
+    std::vector<ShardPart> parts;
+    bool plain = true;  // equal parts, every one cut
+    for (int64_t size : sizes) {
+      parts.push_back(ShardPart{size, wholeParts_ && size < widest});
+      plain &= size == widest && !parts.back().whole;
+      if (size < widest) unequalParts_ = true;
+      if (!parts.back().whole && size % degree_ != 0)
+        throw Failure{core::nodeLabel(g_, n) + " makes a part of " + std::to_string(size) +
+                      ", not divisible by " + std::to_string(degree_)};
+    }
+    if (!plain) {
+      const std::vector<int64_t>& width = shapeOf(g_, g_.node(in.origin).outputs.at(0));
+      if (in.dim != static_cast<int>(shapeOf(g_, x).size()) - 1 || in.size != width.back())
+        throw Failure{core::nodeLabel(g_, n) + " cuts parts of unequal sizes after a view of " +
+                      core::nodeLabel(g_, in.origin) + "'s features"};
+      for (NodeId c : g_.consumers(x))
+        if (!isKind(g_.node(c), {"aten::slice", "aten::split", "aten::split_with_sizes"}) &&
+            g_.value(g_.node(c).outputs.at(0)).type.isTensor())
+          throw Failure{core::nodeLabel(g_, c) + " reads " + g_.value(x).name +
+                        " beside the cut into parts"};
+    }
+    p.parts[in.origin] = parts;
+    return parts;
+  }
+
+  // The bounds [start, end) of slice node `n` along dimension `dim` of a tensor of `extent`
+  // indices there, all constants with step 1; nullopt otherwise (or along another dimension).
+  std::optional<std::pair<int64_t, int64_t>> sliceBounds(NodeId n, int dim, int64_t extent) {
+    const core::Node& node = g_.node(n);
+    if (!isKind(node, {"aten::slice"}) || node.inputs.size() != 5) return std::nullopt;
+    const size_t rank = shapeOf(g_, node.inputs[0]).size();
+    const std::optional<int64_t> d = constantInt(g_, node.inputs[1]);
+    if (!d || normDim(*d, rank) != dim || constantInt(g_, node.inputs[4]) != int64_t{1})
+      return std::nullopt;
+    const auto bound = [&](ValueId v, int64_t none) -> std::optional<int64_t> {
+      if (isNone(g_, v)) return none;
+      std::optional<int64_t> b = recordedInt(g_, v);
+      if (!b) return std::nullopt;
+      if (*b < 0) *b += extent;
+      return std::clamp<int64_t>(*b, 0, extent);
+    };
+    const std::optional<int64_t> start = bound(node.inputs[2], 0),
+                                 end = bound(node.inputs[3], extent);
+    if (!start || !end || *end <= *start) return std::nullopt;
+    return std::make_pair(*start, *end);
+  }
+
+  // A slice along the split dimension of a fused projection's output, one of the slices that
+  // cut it into parts (Note [Fused parts], Phi-3's `qkv[..., :q]`, `qkv[..., q:q + kv]`, ...):
+  // its output is its part, cut or whole, and its bounds become the member's.
+  void slicePart(PatternPlan& p, NodeId n, const Split& in) {
+    // TorchScript records `qkv[:, :, a:b]` as slices of every index along the dimensions before.
+    ValueId x = g_.node(n).inputs.at(0);
+    while (g_.producer(x) != core::kNoNode && wholeSlice(g_.producer(x)))
+      x = g_.node(g_.producer(x)).inputs.at(0);
+    const int64_t extent = shapeOf(g_, x)[in.dim];
+    auto parts = p.parts.find(in.origin);
+    if (parts != p.parts.end() && cut_.at(in.origin) != x)
+      throw Failure{core::nodeLabel(g_, n) + " slices a part of " + core::nodeLabel(g_, in.origin) +
+                    "'s output along the split dimension"};
+    if (parts == p.parts.end()) {
+      std::vector<std::pair<int64_t, int64_t>> bounds;
+      std::vector<ValueId> stack{x};
+      while (!stack.empty()) {
+        const ValueId v = stack.back();
+        stack.pop_back();
+        for (NodeId c : g_.consumers(v)) {
+          if (!g_.value(g_.node(c).outputs.at(0)).type.isTensor()) continue;
+          if (wholeSlice(c)) {
+            stack.push_back(g_.node(c).outputs.at(0));
+            continue;
+          }
+          const auto b = sliceBounds(c, in.dim, extent);
+          if (!b) throw Failure{core::nodeLabel(g_, n) + " works along the split dimension"};
+          bounds.push_back(*b);
+        }
+      }
+      std::sort(bounds.begin(), bounds.end());
+      bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+      std::vector<int64_t> sizes;
+      int64_t at = 0;
+      for (const auto& [start, end] : bounds) {
+        if (start != at)
+          throw Failure{core::nodeLabel(g_, n) + " and the other slices of " + g_.value(x).name +
+                        " do not cut it into parts"};
+        sizes.push_back(end - start);
+        at = end;
+      }
+      if (at != extent || sizes.size() < 2)
+        throw Failure{core::nodeLabel(g_, n) + " and the other slices of " + g_.value(x).name +
+                      " do not cut it into parts"};
+      cutParts(p, n, in, sizes, x);
+      parts = p.parts.find(in.origin);
+    }
+    const auto b = sliceBounds(n, in.dim, extent);
+    if (!b) throw Failure{core::nodeLabel(g_, n) + " works along the split dimension"};
+    int64_t start = 0, member = 0;  // in the whole value, in the member's
+    for (const ShardPart& part : parts->second) {
+      const int64_t held = part.whole ? part.size : part.size / degree_;
+      if (start == b->first && part.size == b->second - b->first) {
+        p.rewrites[{n, 2}][-1] = member;
+        p.rewrites[{n, 3}][-1] = member + held;
+        partOutput(
+            p, g_.node(n).outputs.at(0),
+            part.whole ? std::nullopt : std::optional<Split>(Split{in.dim, part.size, in.origin}));
+        return;
+      }
+      start += part.size;
+      member += held;
+    }
+    throw Failure{core::nodeLabel(g_, n) + " takes no one part of " + g_.value(x).name};
   }
 
   void follow(PatternPlan& p, NodeId n) {
@@ -494,6 +766,12 @@ class Planner {
       return;
     }
     if (isKind(node, {"prim::ListUnpack"})) {
+      auto parts = elements_.find(node.inputs.at(0));  // a fused projection's parts
+      if (parts != elements_.end() && parts->second.size() == node.outputs.size()) {
+        for (size_t k = 0; k < node.outputs.size(); ++k)
+          partOutput(p, node.outputs[k], parts->second[k]);
+        return;
+      }
       setOutputs(p, n, splitOf(p, n, node.inputs.at(0)));
       return;
     }
@@ -504,7 +782,8 @@ class Planner {
       return;
     }
     const ValueId in0 = node.inputs.at(0);
-    if (isKind(node, {"aten::split", "aten::split_with_sizes", "aten::chunk"})) {  // list outputs
+    if (isKind(node, {"aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unsafe_split",
+                      "aten::unsafe_chunk"})) {  // list outputs
       splitParts(p, n, splitOf(p, n, in0));
       return;
     }
@@ -584,6 +863,14 @@ class Planner {
       setOutputs(p, n, s);
       return;
     }
+    if (isKind(node, {"aten::slice"}) && !wholeSlice(n)) {
+      const Split s = splitOf(p, n, in0);
+      if (normDim(intInput(n, 1), outRank) == s.dim)
+        slicePart(p, n, s);  // Note [Fused parts]
+      else
+        setOutputs(p, n, s);
+      return;
+    }
     if (isKind(node, {"aten::softmax", "aten::_softmax", "aten::log_softmax", "aten::slice"})) {
       const Split& s = splitOf(p, n, in0);
       if (!wholeSlice(n)) notAlong(n, s, intInput(n, 1), outRank);
@@ -609,9 +896,9 @@ class Planner {
       return;
     }
     if (isKind(node, {"aten::type_as", "aten::to", "aten::_to_copy", "aten::contiguous",
-                  "aten::clone", "aten::dropout", "aten::neg", "aten::gelu", "aten::relu",
-                  "aten::silu", "aten::tanh", "aten::sigmoid", "aten::erf", "aten::exp",
-                  "aten::sqrt", "aten::rsqrt"})) {
+                      "aten::clone", "aten::alias", "aten::dropout", "aten::neg", "aten::gelu",
+                      "aten::relu", "aten::silu", "aten::tanh", "aten::sigmoid", "aten::erf",
+                      "aten::exp", "aten::sqrt", "aten::rsqrt"})) {
       setOutputs(p, n, aligned(splitOf(p, n, in0), shapeOf(g_, in0).size(), outRank));
       return;
     }
@@ -692,6 +979,14 @@ class Planner {
   const std::vector<char>& stage_;
   int degree_;
   std::set<NodeId> pattern_;
+  bool wholeParts_ = false;    // plan's `wholeParts`
+  bool unequalParts_ = false;  // a fused projection met parts of unequal sizes
+  // A list of a fused projection's parts (TorchScript's split): per element, its split or whole.
+  std::map<ValueId, std::vector<std::optional<Split>>> elements_;
+  std::map<NodeId, ValueId> cut_;  // fused projection -> the value cut into its parts
+
+ public:
+  bool unequalParts() const { return unequalParts_; }
 };
 
 // Why the vocabulary embedding `n` cannot be split over `degree` ranks (empty: it can): its
@@ -746,7 +1041,7 @@ std::string planPattern(const Graph& graph, const ShardPattern& pattern,
     plan.embedding = n;
     plan.nodes = pattern.nodes;
     const ValueId weight = graph.node(n).inputs.at(0);
-    plan.params[weight] = ParamShard{weight, 0, 1};
+    plan.params[weight] = ParamShard{weight, 0, {}};
     return "";
   }
   const std::string name =
@@ -761,16 +1056,20 @@ std::string planPattern(const Graph& graph, const ShardPattern& pattern,
              " stay replicated: the embedding: " + why;
   }
   try {
+    Planner planner(graph, stage, degree);
     try {
-      plan = Planner(graph, stage, degree).plan(pattern);
+      plan = planner.plan(pattern);
     } catch (const Failure& f) {
+      // Note [Whole K/V heads], Note [Fused parts]: K and V kept whole, as columns or parts.
       const std::set<NodeId> whole = narrowColumns(graph, pattern);
-      if (whole.empty()) throw;
+      const bool parts = pattern.attention && planner.unequalParts();
+      if (whole.empty() && !parts) throw;
       try {
-        plan = Planner(graph, stage, degree).plan(pattern, whole);
+        plan = planner.plan(pattern, whole, parts);
       } catch (const Failure& again) {
         std::string names;
         for (NodeId n : whole) names += (names.empty() ? "" : ", ") + core::nodeLabel(graph, n);
+        if (parts) names += std::string(names.empty() ? "" : " and ") + "the narrower parts";
         throw Failure{f.reason + "; with " + names + " whole: " + again.reason};
       }
     }
@@ -817,7 +1116,7 @@ std::string planTiedEnd(const Graph& graph, const ShardPattern& pattern,
   if (end == End::Embedding) {
     plan.embedding = embedding;
     plan.nodes = {embedding};
-    plan.params[table] = ParamShard{table, 0, 1};
+    plan.params[table] = ParamShard{table, 0, {}};
     return "";
   }
   try {
@@ -867,6 +1166,7 @@ SplitDegrees splitDegrees(const Graph& graph, const std::vector<ShardPattern>& p
   result.degrees.assign(patterns.size(), 0);
   result.partial.resize(patterns.size());
   result.wholeNodes.resize(patterns.size());
+  result.wholeShare.resize(patterns.size());
   for (size_t i = 0; i < patterns.size(); ++i) {
     for (int degree : {2, 4, 8}) {
       PatternPlan plan;
@@ -877,6 +1177,17 @@ SplitDegrees splitDegrees(const Graph& graph, const std::vector<ShardPattern>& p
         std::set<NodeId> whole = plan.wholeColumns;
         for (ValueId v : plan.whole) whole.insert(graph.producer(v));
         if (!whole.empty()) result.wholeNodes[i][degree] = std::move(whole);
+        for (const auto& [param, shard] : plan.params) {
+          double held = 0, extent = 0;
+          for (const ShardPart& part : shard.parts) {
+            extent += static_cast<double>(part.size);
+            if (part.whole) held += static_cast<double>(part.size);
+          }
+          if (held > 0) {
+            double& share = result.wholeShare[i][param];
+            share = std::max(share, held / extent);
+          }
+        }
       } else {
         result.replicated[degree].push_back(why);
       }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <iosfwd>
 #include <map>
 #include <optional>
 #include <set>
@@ -22,14 +23,29 @@
 
 namespace autostage::decomposer {
 
-// Parameter `param` is held in slices: dimension `dim` holds `sections` equal parts (1, or the
-// parts of a fused projection), each cut into `degree` equal slices; member j holds slice j of
-// each part, concatenated.
+// One part of a parameter along its sliced dimension (Note [Fused parts]): `size` indices of
+// the whole parameter, cut into `degree` equal slices, or with `whole` held whole by every member.
+struct ShardPart {
+  int64_t size = 0;
+  bool whole = false;
+  bool operator==(const ShardPart& o) const { return size == o.size && whole == o.whole; }
+};
+std::ostream& operator<<(std::ostream& out, const ShardPart& part);  // "16" or "16 whole"
+
+// Parameter `param` is held in slices: dimension `dim` holds `parts` in order (empty: one part,
+// cut), the parts of a fused projection; member j holds slice j of each cut part and every whole
+// part, concatenated in the same order.
 struct ParamShard {
   core::ValueId param = -1;
   int dim = 0;
-  int sections = 1;
+  std::vector<ShardPart> parts;
 };
+
+// `shard`'s parts of a parameter of `extent` indices along its dimension (its one cut part where
+// it names none).
+std::vector<ShardPart> partsOf(const ParamShard& shard, int64_t extent);
+// What a member holds of `parts` (the sum of the whole parts and the cut ones' slices).
+int64_t memberExtent(const std::vector<ShardPart>& parts, int degree);
 
 // A value split over the group: dimension `dim` is `outer` repetitions of a block of `size`
 // indices, each block cut into `degree` contiguous slices; a member holds slice j of every block.
@@ -47,8 +63,10 @@ struct PatternPlan {
   std::map<core::ValueId, Split> split;
   std::map<std::pair<core::NodeId, int>, Rewrite> rewrites;  // (node, input index)
   std::map<core::ValueId, ParamShard> params;
-  std::map<core::ValueId, core::NodeId> paramOrigin;  // a column linear's own weight/bias: sections follow it
-  std::map<core::NodeId, int> sections;         // column linear -> parts (fused projection)
+  std::map<core::ValueId, core::NodeId>
+      paramOrigin;  // a column linear's own weight/bias: parts follow it
+  // A fused column linear -> its parts (Note [Fused parts]), in the order of its output features.
+  std::map<core::NodeId, std::vector<ShardPart>> parts;
   std::set<core::NodeId> columns;
   core::NodeId row = core::kNoNode;
   core::NodeId embedding = core::kNoNode;  // a vocabulary embedding, run as tp_embedding
@@ -87,6 +105,25 @@ struct PatternPlan {
 // is. A view or expand of a whole value keeps its sizes, but for a size computed at run time,
 // which becomes its recorded constant (it could read a split tensor's size).
 
+// Note [Fused parts]
+// A fused projection computes several groups of heads or features with one linear node: GPT-2's
+// c_attn (Q, K and V of equal width), Phi-3's qkv_proj (Q, then K and V of fewer heads under
+// grouped-query attention, cut apart by slices), GPT-BigCode's c_attn (Q, then one K/V head:
+// split_with_sizes), Phi-3's gate_up_proj (the gate and up halves of a gated MLP: chunk). Where
+// its output is cut into parts along the split dimension (aten::split, split_with_sizes or
+// chunk, or aten::slice nodes of constant bounds tiling it), each part is split on its own: a
+// member holds slice j of each part's rows (ParamShard::parts), and the parts' sizes or slice
+// bounds are rewritten to the member's. A part narrower than the widest (K and V of fewer heads
+// than Q) is kept whole when the pattern does not split with every part cut, as Note [Whole K/V
+// heads] keeps a separate K/V projection whole: every member holds its rows whole, its output
+// part is whole, and the rows' gradient on a member is its heads' share, summed over the group
+// (a piece of rows of the parameter: Note [Tensor-parallel gradients] in
+// staging/gradient_sync.h; so such a parameter is sliced along its rows, dimension 0, and ZeRO-1
+// leaves it whole). Unequal or whole parts must be cut from the linear's output features
+// themselves (its last dimension, in one block: no view into heads before the cut, which could
+// interleave them); equal cut parts may follow such a view (GPT-NeoX's layout). The value cut
+// must be read by the cut alone.
+
 // The plans of the patterns a stage holding `nodes` (sorted) shards at `degree`; one line per
 // pattern it holds that stays replicated, with the reason, goes to `skipped`.
 std::vector<PatternPlan> planPatterns(const core::Graph& graph, const std::vector<core::NodeId>& nodes,
@@ -104,6 +141,9 @@ struct SplitDegrees {
   // K's and V's projections and what is computed from them), whose compute and activations a
   // member does not divide.
   std::vector<std::map<int, std::set<core::NodeId>>> wholeNodes;
+  // Per pattern, the share of a parameter's extent held whole by every member at some degree
+  // it splits at (a fused projection's whole parts: Note [Fused parts]), by parameter.
+  std::vector<std::map<core::ValueId, double>> wholeShare;
 };
 SplitDegrees splitDegrees(const core::Graph& graph, const std::vector<ShardPattern>& patterns);
 

@@ -95,9 +95,9 @@ at::Tensor joinSlices(const at::Tensor& own, const SliceLayout& layout,
                       const std::vector<int64_t>& whole, comm::Backend& backend) {
   ParamShard shard;
   shard.dim = layout.dim;
-  shard.sections = layout.sections;
+  shard.parts = layout.parts;
   std::vector<int64_t> sliceShape = whole;
-  sliceShape[shard.dim] /= layout.degree;
+  sliceShape[shard.dim] = decomposer::memberExtent(layout.parts, layout.degree);
   const int self = backend.rank();
   std::vector<at::Tensor> slices;
   for (int j = 0; j < layout.degree; ++j) {
@@ -107,7 +107,7 @@ at::Tensor joinSlices(const at::Tensor& own, const SliceLayout& layout,
     backend.broadcast(piece, member, backend.world());
     slices.push_back(piece);
   }
-  return unshardTensor(slices, shard);
+  return unshardTensor(slices, shard, whole.at(shard.dim));
 }
 
 }  // namespace
@@ -146,9 +146,13 @@ SliceLayouts sliceLayouts(const torchscript::ImportedModel& model,
     if (stage.tensorParallel <= 1) continue;
     for (const ParamShard& shard :
          shardedParameters(model.graph, stage.nodes, stage.tensorParallel)) {
-      auto [it, added] = out.emplace(
-          names.at(shard.param),
-          SliceLayout{shard.dim, shard.sections, stage.tensorParallel, stage.ranks, {}});
+      const std::vector<int64_t>& shape = model.graph.value(shard.param).type.shape();
+      auto [it, added] = out.emplace(names.at(shard.param),
+                                     SliceLayout{shard.dim,
+                                                 stage.tensorParallel,
+                                                 decomposer::partsOf(shard, shape.at(shard.dim)),
+                                                 stage.ranks,
+                                                 {}});
       if (!added) it->second.alsoSliced.emplace_back(stage.tensorParallel, stage.ranks);
     }
   }

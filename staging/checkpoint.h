@@ -19,16 +19,17 @@
 // sorted order, its lowest owner broadcasts the tensor to the world. Owners that disagree on a
 // name's dtype or shape are an error on every rank.
 
+#include <ATen/core/Tensor.h>
+
 #include <map>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
-
 #include "comm/backend.h"
 #include "core/deployment.h"
+#include "decomposer/tensor_parallel_split.h"
 #include "frontend/torchscript/importer.h"
 
 namespace autostage::staging {
@@ -36,17 +37,18 @@ namespace autostage::staging {
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // How a deployment holds a parameter in tensor-parallel slices: the cut (ParamShard's dim and
-// sections, without the importing graph's value id, so two imports compare), the degree, and
+// parts, without the importing graph's value id, so two imports compare), the degree, and
 // its stage's ranks, replica groups of `degree` consecutive ranks whose member j holds slice j.
 // Equal layouts put the same slice on every rank.
 struct SliceLayout {
-  int dim = 0, sections = 1, degree = 1;
+  int dim = 0, degree = 1;
+  std::vector<decomposer::ShardPart> parts;
   std::vector<int> ranks;
   // A table tied across stages (Note [Tied tables across stages] in gradient_sync.h): the other
   // stages slicing it, as (degree, ranks); joined from the first's slices.
   std::vector<std::pair<int, std::vector<int>>> alsoSliced;
   bool operator==(const SliceLayout& o) const {
-    return dim == o.dim && sections == o.sections && degree == o.degree && ranks == o.ranks &&
+    return dim == o.dim && parts == o.parts && degree == o.degree && ranks == o.ranks &&
            alsoSliced == o.alsoSliced;
   }
   bool operator!=(const SliceLayout& o) const { return !(*this == o); }

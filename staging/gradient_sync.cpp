@@ -26,11 +26,41 @@ at::Tensor GradientGroup::part(const at::Tensor& t, int rank) const {
 namespace {
 
 // How one stage holds a parameter: `degree` 1 whole on every rank, else member i % degree of
-// `ranks` holds slice i % degree.
+// `ranks` holds slice i % degree of each part of `parts` (empty: one part) and the whole parts.
 struct Holding {
   int degree = 1;
   const std::vector<int>* ranks = nullptr;
+  std::vector<decomposer::ShardPart> parts;
 };
+
+// Note [Fused parts] in decomposer/tensor_parallel_split.h: the groups of a parameter one stage
+// holds with whole parts, one per piece of rows: a cut part's slice j summed over the members j
+// of every replica group, a whole part over every rank of the stage.
+std::vector<GradientGroup> partGroups(core::ValueId param, const Holding& h) {
+  std::vector<GradientGroup> groups;
+  int64_t offset = 0;  // of the part in a member's tensor
+  for (const decomposer::ShardPart& part : h.parts) {
+    const int64_t rows = part.whole ? part.size : part.size / h.degree;
+    for (int j = 0; j < (part.whole ? 1 : h.degree); ++j) {
+      GradientGroup g;
+      g.params.push_back(param);
+      g.rows.count = rows;
+      for (size_t i = 0; i < h.ranks->size(); ++i)
+        if (part.whole || static_cast<int>(i) % h.degree == j) {
+          g.ranks.push_back((*h.ranks)[i]);
+          g.rows.offsets.push_back(offset);
+        }
+      groups.push_back(std::move(g));
+    }
+    offset += rows;
+  }
+  return groups;
+}
+
+bool anyWhole(const std::vector<decomposer::ShardPart>& parts) {
+  return std::any_of(parts.begin(), parts.end(),
+                     [](const decomposer::ShardPart& p) { return p.whole; });
+}
 
 // Note [Tied tables across stages]: the groups of a parameter its stages hold in different
 // slices, one per piece of rows.
@@ -83,13 +113,16 @@ std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
   std::map<core::ValueId, bool> allZero;
   std::map<core::ValueId, std::vector<Holding>> holdings;
   for (const core::StageDeployment& stage : deployment.stages) {
-    std::set<core::ValueId> sliced;
+    std::map<core::ValueId, ParamShard> sliced;
     if (stage.tensorParallel > 1)
       for (const ParamShard& s : shardedParameters(graph, stage.nodes, stage.tensorParallel))
-        sliced.insert(s.param);
+        sliced.emplace(s.param, s);
     for (core::ValueId p : stageParams(graph, stage)) {
       allZero.emplace(p, true).first->second &= stage.zero;
-      holdings[p].push_back({sliced.count(p) ? stage.tensorParallel : 1, &stage.ranks});
+      auto s = sliced.find(p);
+      holdings[p].push_back(
+          {s == sliced.end() ? 1 : stage.tensorParallel, &stage.ranks,
+           s == sliced.end() ? std::vector<decomposer::ShardPart>{} : s->second.parts});
     }
   }
   // Note [Tensor-parallel gradients]: one holder set per place in a tensor-parallel group.
@@ -101,6 +134,12 @@ std::vector<GradientGroup> gradientGroups(const core::Graph& graph,
     });
     if (!alike) {  // Note [Tied tables across stages]
       for (GradientGroup& g : pieceGroups(graph, p, list)) pieces.push_back(std::move(g));
+      continue;
+    }
+    if (std::any_of(list.begin(), list.end(), [](const Holding& h) { return anyWhole(h.parts); })) {
+      AUTOSTAGE_INTERNAL_ASSERT(list.size() == 1, "parameter ", graph.value(p).name,
+                                " with whole parts is held by ", list.size(), " stages");
+      for (GradientGroup& g : partGroups(p, list.front())) pieces.push_back(std::move(g));
       continue;
     }
     for (const Holding& h : list) {

@@ -52,8 +52,12 @@
 // first (Executor::allreduceGrads): the sum then counts each replica once. A whole parameter the
 // pattern itself reads across the split dimension (a learnable scale of each head's features,
 // broadcast over the heads: decomposer::PatternPlan::partial) gets on each member its heads'
-// share of the gradient: it is summed over the same set without that division. The global norm
-// counts each slice once (the lowest rank of each slice's set) and each whole parameter once.
+// share of the gradient: it is summed over the same set without that division. A fused
+// projection's weight with parts held whole (Note [Fused parts] in
+// decomposer/tensor_parallel_split.h) is both: its groups are pieces of rows (GradientGroup::rows),
+// each cut part's slice j summed over the members j, each whole part over every rank of the
+// stage; ZeRO-1 leaves it whole. The global norm counts each slice once (the lowest rank of each
+// slice's set), each piece once and each whole parameter once.
 //
 // Note [Tied tables across stages]
 // A table tied to a vocabulary embedding and an LM head (Note [Tensor-parallel patterns] in
@@ -83,8 +87,8 @@ struct GradientGroup {
   std::vector<int> ranks;               // ascending world ranks holding the parameters
   std::vector<core::ValueId> params;    // graph parameter inputs, ascending
   bool sharded = false;                 // ZeRO-1 (Note [ZeRO-1])
-  // Note [Tied tables across stages]: a piece of rows of params[0] (its only parameter), at
-  // rows.offsets[k] of ranks[k]'s tensor. Empty offsets: the parameters whole.
+  // Note [Tied tables across stages], Note [Fused parts]: a piece of rows of params[0] (its only
+  // parameter), at rows.offsets[k] of ranks[k]'s tensor. Empty offsets: the parameters whole.
   struct Rows {
     int64_t count = 0;
     std::vector<int64_t> offsets;

@@ -34,6 +34,30 @@ core::Type dividedType(const core::Type& type, int dim, int degree) {
   return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
 }
 
+// `type` with dimension `dim` the member's `extent` (shapes the front ends record).
+core::Type memberType(const core::Type& type, int dim, int64_t extent) {
+  if (!type.isTensor() || !type.shapeKnown()) return type;
+  std::vector<int64_t> shape = type.shape();
+  if (dim < static_cast<int>(shape.size())) shape[dim] = extent;
+  return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
+}
+
+// A member's type of value `v` split as `s` by `plan`: a fused projection's output before its
+// cut holds the member's parts (Note [Fused parts]); any other split value 1/degree.
+core::Type splitType(const Graph& graph, const PatternPlan& plan, ValueId v,
+                     const decomposer::Split& s, int degree) {
+  const core::Type& type = graph.value(v).type;
+  auto parts = plan.parts.find(s.origin);
+  if (parts != plan.parts.end() && type.isTensor() && type.shapeKnown()) {
+    const std::vector<int64_t>& width =
+        graph.value(graph.node(s.origin).outputs.at(0)).type.shape();
+    if (s.size == width.back() && s.dim < static_cast<int>(type.shape().size()) &&
+        type.shape()[s.dim] == s.size)
+      return memberType(type, s.dim, decomposer::memberExtent(parts->second, degree));
+  }
+  return dividedType(type, s.dim, degree);
+}
+
 // Builds the member's stage graph: the stage's nodes in order, with each plan's rewrites.
 class Builder {
  public:
@@ -70,8 +94,8 @@ class Builder {
 
   // The list input rewritten: a new list whose entries in `rewrite` are new constants.
   ValueId rewriteList(ValueId list, const Rewrite& rewrite) {
-    const core::Node& producer = g_.node(g_.producer(list));
     if (rewrite.count(-1)) return intConstant(rewrite.at(-1));
+    const core::Node& producer = g_.node(g_.producer(list));
     if (producer.kind == "prim::Constant") {
       std::vector<int64_t> values = std::get<std::vector<int64_t>>(producer.findAttribute("value")->value);
       for (auto [k, v] : rewrite) values[k] = v;
@@ -252,7 +276,7 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
   std::map<ValueId, core::Type> splitTypes;
   for (const PatternPlan& p : plans)
     for (const auto& [v, s] : p.split)
-      if (graph.value(v).type.isTensor()) splitTypes[v] = dividedType(graph.value(v).type, s.dim, degree);
+      if (graph.value(v).type.isTensor()) splitTypes[v] = splitType(graph, p, v, s, degree);
   std::map<ValueId, ParamShard> shards;
   for (const ParamShard& s : shardsOf(plans)) shards[s.param] = s;
 
@@ -260,8 +284,14 @@ ShardedStage shardStage(const Graph& graph, const std::vector<NodeId>& nodes, in
   const core::Boundary boundary = graph.boundary(nodes);
   for (ValueId v : boundary.inputs) {
     auto s = shards.find(v);
-    builder.input(v, s == shards.end() ? graph.value(v).type
-                                       : dividedType(graph.value(v).type, s->second.dim, degree));
+    const core::Type& type = graph.value(v).type;
+    builder.input(
+        v, s == shards.end()
+               ? type
+               : memberType(
+                     type, s->second.dim,
+                     decomposer::memberExtent(
+                         decomposer::partsOf(s->second, type.shape().at(s->second.dim)), degree)));
     result.inputs.push_back(v);
   }
   for (NodeId n : nodes) {

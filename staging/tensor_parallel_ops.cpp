@@ -329,22 +329,35 @@ uint64_t TensorParallelGroup::nextSeed() {
 
 at::Tensor shardTensor(const at::Tensor& full, const ParamShard& shard, int degree, int index) {
   const int64_t size = full.size(shard.dim);
-  AUTOSTAGE_CHECK_AS(ConfigError, size % (int64_t{shard.sections} * degree) == 0,
-                     "a dimension of ", size, " cannot be split in ", shard.sections, " x ", degree,
-                     " equal slices");
-  const int64_t part = size / shard.sections, slice = part / degree;
   std::vector<at::Tensor> pieces;
-  for (int s = 0; s < shard.sections; ++s)
-    pieces.push_back(full.narrow(shard.dim, s * part + index * slice, slice));
+  int64_t offset = 0;
+  for (const decomposer::ShardPart& part : decomposer::partsOf(shard, size)) {
+    AUTOSTAGE_CHECK_AS(ConfigError, part.whole || part.size % degree == 0, "a part of ", part.size,
+                       " of a dimension of ", size, " cannot be split in ", degree,
+                       " equal slices");
+    const int64_t slice = part.whole ? part.size : part.size / degree;
+    pieces.push_back(full.narrow(shard.dim, offset + (part.whole ? 0 : index * slice), slice));
+    offset += part.size;
+  }
+  AUTOSTAGE_CHECK_AS(ConfigError, offset == size, "parts of ", offset,
+                     " indices for a dimension of ", size);
   return at::cat(pieces, shard.dim).contiguous();
 }
 
-at::Tensor unshardTensor(const std::vector<at::Tensor>& slices, const ParamShard& shard) {
+at::Tensor unshardTensor(const std::vector<at::Tensor>& slices, const ParamShard& shard,
+                         int64_t extent) {
   AUTOSTAGE_INTERNAL_ASSERT(!slices.empty(), "no slices to join");
-  const int64_t slice = slices.front().size(shard.dim) / shard.sections;
+  const int degree = static_cast<int>(slices.size());
   std::vector<at::Tensor> pieces;
-  for (int s = 0; s < shard.sections; ++s)
-    for (const at::Tensor& t : slices) pieces.push_back(t.narrow(shard.dim, s * slice, slice));
+  int64_t offset = 0;  // in a member's slice
+  for (const decomposer::ShardPart& part : decomposer::partsOf(shard, extent)) {
+    const int64_t slice = part.whole ? part.size : part.size / degree;
+    if (part.whole)
+      pieces.push_back(slices.front().narrow(shard.dim, offset, slice));
+    else
+      for (const at::Tensor& t : slices) pieces.push_back(t.narrow(shard.dim, offset, slice));
+    offset += slice;
+  }
   return at::cat(pieces, shard.dim);
 }
 

@@ -96,8 +96,10 @@ class TensorParallelGroup {
 
 // Member `index`'s slice of a full parameter (a contiguous copy), as `shard` says.
 at::Tensor shardTensor(const at::Tensor& full, const ParamShard& shard, int degree, int index);
-// The full tensor from every member's slice (`slices` in member order): shardTensor's inverse.
-at::Tensor unshardTensor(const std::vector<at::Tensor>& slices, const ParamShard& shard);
+// The full tensor, of `extent` indices along shard.dim, from every member's slice (`slices` in
+// member order): shardTensor's inverse (a whole part is taken from the first member's).
+at::Tensor unshardTensor(const std::vector<at::Tensor>& slices, const ParamShard& shard,
+                         int64_t extent);
 // Gives `param` the data `data` (a slice of it, or the whole it was cut from: Note [Sharing
 // sliced parameters] in checkpoint.cpp) and drops a gradient whose shape no longer fits.
 void replaceParamData(const at::Tensor& param, const at::Tensor& data);

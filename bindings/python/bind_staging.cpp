@@ -228,12 +228,17 @@ void bindStaging(py::module_& m) {
           "held_slices",
           [](Module& mod) {
             py::list out;
-            for (const staging::Executor::HeldSlice& s : mod.trainingExecutor().heldSlices())
-              out.append(py::make_tuple(s.name, s.shard.dim, s.shard.sections, s.degree, s.index,
+            for (const staging::Executor::HeldSlice& s : mod.trainingExecutor().heldSlices()) {
+              py::list parts;
+              for (const decomposer::ShardPart& part :
+                   decomposer::partsOf(s.shard, s.whole.at(s.shard.dim)))
+                parts.append(py::make_tuple(part.size, part.whole));
+              out.append(py::make_tuple(s.name, s.shard.dim, py::tuple(parts), s.degree, s.index,
                                         s.whole));
+            }
             return out;
           },
-          "(name, dim, sections, degree, index, whole shape) of each parameter this rank holds "
+          "(name, dim, parts, degree, index, whole shape) of each parameter this rank holds "
           "in tensor-parallel slices (Note [Tensor-parallel parameters]).")
       .def(
           "zero_shards",

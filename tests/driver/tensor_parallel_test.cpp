@@ -6,22 +6,23 @@
 // its dropouts drawing the group's masks (Note [Tensor-parallel dropout]). Also a vocabulary
 // embedding and an LM head split over the vocabulary, the head's loss computed on the slices
 // (Note [Vocabulary-parallel loss]), its operators against torch's losses.
-#include <algorithm>
-#include <array>
-#include <functional>
-#include <set>
+#include "staging/tensor_parallel.h"
 
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/torch.h>
 
-#include "catch_torch.h"
+#include <algorithm>
+#include <array>
+#include <functional>
+#include <map>
+#include <set>
 
+#include "catch_torch.h"
 #include "comm/thread_backend.h"
 #include "decomposer/tensor_parallel_patterns.h"
 #include "driver/module.h"
 #include "driver/split_models.h"
 #include "profiler/profiler.h"
-#include "staging/tensor_parallel.h"
 #include "staging/tensor_parallel_ops.h"
 #include "test_support.h"
 
@@ -35,18 +36,25 @@ using testing::makeLinear;
 constexpr int64_t kLocal = 4;
 constexpr double kLr = 0.1;
 
-// Attention over q, k, v (each [N, 4, 16]: 4 heads of 4 features) with the output projection
-// `o`, then a residual tanh MLP; the loss against y. Shared by both blocks.
-constexpr const char* kAttendAndMlp = R"(
-def attend(self, q, k, v, x, y):
-    q = q.view(-1, 4, 4, 4).transpose(1, 2)
-    k = k.view(-1, 4, 4, 4).transpose(1, 2)
-    v = v.view(-1, 4, 4, 4).transpose(1, 2)
+// Attention over q, k, v of [N, heads, 4, 4] (K and V of one head broadcast over Q's heads)
+// with the output projection `o`, then a residual tanh MLP; the loss against y.
+constexpr const char* kHeadsThenMlp = R"(
+def heads_then_mlp(self, q, k, v, x, y):
     att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 2.0, dim=-1)
     o = torch.matmul(att, v).transpose(1, 2).reshape(-1, 4, 16)
     h = x + self.o.forward(o)
     h = h + self.down.forward(torch.tanh(self.up.forward(h)))
     return torch.mean((h - y) * (h - y))
+)";
+
+// The same over q, k, v of [N, 4, 16] (4 heads of 4 features): shared by both blocks (with
+// kHeadsThenMlp).
+constexpr const char* kAttendAndMlp = R"(
+def attend(self, q, k, v, x, y):
+    q = q.view(-1, 4, 4, 4).transpose(1, 2)
+    k = k.view(-1, 4, 4, 4).transpose(1, 2)
+    v = v.view(-1, 4, 4, 4).transpose(1, 2)
+    return self.heads_then_mlp(q, k, v, x, y)
 )";
 
 // x [N, 4, 16]: sequence 4, 4 heads of 4 features (the view's sizes are all 4: only the head
@@ -56,6 +64,7 @@ torch::jit::Module makeBlock() {
   for (const char* name : {"q", "k", "v", "o"}) m.register_module(name, makeLinear(16, 16));
   m.register_module("up", makeLinear(16, 32));
   m.register_module("down", makeLinear(32, 16));
+  m.define(kHeadsThenMlp);
   m.define(kAttendAndMlp);
   m.define(R"(
 def forward(self, x, y):
@@ -72,6 +81,7 @@ torch::jit::Module makeFusedBlock() {
   m.register_module("o", makeLinear(16, 16));
   m.register_module("up", makeLinear(16, 32));
   m.register_module("down", makeLinear(32, 16));
+  m.define(kHeadsThenMlp);
   m.define(kAttendAndMlp);
   m.define(R"(
 def forward(self, x, y):
@@ -198,6 +208,7 @@ torch::jit::Module makeMultiQueryBlock() {
   m.register_module("o", makeLinear(16, 16));
   m.register_module("up", makeLinear(16, 32));
   m.register_module("down", makeLinear(32, 16));
+  m.define(kHeadsThenMlp);
   m.define(R"(
 def repeat(self, t):
     return t.view(-1, 4, 1, 4).transpose(1, 2).unsqueeze(2).expand(-1, 1, 4, 4, 4).reshape(-1, 4, 4, 4)
@@ -206,11 +217,53 @@ def forward(self, x, y):
     q = self.q.forward(x).view(-1, 4, 4, 4).transpose(1, 2)
     k = self.repeat(self.k.forward(x))
     v = self.repeat(self.v.forward(x))
+    return self.heads_then_mlp(q, k, v, x, y)
+)");
+  return m;
+}
+
+// Note [Fused parts] in decomposer/tensor_parallel_split.h, Phi-3's layout: one projection of
+// Q (4 heads of 4 features) then K and V (2 heads each), cut apart by slices; K and V repeated
+// to every Q head; a fused gated MLP (gate and up halves of one projection, chunked).
+torch::jit::Module makeFusedGroupedBlock() {
+  torch::jit::Module m("FusedGroupedBlock");
+  m.register_module("qkv", makeLinear(16, 32));
+  m.register_module("o", makeLinear(16, 16));
+  m.register_module("gate_up", makeLinear(16, 64));
+  m.register_module("down", makeLinear(32, 16));
+  m.define(R"(
+def repeat(self, t):
+    return t.view(-1, 4, 2, 4).transpose(1, 2).unsqueeze(2).expand(-1, 2, 2, 4, 4).reshape(-1, 4, 4, 4)
+
+def forward(self, x, y):
+    qkv = self.qkv.forward(x)
+    q = qkv[:, :, :16].view(-1, 4, 4, 4).transpose(1, 2)
+    k = self.repeat(qkv[:, :, 16:24])
+    v = self.repeat(qkv[:, :, 24:])
     att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / 2.0, dim=-1)
     o = torch.matmul(att, v).transpose(1, 2).reshape(-1, 4, 16)
     h = x + self.o.forward(o)
-    h = h + self.down.forward(torch.tanh(self.up.forward(h)))
+    gate, up = self.gate_up.forward(h).chunk(2, dim=-1)
+    h = h + self.down.forward(torch.tanh(gate) * torch.tanh(up))
     return torch.mean((h - y) * (h - y))
+)");
+  return m;
+}
+
+// GPT-BigCode's multi-query layout: one projection of Q (4 heads of 4) and one K/V head, split
+// with unequal sizes after an unsqueeze; K and V broadcast over Q's heads; then the MLP.
+torch::jit::Module makeFusedMultiQueryBlock() {
+  torch::jit::Module m("FusedMultiQueryBlock");
+  m.register_module("qkv", makeLinear(16, 24));
+  m.register_module("o", makeLinear(16, 16));
+  m.register_module("up", makeLinear(16, 32));
+  m.register_module("down", makeLinear(32, 16));
+  m.define(kHeadsThenMlp);
+  m.define(R"(
+def forward(self, x, y):
+    q, k, v = self.qkv.forward(x).unsqueeze(1).split([16, 4, 4], dim=3)
+    q = q.view(-1, 4, 4, 4).transpose(1, 2)
+    return self.heads_then_mlp(q, k, v, x, y)
 )");
   return m;
 }
@@ -235,11 +288,15 @@ void runCase(const std::vector<std::vector<int>>& ranks, int degree, int world,
     CHECK(std::abs(results[r].loss - refLoss.item<double>()) <= 1e-5);
     checkState(results[r].state, refParams);
   }
-  // Some rank holds a column-parallel weight (Q's [16, 16] or the MLP's [32, 16]) in halves.
+  // Some rank holds a column-parallel weight (Q's [16, 16], the MLP's [32, 16] or [64, 16]) in
+  // slices.
   bool anySliced = false;
   for (int r = 0; r < world; ++r)
-    for (const auto& [name, whole] : std::map<std::string, std::vector<int64_t>>{
-             {"q.weight", {16, 16}}, {"qkv.weight", {48, 16}}, {"up.weight", {32, 16}}})
+    for (const auto& [name, whole] :
+         std::map<std::string, std::vector<int64_t>>{{"q.weight", {16, 16}},
+                                                     {"qkv.weight", {48, 16}},
+                                                     {"up.weight", {32, 16}},
+                                                     {"gate_up.weight", {64, 16}}})
       if (results[r].localShapes.count(name))
         anySliced = anySliced ||
                     results[r].localShapes.at(name) == std::vector<int64_t>{whole[0] / degree, 16};
@@ -382,6 +439,85 @@ TEST_CASE("tensor-parallel stages train as the plain module: tp=2, with replicas
   runCase({{0, 1, 2, 3}}, 4, 4, false, makeMultiQueryBlock);  // one head each
 }
 
+TEST_CASE("fused projections of unequal parts train as the plain module", "[staging]") {
+  at::set_num_threads(1);
+  runCase({{0, 1}}, 2, 2, false, makeFusedGroupedBlock);        // every part cut
+  runCase({{0, 1, 2, 3}}, 4, 4, false, makeFusedGroupedBlock);  // K and V whole
+  runCase({{0, 1, 2, 3}}, 2, 4, false, makeFusedGroupedBlock);  // 2 replicas of tp=2
+  runCase({{0, 1}}, 2, 2, false, makeFusedMultiQueryBlock);     // K and V whole
+  runCase({{0, 1, 2, 3}}, 2, 4, false, makeFusedMultiQueryBlock);
+  runCase({{0, 1, 2, 3}}, 4, 4, false, makeFusedMultiQueryBlock);
+}
+
+TEST_CASE("a fused projection's parts: cut where their heads divide, else whole", "[staging]") {
+  using decomposer::ShardPart;
+  struct Case {
+    torch::jit::Module (*make)();
+    int degree;
+    std::vector<ShardPart> qkv;  // the fused projection's weight's parts
+    int64_t rows;                // a member's rows of it
+    double share;                // of its rows held whole at some degree (the planner's count)
+  };
+  for (const Case& c : std::vector<Case>{
+           {makeFusedGroupedBlock, 2, {{16, false}, {8, false}, {8, false}}, 16, 0.5},
+           {makeFusedGroupedBlock, 4, {{16, false}, {8, true}, {8, true}}, 20, 0.5},
+           {makeFusedMultiQueryBlock, 2, {{16, false}, {4, true}, {4, true}}, 16, 8.0 / 24},
+           {makeFusedMultiQueryBlock, 4, {{16, false}, {4, true}, {4, true}}, 12, 8.0 / 24}}) {
+    INFO("degree " << c.degree << ", fused rows " << c.rows);
+    torchscript::ImportedModel model =
+        torchscript::importModule(c.make(), {torch::randn({4, 4, 16}), torch::randn({4, 4, 16})});
+    ShardedStage stage = shardStage(model.graph, allNodes(model.graph), c.degree, 7);
+    std::string skipped;
+    for (const std::string& s : stage.skipped) skipped += s + "\n";
+    INFO(skipped);
+    CHECK(stage.sharded == 2);  // the attention and the MLP
+    std::map<std::string, ParamShard> shards;
+    for (const ParamShard& s : stage.shards) shards[model.graph.value(s.param).name] = s;
+    std::string names;
+    for (const auto& [name, s] : shards) names += name + " ";
+    INFO(names);
+    for (const char* name : {"qkv.weight", "qkv.bias"}) {
+      const auto it = std::find_if(shards.begin(), shards.end(), [&](const auto& e) {
+        return e.first.find(name) != std::string::npos;
+      });
+      REQUIRE(it != shards.end());
+      CHECK(it->second.dim == 0);
+      CHECK(it->second.parts == c.qkv);
+      CHECK(decomposer::memberExtent(it->second.parts, c.degree) == c.rows);
+    }
+    // The planner counts the rows held whole at some degree (at 4 for the grouped block's K and
+    // V) undivided: SplitDegrees::wholeShare.
+    const std::vector<decomposer::ShardPattern> patterns =
+        decomposer::findShardPatterns(model.graph);
+    const decomposer::SplitDegrees split = decomposer::splitDegrees(model.graph, patterns);
+    double share = 0;
+    for (const auto& byParam : split.wholeShare)
+      for (const auto& [param, s] : byParam)
+        if (model.graph.value(param).name.find("qkv.weight") != std::string::npos) share = s;
+    CHECK(share == Approx(c.share));
+    // The member's projection computes its rows; the MLP's fused halves are cut each.
+    bool gateUp = false;
+    for (const auto& [name, s] : shards)
+      if (name.find("gate_up.weight") != std::string::npos)
+        gateUp = s.parts == std::vector<ShardPart>{{32, false}, {32, false}};
+    CHECK(gateUp == (c.make == makeFusedGroupedBlock));
+    // shardTensor and unshardTensor: the member's rows, and the whole again from them.
+    const at::Tensor whole =
+        torch::arange(32 * 3).view({-1, 3}).narrow(0, 0, c.qkv[0].size + 2 * c.qkv[1].size);
+    ParamShard layout;
+    layout.parts = c.qkv;
+    std::vector<at::Tensor> slices;
+    for (int j = 0; j < c.degree; ++j) {
+      slices.push_back(shardTensor(whole, layout, c.degree, j));
+      CHECK(slices.back().size(0) == c.rows);
+      // Member j's Q rows are its slice; K's and V's rows are whole or its slice of them.
+      CHECK(torch::equal(slices.back().narrow(0, 0, 16 / c.degree),
+                         whole.narrow(0, j * 16 / c.degree, 16 / c.degree)));
+    }
+    CHECK(torch::equal(unshardTensor(slices, layout, whole.size(0)), whole));
+  }
+}
+
 TEST_CASE("a fused Q/K/V projection is cut per part, its bias too", "[staging]") {
   torchscript::ImportedModel model = torchscript::importModule(
       makeFusedBlock(), {torch::randn({4, 4, 16}), torch::randn({4, 4, 16})});
@@ -394,7 +530,7 @@ TEST_CASE("a fused Q/K/V projection is cut per part, its bias too", "[staging]")
   INFO(skipped << found);
   CHECK(stage.sharded == 2);
   int fused = 0;
-  for (const ParamShard& s : stage.shards) fused += s.sections == 3;
+  for (const ParamShard& s : stage.shards) fused += s.parts.size() == 3;
   CHECK(fused == 2);  // qkv.weight and qkv.bias
 }
 

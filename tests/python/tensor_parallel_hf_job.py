@@ -8,8 +8,12 @@ heads, a gated MLP; on 4 ranks its K and V are kept whole: Note [Whole K/V heads
 out per head: viewed into heads, then chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every
 two features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSNorm of each
 head's Q and K features, its weight each member's share of the gradient summed over the group)
-or `falcon` (linear layers reading `w.T`; its multi-query attention, one K/V head, stays
-replicated). Dropout is off; vocabularies
+`phi3` (one projection of Q, K and V cut apart by slices, 4 heads over 2 K/V heads, and a
+fused gated MLP, chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept whole),
+`gpt_bigcode` (multi-query attention from one projection of unequal parts, split_with_sizes:
+the K/V head's rows whole on every member) or `falcon` (linear layers reading `w.T`; its
+multi-query attention, one K/V head after a view into heads, stays replicated). Dropout is
+off; vocabularies
 are small (no vocabulary split).
 `gpt2-dropout`: GPT-2 with its dropouts on (0.1) through torch.export, the masks drawn from the
 group's stream (Note [Tensor-parallel dropout]; tests/driver/tensor_parallel_test.cpp checks
@@ -61,6 +65,18 @@ def make():
         config = transformers.GemmaConfig(intermediate_size=128, num_key_value_heads=1,
                                           head_dim=16, max_position_embeddings=32, **small)
         return transformers.GemmaForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
+    if name == "phi3":
+        config = transformers.Phi3Config(intermediate_size=128, num_key_value_heads=2,
+                                         max_position_embeddings=32, pad_token_id=0,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+                                         **small)
+        return transformers.Phi3ForCausalLM(config), "model.layers.0.self_attn.qkv_proj.weight", 0
+    if name == "gpt_bigcode":
+        config = transformers.GPTBigCodeConfig(n_layer=2, n_embd=64, n_head=4, n_positions=32,
+                                               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                               vocab_size=vocab)
+        return (transformers.GPTBigCodeForCausalLM(config),
+                "transformer.h.0.attn.c_attn.weight", 0)
     if name == "falcon":
         config = transformers.FalconConfig(hidden_dropout=0.0, attention_dropout=0.0, **small)
         return transformers.FalconForCausalLM(config), "transformer.h.0.mlp.dense_h_to_4h.weight", 0
@@ -108,7 +124,11 @@ for key, value in ([] if dropout else reference.state_dict().items()):
         failures.append(f"{key} after 2 steps differs from plain PyTorch")
 held = dict(model.named_parameters())[sliced].shape
 whole = dict(reference.named_parameters())[sliced].shape
-if held[dim] * world != whole[dim]:
-    failures.append(f"{sliced} is held as {tuple(held)}, not in {world} slices of {tuple(whole)}")
+# Q's rows in slices; GPT-BigCode's K/V head (16 rows each for K and V) whole on every member;
+# Phi-3's 2 K/V heads in slices on 2 ranks, whole on 4 (16 + 16 rows each of K and V).
+kept = {"gpt_bigcode": 32, "phi3": 64 if world == 4 else 0}.get(name, 0)
+if held[dim] != (whole[dim] - kept) // world + kept:
+    failures.append(f"{sliced} is held as {tuple(held)}, not in {world} slices of {tuple(whole)}"
+                    + (f" with {kept} rows whole" if kept else ""))
 print(f"rank {rank}: tensor_parallel {name} checked; {len(failures)} failures", flush=True)
 finish(rank, failures)

@@ -32,6 +32,12 @@ DistributedDataParallel does). Phases:
            4), tp=2 on 2 ranks and tp=4 on 4 ranks, three SGD steps with momentum: K and V kept
            whole where their heads do not divide by the degree (Note [Whole K/V heads]);
   grouped_zero  those layers at tp=2 with ZeRO-1 on 4 ranks (2 replicas of 2 ranks);
+  fused    two layers projecting Q, K and V with one linear layer of unequal parts (FusedBlock:
+           GPT-BigCode's multi-query split_with_sizes, Phi-3's 2 K/V heads cut apart by slices)
+           and a fused gated MLP (chunked), tp=2 on 2 ranks and tp=4 on 4 ranks, three SGD
+           steps with momentum: a part kept whole where its heads do not divide by the degree
+           (Note [Fused parts]);
+  fused_zero  those layers at tp=2 with ZeRO-1 on 4 ranks (2 replicas of 2 ranks);
   noise    the block with torch.randn_like noise added to its input (tp=2), the noise returned
            too: the outputs are plain PyTorch's on the input plus that noise, which holds only
            when every member drew the same (Note [Tensor-parallel random operators]);
@@ -174,6 +180,40 @@ class GroupedBlock(torch.nn.Module):
         return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
 
 
+class FusedBlock(torch.nn.Module):
+    """One projection of Q (4 heads) then K and V (`kv_heads` heads each): cut apart by
+    split_with_sizes after an unsqueeze with `split` (GPT-BigCode's multi-query layout, K and V
+    broadcast over Q's heads), else by slices with K and V repeated to each Q head (Phi-3's);
+    then a gated MLP whose gate and up halves come from one projection, chunked (Phi-3's)."""
+
+    def __init__(self, kv_heads, split, hidden=16, heads=4):
+        super().__init__()
+        self.heads, self.kv_heads, self.dim, self.split = heads, kv_heads, hidden // heads, split
+        self.qkv = torch.nn.Linear(hidden, hidden + 2 * kv_heads * self.dim)
+        self.o = torch.nn.Linear(hidden, hidden)
+        self.gate_up = torch.nn.Linear(hidden, 64, bias=False)
+        self.down = torch.nn.Linear(32, hidden, bias=False)
+        self.norm, self.norm2 = torch.nn.LayerNorm(hidden), torch.nn.LayerNorm(hidden)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        kv = self.kv_heads * self.dim
+        qkv = self.qkv(self.norm(x))
+        if self.split:
+            q, k, v = qkv.unsqueeze(1).split([h, kv, kv], dim=3)
+            q = q.view(b, s, self.heads, self.dim).transpose(1, 2)
+        else:
+            q = qkv[..., :h].view(b, s, self.heads, self.dim).transpose(1, 2)
+            k, v = (t.view(b, s, self.kv_heads, self.dim).transpose(1, 2)[:, :, None]
+                    .expand(b, self.kv_heads, self.heads // self.kv_heads, s, self.dim)
+                    .reshape(b, self.heads, s, self.dim)
+                    for t in (qkv[..., h:h + kv], qkv[..., h + kv:]))
+        att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
+        x = x + self.o(att.transpose(1, 2).reshape(b, s, h))
+        gate, up = self.gate_up(self.norm2(x)).chunk(2, dim=-1)
+        return x + self.down(torch.nn.functional.silu(gate) * up)
+
+
 class Noisy(Block):
     """The block with noise drawn from the default generator on its input; returns the noise."""
 
@@ -233,7 +273,7 @@ LOW = BF16 or FP16
 # tensor's largest (state_close), which moves outputs near 0 by up to 2.1e-6 (measured on the
 # 1.13 leg, 2026-12-07): atol 1e-5.
 OUT_TOL = (dict(rtol=2e-2, atol=4e-3) if BF16 else dict(rtol=3e-3, atol=1e-3) if FP16
-           else dict(rtol=1e-5, atol=1e-5) if phase in ("parallel", "grouped", "grouped_zero")
+           else dict(rtol=1e-5, atol=1e-5) if phase in ("parallel", "grouped", "grouped_zero", "fused", "fused_zero")
            else dict(rtol=1e-5, atol=1e-6))
 OVERFLOW_STEP = 1  # fp16: the batch of this step holds an inf
 
@@ -245,7 +285,8 @@ def state_close(got, want, atol=1e-6):
     too for the parallel layers' momentum (gradients up to 6, rounded at 3e-6 where elements
     near 0 sit)."""
     got, want = torch.as_tensor(got), torch.as_tensor(want)
-    if phase in ("head", "tied", "tied_stages", "parallel", "grouped", "grouped_zero"):
+    if phase in ("head", "tied", "tied_stages", "parallel", "grouped", "grouped_zero", "fused",
+                 "fused_zero"):
         atol = 1e-5 * float(want.abs().max())
     if LOW:
         tolerance = dict(rtol=1e-4, atol=4e-5) if FP16 else dict(rtol=1e-3, atol=3e-4)
@@ -265,7 +306,7 @@ def gap(got, want):
 
 torch.manual_seed(3)
 if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "fp16",
-             "noise", "parallel", "recompute", "grouped", "grouped_zero"):
+             "noise", "parallel", "recompute", "grouped", "grouped_zero", "fused", "fused_zero"):
     make = Noisy if phase == "noise" else Block
     first = "q.weight"
     if phase == "parallel":
@@ -276,9 +317,14 @@ if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16",
         def make():
             return torch.nn.Sequential(GroupedBlock(kv_heads=1), GroupedBlock(kv_heads=2))
         first = "0.q.weight"
+    if phase.startswith("fused"):
+        def make():
+            return torch.nn.Sequential(FusedBlock(kv_heads=1, split=True),
+                                       FusedBlock(kv_heads=2, split=False))
+        first = "0.gate_up.weight"
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     x2 = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(6))
-    steps, degree = 3, {"block4": 4, "resume": 1, "grouped": world}.get(phase, 2)
+    steps, degree = 3, {"block4": 4, "resume": 1, "grouped": world, "fused": world}.get(phase, 2)
 elif phase in ("vocabulary", "head", "tied", "tied_stages"):
     make = {"vocabulary": Vocabulary, "head": Head}.get(phase, lambda: Head(tied=True))
     x = torch.randint(0, 16384, (2 * world, 4), generator=torch.Generator().manual_seed(5))
@@ -299,7 +345,7 @@ local = x[rows * rank:rows * (rank + 1)]
 
 def optimizer_of(params):
     # Not Adam: the fused K bias's gradient is rounding (Block's k).
-    if phase in ("parallel", "grouped", "grouped_zero"):
+    if phase in ("parallel", "grouped", "grouped_zero", "fused", "fused_zero"):
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if phase in ("head", "tied", "tied_stages"):
         # Not Adam: with Adam (lr 0.01) the head's weight after 3 steps was up to 1.8e-4 from
@@ -319,7 +365,7 @@ optimizer = optimizer_of(model.parameters())
 options = {"decomposer": "data_parallel"} if phase not in ("mlp", "auto", "tied_stages") else {}
 if phase == "tied_stages":
     options["partition_num"] = 2
-if phase in ("zero", "grouped_zero") or (phase == "modes" and world == 4):
+if phase in ("zero", "grouped_zero", "fused_zero") or (phase == "modes" and world == 4):
     options["zero"] = 1
 if LOW:
     options["precision"] = phase
@@ -487,5 +533,11 @@ whole = dict(reference.named_parameters())[first].shape
 held = dict(model.named_parameters())[first].shape
 if phase not in ("auto", "resume") and held[0] * degree != whole[0]:
     failures.append(f"{first} is held whole ({tuple(held)}), not in slices of {degree}")
+if phase.startswith("fused"):  # Q's rows in slices, K's and V's whole where their heads do not divide
+    for name, kv_heads in (("0.qkv.weight", 1), ("1.qkv.weight", 2)):
+        rows = dict(model.named_parameters())[name].shape[0]
+        kept = 2 * 4 * kv_heads if kv_heads % degree else 0
+        if rows != (16 + 2 * 4 * kv_heads - kept) // degree + kept:
+            failures.append(f"{name} is held as {rows} rows at tp={degree} ({kept} whole)")
 print(f"rank {rank}: tensor_parallel {phase} checked; {len(failures)} failures", flush=True)
 finish(rank, failures)

@@ -179,8 +179,9 @@ def test_optimizer_state_of_a_table_tied_across_stages_is_joined_from_one_holdin
     global state is one holding's, the whole one first, else the smallest degree's slices."""
     from autostage import optimizer
     whole = torch.arange(32.0).view(8, 4)
-    halves = [((m, 2, 0, 1, -1), whole[4 * m:4 * m + 4]) for m in range(2)]
-    quarters = [((m, 4, 0, 1, -1), whole[2 * m:2 * m + 2] + 100) for m in range(4)]  # told apart
+    one = ((8, False),)  # one part, cut
+    halves = [((m, 2, 0, one, -1), whole[4 * m:4 * m + 4]) for m in range(2)]
+    quarters = [((m, 4, 0, one, -1), whole[2 * m:2 * m + 2] + 100) for m in range(4)]  # told apart
     assert torch.equal(optimizer._assemble(halves + quarters, (8, 4)), whole)
     assert torch.equal(optimizer._assemble(quarters, (8, 4)), whole + 100)
     assert torch.equal(optimizer._assemble([(-1, whole)] + quarters + halves, (8, 4)), whole)
@@ -188,10 +189,32 @@ def test_optimizer_state_of_a_table_tied_across_stages_is_joined_from_one_holdin
         optimizer._assemble(halves[:1] + quarters, (8, 4))
 
 
+def test_optimizer_state_of_fused_parts_is_joined_and_cut():
+    """Note [Fused parts]: a member holds its slice of each cut part and every whole part; the
+    global state joins the slices part by part and takes a whole part from the first member;
+    loading cuts a member's rows out again."""
+    from autostage import optimizer
+    whole = torch.arange(36.0).view(12, 3)  # Q's 8 rows cut, K's and V's 2 rows each whole
+    parts = ((8, False), (2, True), (2, True))
+    members = [torch.cat([whole[4 * m:4 * m + 4], whole[8:12]]) for m in range(2)]
+    for m in range(2):
+        assert torch.equal(optimizer._cut_slice(whole, 0, parts, 2, m), members[m])
+    pieces = [((m, 2, 0, parts, -1), members[m]) for m in range(2)]
+    assert torch.equal(optimizer._assemble(pieces, (12, 3)), whole)
+    assert optimizer._parts_of(optimizer._parts_text(parts)) == parts
+    # Equal parts cut (a fused projection of Q, K and V of one width): slice m of each third.
+    thirds = ((4, False),) * 3
+    cut = optimizer._cut_slice(whole, 0, thirds, 2, 1)
+    assert torch.equal(cut, whole[[2, 3, 6, 7, 10, 11]])
+    assert torch.equal(optimizer._join_slices([optimizer._cut_slice(whole, 0, thirds, 2, m)
+                                               for m in range(2)], 0, thirds), whole)
+
+
 @needs_mpirun
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
                           ("grouped", 2), ("grouped", 4), ("grouped_zero", 4),
+                          ("fused", 2), ("fused", 4), ("fused_zero", 4),
                           ("modes", 2), ("modes", 4), ("recompute", 2), ("recompute", 4),
                           ("accumulate", 2), ("bf16", 2),
                           pytest.param("fp16", 2, marks=pytest.mark.skipif(
@@ -205,13 +228,13 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
     log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
-    degree = 4 if phase == "block4" or (phase, ranks) == ("grouped", 4) else 2
+    degree = 4 if phase == "block4" or (phase, ranks) in (("grouped", 4), ("fused", 4)) else 2
     if phase != "auto":
         assert f" tp={degree} " in log, log  # the partition log
     # Note [Tensor-parallel profile]: the patterns measured on a member's slices at the degree.
     measured = re.search(r"tensor-parallel degree %d: (\d+) node groups measured;" % degree, log)
     assert measured and int(measured.group(1)) > 0, log
-    if phase in ("zero", "grouped_zero") or (phase, ranks) == ("modes", 4):
+    if phase in ("zero", "grouped_zero", "fused_zero") or (phase, ranks) == ("modes", 4):
         assert " repl=2 tp=2 zero=1 " in log, log
     if phase == "modes":  # the eval deployment and the inference usage's, both tensor-parallel
         assert log.count("Switching from") >= 4, log
@@ -221,10 +244,10 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert len(kept) >= 4 and set(kept) == {"9"}, log
     if phase in ("vocabulary", "head", "tied", "tied_stages"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
-    if phase in ("parallel", "grouped", "grouped_zero"):  # both layers' attention and MLP split
+    if phase in ("parallel", "grouped", "grouped_zero", "fused", "fused_zero"):  # both layers' attention and MLP split
         assert f"tensor_parallel={degree}: 4 pattern(s) to shard" in log, log
         assert "stays replicated" not in log, log
-    if phase.startswith("grouped"):  # 1 K/V head does not divide by 2; 1 and 2 not by 4
+    if phase.startswith(("grouped", "fused")):  # 1 K/V head does not divide by 2; 1, 2 not by 4
         assert (f"tensor_parallel: {degree // 2} attention pattern(s) compute K and V whole on "
                 f"each of {degree} ranks") in log, log
     if phase == "tied_stages":  # Note [Tied tables across stages]: each end in its own stage
@@ -246,7 +269,8 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 @needs_mpirun
 @pytest.mark.parametrize("name,ranks", [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2),
                                         ("gpt_neox", 2), ("gptj", 2), ("phi", 2), ("qwen3", 2),
-                                        ("falcon", 2), ("gemma", 2), ("llama", 4)])
+                                        ("falcon", 2), ("gemma", 2), ("llama", 4), ("phi3", 2),
+                                        ("phi3", 4), ("gpt_bigcode", 2)])
 def test_a_transformers_model_trains_tensor_parallel(name, ranks):
     pytest.importorskip("transformers")
     from autostage.export import available
@@ -423,6 +447,13 @@ def test_transformers_models_expose_their_patterns():
         # Linear layers reading `w.T`; multi-query attention (one K/V head) is not split.
         "falcon": transformers.FalconForCausalLM(transformers.FalconConfig(
             vocab_size=vocab, num_hidden_layers=2, hidden_size=64, num_attention_heads=4)),
+        # One projection of Q, K and V cut apart by slices (4 heads over 2 K/V heads), and a
+        # fused gated MLP: each part cut, K and V kept whole at 4 (Note [Fused parts]).
+        "phi3": transformers.Phi3ForCausalLM(transformers.Phi3Config(
+            vocab_size=vocab, num_key_value_heads=2, pad_token_id=0, **config)),
+        # Multi-query attention from one projection of unequal parts: the K/V head kept whole.
+        "gpt_bigcode": transformers.GPTBigCodeForCausalLM(transformers.GPTBigCodeConfig(
+            n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=64)),
         # An RMSNorm of each head's Q and K features: split, its weight read across the heads.
         "qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
             vocab_size=vocab, num_key_value_heads=2, head_dim=16, **config)),

@@ -85,7 +85,7 @@ class Module(torch.nn.Module):
         # Note [ZeRO-1 optimizer] (optimizer.py): {id(shard): (shard, param, offset, length)}.
         self._shards = {}
         self._sharded_params = []  # every sharded parameter this rank holds (zero_grad)
-        # Note [Tensor-parallel optimizer state] (optimizer.py): {id(param): (dim, sections,
+        # Note [Tensor-parallel optimizer state] (optimizer.py): {id(param): (dim, parts,
         # degree, index, whole shape)} of the parameters this rank holds in slices.
         self._slices = {}
         self._grad_scaler = None  # autostage.GradScaler(self): train_step seeds with its scale
@@ -381,8 +381,8 @@ class Module(torch.nn.Module):
     def _keep_local_parameters(self):
         local = {p.data_ptr() for p in self._impl.parameters()}
         named = dict(self.model.named_parameters())
-        self._slices = {id(named[name]): (dim, sections, degree, index, tuple(whole))
-                        for name, dim, sections, degree, index, whole in self._impl.held_slices()
+        self._slices = {id(named[name]): (dim, parts, degree, index, tuple(whole))
+                        for name, dim, parts, degree, index, whole in self._impl.held_slices()
                         if name in named}
         self._selected = local
         pieces = self._impl.zero_shards()

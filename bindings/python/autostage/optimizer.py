@@ -115,9 +115,11 @@ def _decode(name, tensor):
         value = None
     else:
         value = _SCALAR_TYPES[tag][0](tensor.item())
-    if piece.startswith("tp"):  # a tensor-parallel slice: (member, degree, dim, sections, ZeRO)
+    if piece.startswith("tp"):  # a tensor-parallel slice: (member, degree, dim, parts, ZeRO)
         tp, _, zero = piece[2:].partition("|")
-        offset = (*(int(f) for f in tp.split(":")), int(zero.split("+")[0]) if zero else -1)
+        member, degree, dim, parts = tp.split(":")
+        offset = (int(member), int(degree), int(dim), _parts_of(parts),
+                  int(zero.split("+")[0]) if zero else -1)
     else:
         offset = int(piece.split("+")[0]) if piece else -1
     return int(index), int(order), key, offset, value
@@ -127,19 +129,39 @@ def _decode(name, tensor):
 # A parameter held in tensor-parallel slices (Note [Tensor-parallel parameters] in
 # staging/executor.cpp) has its elementwise state in the same slices on each member of its group.
 # The global state dict gathers every member's slice (the piece names the member, the degree,
-# the dimension and its sections) and joins them as the parameter's slices are joined; loading
+# the dimension and its parts) and joins them as the parameter's slices are joined; loading
 # cuts this rank's slice out of the whole state again. Scalar state (Adam's step) is the same on
-# every member.
-def _join_slices(values, dim, sections):
-    per = values[0].shape[dim] // sections
-    return torch.cat([v.narrow(dim, k * per, per) for k in range(sections) for v in values], dim)
+# every member. The parts are (size, whole) pairs along the dimension (Note [Fused parts] in
+# decomposer/tensor_parallel_split.h): a member holds slice j of each cut part and every whole
+# part, in order.
+def _parts_text(parts):
+    return ",".join(f"{size}{'w' if whole else ''}" for size, whole in parts)
 
 
-def _cut_slice(whole, dim, sections, degree, index):
-    part = whole.shape[dim] // sections
-    width = part // degree
-    return torch.cat([whole.narrow(dim, k * part + index * width, width)
-                      for k in range(sections)], dim).clone()
+def _parts_of(text):
+    return tuple((int(p.rstrip("w")), p.endswith("w")) for p in text.split(","))
+
+
+def _member_extent(parts, degree):
+    return sum(size if whole else size // degree for size, whole in parts)
+
+
+def _join_slices(values, dim, parts):
+    pieces, at = [], 0
+    for size, whole in parts:
+        width = size if whole else size // len(values)
+        pieces += [v.narrow(dim, at, width) for v in (values[:1] if whole else values)]
+        at += width
+    return torch.cat(pieces, dim)
+
+
+def _cut_slice(whole_value, dim, parts, degree, index):
+    pieces, at = [], 0
+    for size, whole in parts:
+        width = size if whole else size // degree
+        pieces.append(whole_value.narrow(dim, at + (0 if whole else index * width), width))
+        at += size
+    return torch.cat(pieces, dim).clone()
 
 
 def _one_layout(pieces):
@@ -163,16 +185,16 @@ def _assemble(pieces, shape):
     pieces = _one_layout(pieces)
     offset, first = pieces[0]
     if isinstance(offset, tuple):
-        _, degree, dim, sections, _ = offset
+        _, degree, dim, parts, _ = offset
         slice_shape = list(shape)
-        slice_shape[dim] //= degree
+        slice_shape[dim] = _member_extent(parts, degree)
         members = {}
         for (member, *_, zero), value in pieces:
             members.setdefault(member, []).append((zero, value))
         if sorted(members) != list(range(degree)):
             raise _autostage.InternalError(f"tensor-parallel slices {sorted(members)} of {degree}")
         values = [_assemble(members[m], slice_shape) for m in range(degree)]
-        return _join_slices(values, dim, sections)
+        return _join_slices(values, dim, parts)
     if offset < 0 or not isinstance(first, torch.Tensor) or first.dim() != 1:
         return first
     whole = torch.zeros(math.prod(shape), dtype=first.dtype, device=first.device)
@@ -183,7 +205,7 @@ def _assemble(pieces, shape):
 
 def global_state_dict(local, current_groups, all_groups, shards=None, slices=None):
     """The global state dict from PyTorch's `local` one (collective). `shards`: Note [ZeRO-1
-    optimizer]; `slices`: {id(param): (dim, sections, degree, index, whole shape)}, Note
+    optimizer]; `slices`: {id(param): (dim, parts, degree, index, whole shape)}, Note
     [Tensor-parallel optimizer state]."""
     shards, slices = shards or {}, slices or {}
     _, local_index = _packed_indices(current_groups)
@@ -201,8 +223,9 @@ def global_state_dict(local, current_groups, all_groups, shards=None, slices=Non
             elementwise = isinstance(value, torch.Tensor) and (
                 value.shape == p.shape if not piece else value.dim() == 1)
             if spec is not None and elementwise:
-                dim, sections, degree, member, _ = spec
-                where = f"tp{member}:{degree}:{dim}:{sections}" + (f"|{piece}" if piece else "")
+                dim, parts, degree, member, _ = spec
+                where = (f"tp{member}:{degree}:{dim}:{_parts_text(parts)}"
+                         + (f"|{piece}" if piece else ""))
                 owned.append(_encode(g, order, key, value, where))
             else:
                 owned.append(_encode(g, order, key, value, piece))
@@ -262,8 +285,8 @@ def local_state_dict(state_dict, current_groups, all_groups, shards=None, slices
             # none adds one; LibTorch 1.13's Adam.__setstate__ fails on it): left out.
             entry = state_dict["state"].get(saved_index[id(param)])
             if entry and id(param) in slices:  # Note [Tensor-parallel optimizer state]
-                dim, sections, degree, member, whole = slices[id(param)]
-                entry = {key: (_cut_slice(value, dim, sections, degree, member)
+                dim, parts, degree, member, whole = slices[id(param)]
+                entry = {key: (_cut_slice(value, dim, parts, degree, member)
                                if isinstance(value, torch.Tensor) and tuple(value.shape) == whole
                                else value)
                          for key, value in entry.items()}
