@@ -30,12 +30,13 @@ class CausalSelfAttention(torch.nn.Module):
     cuts" in docs/guide.md about torch.nn.MultiheadAttention).
     """
 
-    def __init__(self, dim, heads, seq, kv_heads=None):
+    def __init__(self, dim, heads, seq, kv_heads=None, fused=False):
         super().__init__()
         self.heads, self.head_dim, self.seq = heads, dim // heads, seq
         self.kv_heads = kv_heads or heads
-        if self.kv_heads == heads:
-            self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.fused = fused or self.kv_heads == heads
+        if self.fused:  # one projection of Q, then K and V (Phi-3's layout where fewer)
+            self.qkv = torch.nn.Linear(dim, dim + 2 * self.kv_heads * self.head_dim)
         else:  # grouped-query attention: K and V of fewer heads, each shared by a group of Q's
             self.q = torch.nn.Linear(dim, dim)
             self.k, self.v = (torch.nn.Linear(dim, self.kv_heads * self.head_dim) for _ in "kv")
@@ -56,6 +57,12 @@ class CausalSelfAttention(torch.nn.Module):
     def forward(self, x):
         if self.kv_heads == self.heads:
             q, k, v = (self.split_heads(t, self.heads) for t in self.qkv(x).chunk(3, dim=-1))
+        elif self.fused:  # cut apart by slices
+            qkv, width = self.qkv(x), self.heads * self.head_dim
+            kv = self.kv_heads * self.head_dim
+            q = self.split_heads(qkv[..., :width], self.heads)
+            k, v = (self.repeat_kv(self.split_heads(t, self.kv_heads))
+                    for t in (qkv[..., width:width + kv], qkv[..., width + kv:]))
         else:
             q = self.split_heads(self.q(x), self.heads)
             k, v = (self.repeat_kv(self.split_heads(t(x), self.kv_heads)) for t in (self.k, self.v))
@@ -67,10 +74,10 @@ class CausalSelfAttention(torch.nn.Module):
 class EncoderLayer(torch.nn.Module):
     """Pre-norm transformer layer: x + attention(norm(x)), then x + MLP(norm(x))."""
 
-    def __init__(self, dim, heads, seq, kv_heads=None):
+    def __init__(self, dim, heads, seq, kv_heads=None, fused=False):
         super().__init__()
         self.norm1 = torch.nn.LayerNorm(dim)
-        self.attention = CausalSelfAttention(dim, heads, seq, kv_heads)
+        self.attention = CausalSelfAttention(dim, heads, seq, kv_heads, fused)
         self.norm2 = torch.nn.LayerNorm(dim)
         self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(),
                                        torch.nn.Linear(4 * dim, dim))
@@ -81,12 +88,12 @@ class EncoderLayer(torch.nn.Module):
 
 
 class CausalLM(torch.nn.Module):
-    def __init__(self, vocab, dim, layers, heads, seq, tied=True, kv_heads=None):
+    def __init__(self, vocab, dim, layers, heads, seq, tied=True, kv_heads=None, fused=False):
         super().__init__()
         self.token = torch.nn.Embedding(vocab, dim)
         torch.nn.init.normal_(self.token.weight, std=0.02)  # logits start near uniform
         self.position = torch.nn.Parameter(torch.randn(seq, dim) * 0.02)
-        self.layers = torch.nn.ModuleList([EncoderLayer(dim, heads, seq, kv_heads)
+        self.layers = torch.nn.ModuleList([EncoderLayer(dim, heads, seq, kv_heads, fused)
                                            for _ in range(layers)])
         self.norm = torch.nn.LayerNorm(dim)
         self.head = torch.nn.Linear(dim, vocab, bias=False)

@@ -62,6 +62,11 @@ CONFIGS = [
                            "tensor_parallel=2"),
     ("transformer_gqa", 4, "partition_num=1 pipeline_num=2 schedule=gpipe recompute=never "
                            "tensor_parallel=4"),
+    # The same from one fused projection (Phi-3's layout): K's and V's rows whole on each rank.
+    ("transformer_gqa_fused", 2, "partition_num=1 pipeline_num=1 schedule=gpipe "
+                                 "recompute=never tensor_parallel=2"),
+    ("transformer_gqa_fused", 4, "partition_num=1 pipeline_num=2 schedule=gpipe "
+                                 "recompute=never tensor_parallel=4"),
     # The untied LM head and the loss split over a 16,384-token vocabulary (train_step: the
     # loss is in the model), the embedding's rows too; and the head tied to the embedding.
     ("transformer_vocab", 2, "partition_num=1 pipeline_num=2 schedule=1f1b recompute=never "

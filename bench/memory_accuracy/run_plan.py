@@ -43,14 +43,20 @@ def transformer(batch, generator):
     return model, (tokens,), targets, example.next_token_loss
 
 
-def transformer_gqa(batch, generator):
+def transformer_gqa(batch, generator, fused=False):
     """The transformer with multi-query attention (4 Q heads, one K/V head): a tensor-parallel
     stage keeps K and V whole on every rank (Note [Whole K/V heads] in
-    decomposer/tensor_parallel_split.h)."""
+    decomposer/tensor_parallel_split.h); `fused`: Q, K and V from one projection cut apart by
+    slices, K's and V's rows of it whole on every rank (Note [Fused parts])."""
     import transformer_lm as example
-    model = example.CausalLM(vocab=256, dim=128, heads=4, layers=4, seq=32, tied=True, kv_heads=1)
+    model = example.CausalLM(vocab=256, dim=128, heads=4, layers=4, seq=32, tied=True, kv_heads=1,
+                             fused=fused)
     tokens, targets = example.synthetic_batch(batch, 32, 256, generator)
     return model, (tokens,), targets, example.next_token_loss
+
+
+def transformer_gqa_fused(batch, generator):
+    return transformer_gqa(batch, generator, fused=True)
 
 
 def transformer_vocab(batch, generator, tied=False):
@@ -76,6 +82,7 @@ def resnet18(batch, generator):
 
 
 MODELS = {"tutorial": tutorial, "transformer": transformer, "transformer_gqa": transformer_gqa,
+          "transformer_gqa_fused": transformer_gqa_fused,
           "transformer_vocab": transformer_vocab,
           "transformer_vocab_tied": transformer_vocab_tied, "resnet18": resnet18}
 
