@@ -84,6 +84,8 @@ bool isPerHead(const std::string& kind) {
                 // rotary embeddings (rotate_half) and grouped K/V heads (repeat_kv)
                 "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct", "aten::unsqueeze",
                 "aten::squeeze", "aten::expand", "aten::to", "aten::_to_copy", "aten::type_as",
+                // Falcon's K and V taken off each group by index, broadcast to its Q heads
+                "aten::index", "aten::broadcast_to",
                 // GPT-J's rotary embeddings rotate every two features
                 "aten::stack", "aten::flatten",
                 // an RMSNorm of each head's features (Qwen3's q_norm and k_norm)
@@ -347,8 +349,9 @@ std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
     const std::vector<NodeId> consumers = tensorConsumers(g, g.node(at).outputs.at(0));
     if (anyGraphOutput(g, at)) return {};
     if (consumers.size() >= 3 && std::all_of(consumers.begin(), consumers.end(), [&](NodeId c) {
-          return oneOf(g.node(c).kind, {"aten::slice"}) && !anyGraphOutput(g, c);
-        })) {  // Phi-3's `qkv[..., :q]`, `qkv[..., q:q + kv]`, `qkv[..., q + kv:]`
+          return oneOf(g.node(c).kind, {"aten::slice", "aten::index"}) && !anyGraphOutput(g, c);
+        })) {  // Phi-3's `qkv[..., :q]`, `qkv[..., q:q + kv]`, `qkv[..., q + kv:]`; Falcon's
+               // `qkv[:, :, :, :-2]`, `[:, :, :, [-2]]`, `[:, :, :, [-1]]` (viewed into groups)
       start.insert(start.end(), consumers.begin(), consumers.end());
       return start;
     }

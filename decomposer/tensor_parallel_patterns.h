@@ -25,7 +25,9 @@
 //     read by three or more slices), through views, transposes, unsqueezes and the add of its
 //     bias: GPT-2's and GPT-BigCode's c_attn (Q, K and V side by side in the features, the
 //     latter's K and V one head each), Phi-3's qkv_proj (sliced) and GPT-NeoX's and Megatron's
-//     (viewed into heads first, each head's Q, K and V side by side). Parts of unequal sizes are
+//     (viewed into heads first, each head's Q, K and V side by side; Falcon-40B's viewed into
+//     K/V groups, each its Q heads, K and V, taken apart by a slice and aten::index, K and V
+//     broadcast to the group's Q heads: split by groups). Parts of unequal sizes are
 //     the split's plan's (Note [Fused parts] in tensor_parallel_split.h). Whether a layout splits
 //     is the split's plan's to say (tensor_parallel_split.h): it follows which indices each member
 //     holds through every view, so a layout mixing the parts with the heads is found and stays

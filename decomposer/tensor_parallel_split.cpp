@@ -361,7 +361,8 @@ class Planner {
     const core::Node& node = g_.node(n);
     for (ValueId v : node.inputs)
       if (!p.whole.count(v) && g_.value(v).type.isTensor()) broadcastOperand(p, n, v);
-    if (isKind(node, {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::expand"}) &&
+    if (isKind(node, {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::expand",
+                      "aten::broadcast_to"}) &&
         node.inputs.size() > 1 && g_.value(node.inputs[1]).type.kind() == core::TypeKind::List)
       rewriteSizes(p, n, 1, -1, node.outputs.at(0));
     for (ValueId out : node.outputs)
@@ -857,7 +858,11 @@ class Planner {
       setOutputs(p, n, s);
       return;
     }
-    if (isKind(node, {"aten::expand"})) {
+    if (isKind(node, {"aten::index"})) {  // Falcon's `qkv[:, :, :, [-2]]`
+      indexAfter(p, n, splitOf(p, n, in0));
+      return;
+    }
+    if (isKind(node, {"aten::expand", "aten::broadcast_to"})) {
       const Split s = aligned(splitOf(p, n, in0), shapeOf(g_, in0).size(), outRank);
       rewriteSizes(p, n, 1, s.dim, node.outputs.at(0));
       setOutputs(p, n, s);
@@ -908,6 +913,26 @@ class Planner {
       return;
     }
     throw Failure{core::nodeLabel(g_, n) + ": its operator is not followed by the sharding"};
+  }
+
+  // Advanced indexing (aten::index) by tensors not computed from the pattern, along dimensions
+  // after the split one only (None at it and before): those dimensions keep their places.
+  void indexAfter(PatternPlan& p, NodeId n, const Split& in) {
+    const core::Node& node = g_.node(n);
+    const NodeId list = g_.producer(node.inputs.at(1));
+    if (list == core::kNoNode || g_.node(list).kind != "prim::ListConstruct")
+      throw Failure{core::nodeLabel(g_, n) + " indexes by a list computed at run time"};
+    const std::vector<ValueId>& indices = g_.node(list).inputs;
+    for (size_t d = 0; d < indices.size(); ++d) {
+      const ValueId index = indices[d];
+      if (isNone(g_, index)) continue;
+      if (static_cast<int>(d) <= in.dim)
+        throw Failure{core::nodeLabel(g_, n) + " indexes along or before the split dimension"};
+      if (p.split.count(index) || p.whole.count(index) || pattern_.count(g_.producer(index)))
+        throw Failure{core::nodeLabel(g_, n) + " indexes by a tensor the pattern computes"};
+      broadcastOperand(p, n, index);
+    }
+    setOutputs(p, n, in);
   }
 
   // An aten::slice taking every index (TorchScript records `t[:, :, None]` so; transformers'

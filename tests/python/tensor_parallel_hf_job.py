@@ -11,8 +11,10 @@ head's Q and K features, its weight each member's share of the gradient summed o
 `phi3` (one projection of Q, K and V cut apart by slices, 4 heads over 2 K/V heads, and a
 fused gated MLP, chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept whole),
 `gpt_bigcode` (multi-query attention from one projection of unequal parts, split_with_sizes:
-the K/V head's rows whole on every member) or `falcon` (linear layers reading `w.T`; its
-multi-query attention, one K/V head after a view into heads, stays replicated). Dropout is
+the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and -180B's layout: one
+projection viewed into K/V groups, each of its Q heads, K and V, K and V taken off by index and
+broadcast to the group's Q heads; split by groups) or `falcon` (linear layers reading `w.T`;
+its multi-query attention, one K/V head after a view into heads, stays replicated). Dropout is
 off; vocabularies
 are small (no vocabulary split).
 `gpt2-dropout`: GPT-2 with its dropouts on (0.1) through torch.export, the masks drawn from the
@@ -77,6 +79,11 @@ def make():
                                                vocab_size=vocab)
         return (transformers.GPTBigCodeForCausalLM(config),
                 "transformer.h.0.attn.c_attn.weight", 0)
+    if name == "falcon_new":
+        config = transformers.FalconConfig(hidden_dropout=0.0, attention_dropout=0.0,
+                                           new_decoder_architecture=True, num_kv_heads=2, **small)
+        return (transformers.FalconForCausalLM(config),
+                "transformer.h.0.self_attention.query_key_value.weight", 0)
     if name == "falcon":
         config = transformers.FalconConfig(hidden_dropout=0.0, attention_dropout=0.0, **small)
         return transformers.FalconForCausalLM(config), "transformer.h.0.mlp.dense_h_to_4h.weight", 0

@@ -270,7 +270,7 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 @pytest.mark.parametrize("name,ranks", [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2),
                                         ("gpt_neox", 2), ("gptj", 2), ("phi", 2), ("qwen3", 2),
                                         ("falcon", 2), ("gemma", 2), ("llama", 4), ("phi3", 2),
-                                        ("phi3", 4), ("gpt_bigcode", 2)])
+                                        ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2)])
 def test_a_transformers_model_trains_tensor_parallel(name, ranks):
     pytest.importorskip("transformers")
     from autostage.export import available
@@ -279,7 +279,10 @@ def test_a_transformers_model_trains_tensor_parallel(name, ranks):
     log = run_driver("tensor_parallel_hf_job.py", name, ranks=ranks)
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {name} checked; 0 failures" in log, log
-    assert "stays replicated" not in log, log  # every attention and MLP is split
+    if name == "falcon":  # its multi-query attention is found, and says why it stays whole
+        assert "attention ending at" in log and "stays replicated" in log, log
+    else:
+        assert "stays replicated" not in log, log  # every attention and MLP is split
     assert "own random generator" not in log, log  # every dropout draws the group's masks
 
 
@@ -444,7 +447,8 @@ def test_transformers_models_expose_their_patterns():
         "gptj": transformers.GPTJForCausalLM(transformers.GPTJConfig(
             n_layer=2, n_embd=64, n_head=4, rotary_dim=8, vocab_size=vocab)),
         "phi": transformers.PhiForCausalLM(transformers.PhiConfig(vocab_size=vocab, **config)),
-        # Linear layers reading `w.T`; multi-query attention (one K/V head) is not split.
+        # Linear layers reading `w.T`; multi-query attention (one K/V head taken off by index
+        # after a view into heads) is found, split at no degree.
         "falcon": transformers.FalconForCausalLM(transformers.FalconConfig(
             vocab_size=vocab, num_hidden_layers=2, hidden_size=64, num_attention_heads=4)),
         # One projection of Q, K and V cut apart by slices (4 heads over 2 K/V heads), and a
@@ -454,6 +458,11 @@ def test_transformers_models_expose_their_patterns():
         # Multi-query attention from one projection of unequal parts: the K/V head kept whole.
         "gpt_bigcode": transformers.GPTBigCodeForCausalLM(transformers.GPTBigCodeConfig(
             n_layer=2, n_embd=64, n_head=4, vocab_size=vocab, n_positions=64)),
+        # Falcon-40B's layout: one projection viewed into 2 K/V groups (2 Q heads, K and V
+        # each), K and V taken off by index: split by groups, at 2 only.
+        "falcon_new": transformers.FalconForCausalLM(transformers.FalconConfig(
+            vocab_size=vocab, num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+            new_decoder_architecture=True, num_kv_heads=2)),
         # An RMSNorm of each head's Q and K features: split, its weight read across the heads.
         "qwen3": transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
             vocab_size=vocab, num_key_value_heads=2, head_dim=16, **config)),
@@ -474,12 +483,12 @@ def test_transformers_models_expose_their_patterns():
         kinds = [p["kind"] for p in patterns]
         attention = [p["degrees"] for p in patterns if p["kind"] == "attention"]
         # 4 heads split 2 and 4 ways; fewer K/V heads (Llama's and Qwen3's 2, Gemma's 1) than the
-        # degree are kept whole.
-        want = [] if name == "olmo2" else [2, 4]
+        # degree are kept whole; Falcon-40B's layout splits by its 2 K/V groups.
+        want = [] if name in ("olmo2", "falcon") else [2] if name == "falcon_new" else [2, 4]
         assert all(d == want for d in attention), (name, attention)
         # The word embedding is split over the vocabulary; the LM head stays whole, as the
         # model returns its logits.
         assert kinds.count("embedding") == 1, (name, kinds)
         assert kinds.count("mlp") == 2, (name, kinds)
-        assert kinds.count("attention") == (0 if name == "falcon" else 2), (name, kinds)
+        assert kinds.count("attention") == 2, (name, kinds)
         assert "lm_head" not in kinds, (name, kinds)
