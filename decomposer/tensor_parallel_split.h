@@ -63,8 +63,8 @@ struct PatternPlan {
   std::map<core::ValueId, Split> split;
   std::map<std::pair<core::NodeId, int>, Rewrite> rewrites;  // (node, input index)
   std::map<core::ValueId, ParamShard> params;
-  std::map<core::ValueId, core::NodeId>
-      paramOrigin;  // a column linear's own weight/bias: parts follow it
+  // A column linear's own weight and bias -> the linear: they take its parts.
+  std::map<core::ValueId, core::NodeId> paramOrigin;
   // A fused column linear -> its parts (Note [Fused parts]), in the order of its output features.
   std::map<core::NodeId, std::vector<ShardPart>> parts;
   std::set<core::NodeId> columns;
