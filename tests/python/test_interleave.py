@@ -36,6 +36,10 @@ def test_interleaved_tensor_parallel_stages_equal_plain_pytorch():
     log = run(4, "tensor", 2)
     assert re.search(r"Estimated profiles .* schedule=1f1b v=2 ", log), log
     assert len(re.findall(r"graph=STAGE_\d+_\d+ repl=1 tp=2 ", log)) == 4, log
+    # Both members of a group hold slices (which group's stages hold linear pairs depends on the
+    # measured cut).
+    sliced = [int(n) for n in re.findall(r"rank \d: (\d+) parameter\(s\) held in slices", log)]
+    assert len(sliced) == 4 and sum(1 for n in sliced if n > 0) >= 2, log
 
 
 @needs_mpirun
