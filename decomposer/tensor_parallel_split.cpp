@@ -892,7 +892,10 @@ class Planner {
       return;
     }
     if (isKind(node, {"aten::scaled_dot_product_attention"})) {
-      const Split s = joinOperands(p, n, {0, 1, 2}, outRank);
+      // enable_gqa (PyTorch 2.5+, the eighth argument): K and V of fewer heads than Q.
+      const bool grouped = node.inputs.size() > 7 && constantInt(g_, node.inputs[7]) == int64_t{1};
+      const Split s =
+          grouped ? groupedHeads(p, n, outRank) : joinOperands(p, n, {0, 1, 2}, outRank);
       if (s.dim >= static_cast<int>(outRank) - 2)
         throw Failure{core::nodeLabel(g_, n) + " is split along its sequence or head features"};
       if (node.inputs.size() > 3 && g_.value(node.inputs[3]).type.isTensor())
@@ -933,6 +936,49 @@ class Planner {
       broadcastOperand(p, n, index);
     }
     setOutputs(p, n, in);
+  }
+
+  // Note [Grouped sdpa]: scaled_dot_product_attention(q, k, v, ..., enable_gqa=True) reads K and V
+  // of Hkv heads for Q's Hq (Q head h reads K/V head h / (Hq / Hkv)). Q is split by heads; K and
+  // V split by heads too keep each member's heads in their groups (member j holds Q heads
+  // [j Hq/t, (j+1) Hq/t) and K/V heads [j Hkv/t, (j+1) Hkv/t)). K and V kept whole (Note [Whole
+  // K/V heads]) are sliced to the heads the member's Q heads read: Hkv/t of them where Hkv
+  // divides by t, else the one head j Hkv / t that t / Hkv members share; one head is read as is.
+  // Returns Q's split, the output's (the mask is joined by the caller).
+  Split groupedHeads(PatternPlan& p, NodeId n, size_t outRank) {
+    const core::Node& node = g_.node(n);
+    const Split q =
+        aligned(splitOf(p, n, node.inputs[0]), shapeOf(g_, node.inputs[0]).size(), outRank);
+    if (q.dim != static_cast<int>(outRank) - 3)
+      throw Failure{core::nodeLabel(g_, n) + " (enable_gqa) is split along other than its heads"};
+    const int64_t heads = shapeOf(g_, node.inputs[0]).at(q.dim);
+    for (int i : {1, 2}) {
+      const ValueId v = node.inputs.at(i);
+      const std::vector<int64_t>& shape = shapeOf(g_, v);
+      const int d = q.dim - static_cast<int>(outRank - shape.size());
+      const int64_t kv = d >= 0 ? shape[d] : 0;
+      if (kv <= 0 || heads % kv != 0)
+        throw Failure{core::nodeLabel(g_, n) + " (enable_gqa) reads " + g_.value(v).name +
+                      " with " + std::to_string(kv) + " heads for " + std::to_string(heads) +
+                      " query heads"};
+      auto split = p.split.find(v);
+      if (split != p.split.end()) {
+        if (split->second.dim != d || split->second.size != kv || kv % degree_ != 0)
+          throw Failure{core::nodeLabel(g_, n) + " (enable_gqa) reads " + g_.value(v).name +
+                        " split otherwise than by its heads"};
+        continue;
+      }
+      if (!p.whole.count(v))
+        throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name +
+                      ", which is not split"};
+      if (kv == 1) continue;  // every member's Q heads read it: as it is
+      if (kv % degree_ != 0 && degree_ % kv != 0)
+        throw Failure{core::nodeLabel(g_, n) + " (enable_gqa) reads " + g_.value(v).name +
+                      ", kept whole, whose " + std::to_string(kv) +
+                      " heads do not fall into the members' query heads evenly"};
+      p.slices[{n, i}] = Split{d, kv, q.origin};
+    }
+    return q;
   }
 
   // An aten::slice taking every index (TorchScript records `t[:, :, None]` so; transformers'

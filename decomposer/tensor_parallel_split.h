@@ -102,8 +102,10 @@ struct PatternPlan {
 // dimension's full extent (K and V repeated to every Q head), it is sliced to the member's part
 // by autostage::tp_slice (a narrow, whose backward fills the other heads' gradient with zeros);
 // where it broadcasts over that dimension (one K/V head read by every Q head) it is read as it
-// is. A view or expand of a whole value keeps its sizes, but for a size computed at run time,
-// which becomes its recorded constant (it could read a split tensor's size).
+// is; sdpa with enable_gqa reads K and V of fewer heads than Q, sliced to the heads the member's Q
+// heads read (Note [Grouped sdpa] in tensor_parallel_split.cpp). A view or expand of a whole
+// value keeps its sizes, but for a size computed at run time, which becomes its recorded
+// constant (it could read a split tensor's size).
 
 // Note [Fused parts]
 // A fused projection computes several groups of heads or features with one linear node: GPT-2's

@@ -26,20 +26,32 @@ using decomposer::PatternPlan;
 using decomposer::planPatterns;
 using decomposer::Rewrite;
 
-// `type` with dimension `dim` divided by `degree` (shapes the front ends record).
-core::Type dividedType(const core::Type& type, int dim, int degree) {
-  if (!type.isTensor() || !type.shapeKnown()) return type;
-  std::vector<int64_t> shape = type.shape();
-  if (dim < static_cast<int>(shape.size()) && shape[dim] > 0) shape[dim] /= degree;
-  return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
-}
-
 // `type` with dimension `dim` the member's `extent` (shapes the front ends record).
 core::Type memberType(const core::Type& type, int dim, int64_t extent) {
   if (!type.isTensor() || !type.shapeKnown()) return type;
   std::vector<int64_t> shape = type.shape();
   if (dim < static_cast<int>(shape.size())) shape[dim] = extent;
   return core::Type::tensor(type.dtype(), shape, type.requiresGrad());
+}
+
+// `type` with dimension `dim` divided by `degree` (an unknown extent stays unknown).
+core::Type dividedType(const core::Type& type, int dim, int degree) {
+  if (!type.isTensor() || !type.shapeKnown() || dim >= static_cast<int>(type.shape().size()) ||
+      type.shape()[dim] <= 0)
+    return type;
+  return memberType(type, dim, type.shape()[dim] / degree);
+}
+
+// The type tp_slice gives whole value `type` sliced as `split`: each block of split.size indices
+// along split.dim to size / degree of them, or to one where the members outnumber them (Note
+// [Grouped sdpa] in decomposer/tensor_parallel_split.cpp).
+core::Type slicedType(const core::Type& type, const decomposer::Split& split, int degree) {
+  if (!type.isTensor() || !type.shapeKnown() || split.dim >= static_cast<int>(type.shape().size()))
+    return type;
+  const int64_t extent = type.shape()[split.dim];
+  if (split.size <= 0 || extent <= 0 || extent % split.size != 0) return type;
+  return memberType(type, split.dim,
+                    extent / split.size * std::max<int64_t>(split.size / degree, 1));
 }
 
 // A member's type of value `v` split as `s` by `plan`: a fused projection's output before its
@@ -199,11 +211,10 @@ class Builder {
 
   // The member's part of whole value `value` (standing for original `original`) along `split`.
   ValueId sliceOf(ValueId value, ValueId original, const decomposer::Split& split) {
-    const NodeId c =
-        out_.addNode(kind("tp_slice"),
-                     {value, intConstant(split.dim), intConstant(split.size), intConstant(degree_),
-                      intConstant(group_)},
-                     {dividedType(g_.value(original).type, split.dim, degree_)}, {}, "");
+    const NodeId c = out_.addNode(kind("tp_slice"),
+                                  {value, intConstant(split.dim), intConstant(split.size),
+                                   intConstant(degree_), intConstant(group_)},
+                                  {slicedType(g_.value(original).type, split, degree_)}, {}, "");
     return out_.node(c).outputs.at(0);
   }
 

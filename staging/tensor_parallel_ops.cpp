@@ -116,20 +116,27 @@ class ReduceFromGroup : public torch::autograd::Function<ReduceFromGroup> {
 at::Tensor tpCopy(const at::Tensor& x, int64_t group) { return CopyToGroup::apply(x, group); }
 
 // Note [Whole K/V heads]: this member's slice of every block of `block` indices along `dim`
-// (the heads of Q it holds, of K and V repeated to every head). Composed of differentiable
-// operators: the backward puts the gradient back in the member's slice, zeros elsewhere.
+// (the heads of Q it holds, of K and V repeated to every head): block / degree indices; where
+// the members outnumber a block's indices (K and V heads read by grouped sdpa: Note [Grouped
+// sdpa] in decomposer/tensor_parallel_split.cpp), the one index member * block / degree. Composed
+// of differentiable operators: the backward puts the gradient back in the member's slice, zeros
+// elsewhere.
 at::Tensor tpSlice(const at::Tensor& x, int64_t dim, int64_t block, int64_t degree, int64_t group) {
-  AUTOSTAGE_INTERNAL_ASSERT(dim >= 0 && dim < x.dim() && block > 0 && degree > 0 &&
-                                x.size(dim) % block == 0 && block % degree == 0,
-                            "tp_slice of ", x.sizes(), " along ", dim, " in blocks of ", block,
-                            " over ", degree);
+  AUTOSTAGE_INTERNAL_ASSERT(
+      dim >= 0 && dim < x.dim() && block > 0 && degree > 0 && x.size(dim) % block == 0 &&
+          (block % degree == 0 || degree % block == 0),
+      "tp_slice of ", x.sizes(), " along ", dim, " in blocks of ", block, " over ", degree);
   std::vector<int64_t> blocks = x.sizes().vec();
   blocks[dim] = x.size(dim) / block;
   blocks.insert(blocks.begin() + dim + 1, block);
-  const int64_t part = block / degree;
+  const int64_t member = registered(group)->member;
+  const bool divides = block % degree == 0;
+  const int64_t part = divides ? block / degree : 1;
   std::vector<int64_t> sizes = x.sizes().vec();
   sizes[dim] = blocks[dim] * part;
-  return x.reshape(blocks).narrow(dim + 1, registered(group)->member * part, part).reshape(sizes);
+  return x.reshape(blocks)
+      .narrow(dim + 1, divides ? member * part : member * block / degree, part)
+      .reshape(sizes);
 }
 
 // Megatron's vocabulary-parallel embedding: this member holds rows [m rows, (m + 1) rows) of the

@@ -3,7 +3,9 @@ a transformers model captured with torch.export, trained with tensor_parallel=<r
 the plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict
 after them (rtol 1e-4), and that its attention and MLP weights are held in slices. Model: `gpt2`
 (a fused QKV Conv1D, addmm, split three ways), `llama` (rotary embeddings, 4 heads over 2 K/V
-heads, a gated MLP; on 4 ranks its K and V are kept whole: Note [Whole K/V heads]), `gemma`
+heads, a gated MLP), `llama_gqa` (Llama through sdpa with enable_gqa, K and V not repeated, as
+transformers calls it where no mask is needed on CUDA; on 4 ranks its K and V are kept whole:
+Note [Whole K/V heads], each member reading the one K/V head its Q heads use), `gemma`
 (multi-query attention: 4 heads over one K/V head, kept whole), `gpt_neox` (a fused QKV laid
 out per head: viewed into heads, then chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every
 two features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSNorm of each
@@ -21,6 +23,7 @@ are small (no vocabulary split).
 group's stream (Note [Tensor-parallel dropout]; tests/driver/tensor_parallel_test.cpp checks
 them exactly), which plain PyTorch does not draw: each step's loss within 5% of plain PyTorch's,
 whose dropouts draw masks of their own, and the first one not the loss without dropout."""
+import os
 import sys
 
 import torch
@@ -30,6 +33,8 @@ import autostage
 from mpi_launch import finish
 
 name = sys.argv[1]
+if name == "llama_gqa":  # read by transformers at each attention call
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
 rank, world = autostage.get_rank(), autostage.get_world_size()
 failures = []
 vocab = 512

@@ -32,6 +32,9 @@ DistributedDataParallel does). Phases:
            4), tp=2 on 2 ranks and tp=4 on 4 ranks, three SGD steps with momentum: K and V kept
            whole where their heads do not divide by the degree (Note [Whole K/V heads]);
   grouped_zero  those layers at tp=2 with ZeRO-1 on 4 ranks (2 replicas of 2 ranks);
+  grouped_sdpa  as grouped, the layers' attention scaled_dot_product_attention(..., enable_gqa=True)
+           on K and V not repeated (PyTorch 2.5+; Note [Grouped sdpa]): at tp=4 each member
+           reads the one K/V head of the 2 its Q heads use;
   fused    two layers projecting Q, K and V with one linear layer of unequal parts (FusedBlock:
            GPT-BigCode's multi-query split_with_sizes, Phi-3's 2 K/V heads cut apart by slices)
            and a fused gated MLP (chunked), tp=2 on 2 ranks and tp=4 on 4 ranks, three SGD
@@ -140,11 +143,13 @@ class GroupedBlock(torch.nn.Module):
     """Grouped-query attention (Llama's, Mistral's, Qwen2's; multi-query with `kv_heads=1`, as
     Gemma-2B's): K and V of `kv_heads` heads repeated to each of the 4 Q heads as transformers'
     repeat_kv does (unsqueeze, expand, reshape), K normalised per head with a weight (Qwen3's
-    k_norm) and both rotated (rotate_half's cat), then a gated MLP after a second norm."""
+    k_norm) and both rotated (rotate_half's cat), then a gated MLP after a second norm. With
+    `sdpa`, causal scaled_dot_product_attention(..., enable_gqa=True) reads K and V as they are
+    (transformers' sdpa attention where it uses enable_gqa)."""
 
-    def __init__(self, kv_heads, hidden=16, heads=4):
+    def __init__(self, kv_heads, hidden=16, heads=4, sdpa=False):
         super().__init__()
-        self.heads, self.kv_heads, self.dim = heads, kv_heads, hidden // heads
+        self.heads, self.kv_heads, self.dim, self.sdpa = heads, kv_heads, hidden // heads, sdpa
         self.q, self.o = torch.nn.Linear(hidden, hidden), torch.nn.Linear(hidden, hidden)
         # K without a bias (Block's reason); V with one, kept whole when K/V are.
         self.k = torch.nn.Linear(hidden, kv_heads * self.dim, bias=False)
@@ -173,8 +178,12 @@ class GroupedBlock(torch.nn.Module):
         k = self.k(y).view(b, s, self.kv_heads, self.dim).transpose(1, 2)
         v = self.v(y).view(b, s, self.kv_heads, self.dim).transpose(1, 2)
         k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * self.k_norm
-        q, k = self.rotate(q), self.repeat(self.rotate(k))
-        att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ self.repeat(v)
+        if self.sdpa:
+            att = torch.nn.functional.scaled_dot_product_attention(
+                self.rotate(q), self.rotate(k), v, is_causal=True, enable_gqa=True)
+        else:
+            q, k = self.rotate(q), self.repeat(self.rotate(k))
+            att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ self.repeat(v)
         x = x + self.o(att.transpose(1, 2).reshape(b, s, h))
         y = self.norm2(x)
         return x + self.down(torch.nn.functional.silu(self.gate(y)) * self.up(y))
@@ -266,6 +275,8 @@ class Head(torch.nn.Module):
 # fp16 (an 11-bit significand: a step is 2^-11) by the same reasoning, 8 times tighter: outputs
 # rtol 3e-3, atol 1e-3 (measured 2026-12-07: at most 4.1e-4), parameters after the 3 steps rtol
 # 1e-4, atol 4e-5 (measured 7.4e-6; bf16's 6.2e-5 in the same run).
+# Two layers of a kind (momentum SGD, tolerances after the parallel layers').
+LAYERED = ("parallel", "grouped", "grouped_zero", "grouped_sdpa", "fused", "fused_zero")
 BF16 = phase == "bf16"
 FP16 = phase == "fp16"
 LOW = BF16 or FP16
@@ -273,7 +284,7 @@ LOW = BF16 or FP16
 # tensor's largest (state_close), which moves outputs near 0 by up to 2.1e-6 (measured on the
 # 1.13 leg, 2026-12-07): atol 1e-5.
 OUT_TOL = (dict(rtol=2e-2, atol=4e-3) if BF16 else dict(rtol=3e-3, atol=1e-3) if FP16
-           else dict(rtol=1e-5, atol=1e-5) if phase in ("parallel", "grouped", "grouped_zero", "fused", "fused_zero")
+           else dict(rtol=1e-5, atol=1e-5) if phase in LAYERED
            else dict(rtol=1e-5, atol=1e-6))
 OVERFLOW_STEP = 1  # fp16: the batch of this step holds an inf
 
@@ -285,8 +296,7 @@ def state_close(got, want, atol=1e-6):
     too for the parallel layers' momentum (gradients up to 6, rounded at 3e-6 where elements
     near 0 sit)."""
     got, want = torch.as_tensor(got), torch.as_tensor(want)
-    if phase in ("head", "tied", "tied_stages", "parallel", "grouped", "grouped_zero", "fused",
-                 "fused_zero"):
+    if phase in ("head", "tied", "tied_stages") + LAYERED:
         atol = 1e-5 * float(want.abs().max())
     if LOW:
         tolerance = dict(rtol=1e-4, atol=4e-5) if FP16 else dict(rtol=1e-3, atol=3e-4)
@@ -306,7 +316,7 @@ def gap(got, want):
 
 torch.manual_seed(3)
 if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16", "fp16",
-             "noise", "parallel", "recompute", "grouped", "grouped_zero", "fused", "fused_zero"):
+             "noise", "recompute") + LAYERED:
     make = Noisy if phase == "noise" else Block
     first = "q.weight"
     if phase == "parallel":
@@ -315,7 +325,9 @@ if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16",
         first = "0.qkv.weight"
     if phase.startswith("grouped"):
         def make():
-            return torch.nn.Sequential(GroupedBlock(kv_heads=1), GroupedBlock(kv_heads=2))
+            sdpa = phase == "grouped_sdpa"
+            return torch.nn.Sequential(GroupedBlock(kv_heads=1, sdpa=sdpa),
+                                       GroupedBlock(kv_heads=2, sdpa=sdpa))
         first = "0.q.weight"
     if phase.startswith("fused"):
         def make():
@@ -324,7 +336,8 @@ if phase in ("block", "block4", "zero", "resume", "modes", "accumulate", "bf16",
         first = "0.gate_up.weight"
     x = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(5))
     x2 = torch.randn(2 * world, 4, 16, generator=torch.Generator().manual_seed(6))
-    steps, degree = 3, {"block4": 4, "resume": 1, "grouped": world, "fused": world}.get(phase, 2)
+    steps, degree = 3, {"block4": 4, "resume": 1, "grouped": world, "grouped_sdpa": world,
+                     "fused": world}.get(phase, 2)
 elif phase in ("vocabulary", "head", "tied", "tied_stages"):
     make = {"vocabulary": Vocabulary, "head": Head}.get(phase, lambda: Head(tied=True))
     x = torch.randint(0, 16384, (2 * world, 4), generator=torch.Generator().manual_seed(5))
@@ -345,7 +358,7 @@ local = x[rows * rank:rows * (rank + 1)]
 
 def optimizer_of(params):
     # Not Adam: the fused K bias's gradient is rounding (Block's k).
-    if phase in ("parallel", "grouped", "grouped_zero", "fused", "fused_zero"):
+    if phase in LAYERED:
         return torch.optim.SGD(params, lr=0.01, momentum=0.9)
     if phase in ("head", "tied", "tied_stages"):
         # Not Adam: with Adam (lr 0.01) the head's weight after 3 steps was up to 1.8e-4 from

@@ -1,6 +1,7 @@
 """Tensor-parallel plans (issue 30): the planner chooses a degree per stage for synthetic specs and
 graphs (`autostage plan`, `whatif`, `show`, the partition log), refuses what it cannot place, and
 training jobs run them (Note [Tensor-parallel stages] in staging/tensor_parallel.h)."""
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,10 @@ from mpi_launch import CLI, run_driver
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 # The CLI's planning of synthetic specs: torch-free (conftest.py's leg_independent).
 leg_independent = pytest.mark.leg_independent
+# scaled_dot_product_attention's enable_gqa (PyTorch 2.5+).
+NEEDS_GQA = pytest.mark.skipif(
+    tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 5),
+    reason="scaled_dot_product_attention(enable_gqa=...) needs PyTorch 2.5+")
 
 # Megatron-LM's 1-trillion-parameter GPT (Narayanan et al., SC'21, Table 1): 3,072 A100s of
 # 80 GB, 8 per node, batch 3,072. It needs micro-batches of a few samples: more than 32 of them,
@@ -214,6 +219,8 @@ def test_optimizer_state_of_fused_parts_is_joined_and_cut():
 @pytest.mark.parametrize("phase,ranks",
                          [("mlp", 2), ("block", 2), ("block", 4), ("block4", 4), ("zero", 4),
                           ("grouped", 2), ("grouped", 4), ("grouped_zero", 4),
+                          pytest.param("grouped_sdpa", 2, marks=NEEDS_GQA),
+                          pytest.param("grouped_sdpa", 4, marks=NEEDS_GQA),
                           ("fused", 2), ("fused", 4), ("fused_zero", 4),
                           ("modes", 2), ("modes", 4), ("recompute", 2), ("recompute", 4),
                           ("accumulate", 2), ("bf16", 2),
@@ -228,7 +235,8 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
     log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
-    degree = 4 if phase == "block4" or (phase, ranks) in (("grouped", 4), ("fused", 4)) else 2
+    degree = 4 if phase == "block4" or (phase, ranks) in (("grouped", 4), ("grouped_sdpa", 4),
+                                                          ("fused", 4)) else 2
     if phase != "auto":
         assert f" tp={degree} " in log, log  # the partition log
     # Note [Tensor-parallel profile]: the patterns measured on a member's slices at the degree.
@@ -244,7 +252,7 @@ def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
         assert len(kept) >= 4 and set(kept) == {"9"}, log
     if phase in ("vocabulary", "head", "tied", "tied_stages"):
         assert "stays replicated" not in log, log  # the embedding (the head) split, the block too
-    if phase in ("parallel", "grouped", "grouped_zero", "fused", "fused_zero"):  # both layers' attention and MLP split
+    if phase.startswith(("parallel", "grouped", "fused")):  # both layers' attention and MLP split
         assert f"tensor_parallel={degree}: 4 pattern(s) to shard" in log, log
         assert "stays replicated" not in log, log
     if phase.startswith(("grouped", "fused")):  # 1 K/V head does not divide by 2; 1, 2 not by 4
@@ -269,7 +277,7 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 @needs_mpirun
 @pytest.mark.parametrize("name,ranks", [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2),
                                         ("gpt_neox", 2), ("gptj", 2), ("phi", 2), ("qwen3", 2),
-                                        ("falcon", 2), ("gemma", 2), ("llama", 4), ("phi3", 2),
+                                        ("falcon", 2), ("gemma", 2), ("llama_gqa", 4), ("phi3", 2),
                                         ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2)])
 def test_a_transformers_model_trains_tensor_parallel(name, ranks):
     pytest.importorskip("transformers")
@@ -425,6 +433,54 @@ def test_a_scale_read_across_the_heads_is_summed_or_left_replicated():
         assert found == [("attention", degrees)], (direct, found)
 
 
+@NEEDS_GQA
+@pytest.mark.parametrize("heads,kv_heads,degrees", [(4, 2, [2, 4]), (4, 1, [2, 4]),
+                                                    (8, 2, [2, 4, 8]), (6, 3, [])])
+def test_grouped_sdpa_splits_where_each_member_reads_whole_k_v_heads(heads, kv_heads, degrees):
+    """Note [Grouped sdpa]: 8 heads over 2 K/V heads split K and V at 2 and read one whole head
+    per member at 4 and 8; 6 over 3 at 2 would give member 0 Q heads 0-2, which read K/V heads
+    0, 0 and 1, and member 1 heads 1, 2, 2: no member's heads are whole groups, so the attention
+    stays replicated."""
+    from autostage.export import available, export_call
+    if not available():
+        pytest.skip("torch.export training IR needs PyTorch 2.5+")
+
+    class Attention(torch.nn.Module):
+        def __init__(self, dim=4):
+            super().__init__()
+            hidden = heads * dim
+            self.q, self.o = torch.nn.Linear(hidden, hidden), torch.nn.Linear(hidden, hidden)
+            self.k, self.v = (torch.nn.Linear(hidden, kv_heads * dim) for _ in range(2))
+
+        def forward(self, x):
+            b, s, h = x.shape
+            q, k, v = (f(x).view(b, s, -1, 4).transpose(1, 2) for f in (self.q, self.k, self.v))
+            att = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                   enable_gqa=True)
+            return self.o(att.transpose(1, 2).reshape(b, s, h)).pow(2).mean()
+
+    torch.manual_seed(0)
+    ir, _ = export_call(Attention().train(), (torch.randn(2, 8, heads * 4),), {}, "attention")
+    patterns = autostage.shard_patterns(ir)
+    assert [p["degrees"] for p in patterns if p["kind"] == "attention"] == [degrees], patterns
+
+
+@contextlib.contextmanager
+def forced_gqa(on):
+    """transformers' sdpa attention calls scaled_dot_product_attention with enable_gqa=True
+    (K and V not repeated) while TRANSFORMERS_SDPA_FORCE_GQA=1."""
+    before = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
+    if on:
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    try:
+        yield
+    finally:
+        if on and before is None:
+            del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]
+        elif on:
+            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = before
+
+
 def test_transformers_models_expose_their_patterns():
     transformers = pytest.importorskip("transformers")
     from autostage.export import available, export_call
@@ -435,6 +491,10 @@ def test_transformers_models_expose_their_patterns():
                                 num_attention_heads=4)
     cases = {
         "llama": transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            num_key_value_heads=2, vocab_size=vocab, **config)),
+        # Llama through sdpa with enable_gqa (transformers' choice where no mask is needed on
+        # CUDA; forced here): K and V not repeated (Note [Grouped sdpa]).
+        "llama_gqa": transformers.LlamaForCausalLM(transformers.LlamaConfig(
             num_key_value_heads=2, vocab_size=vocab, **config)),
         "bert": transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=vocab, **config)),
         # GPT-2's attention projects Q, K and V with one Conv1D (addmm), then splits.
@@ -478,7 +538,12 @@ def test_transformers_models_expose_their_patterns():
         kwargs = dict(input_ids=ids, labels=ids)
         if name != "bert":
             kwargs["use_cache"] = False
-        ir, _ = export_call(model.train(), (), kwargs, name)
+        with forced_gqa(name == "llama_gqa"):
+            ir, _ = export_call(model.train(), (), kwargs, name)
+        if name == "llama_gqa":  # sdpa reads K of 2 heads, not repeated to Q's 4
+            key = re.search(r"aten::scaled_dot_product_attention\S*\(%\S+, (%[^,]+),", str(ir))
+            assert key and re.search(rf"{re.escape(key.group(1))} : Float\(2, 2, 16, 16\)",
+                                     str(ir)), str(ir)
         patterns = autostage.shard_patterns(ir)
         kinds = [p["kind"] for p in patterns]
         attention = [p["degrees"] for p in patterns if p["kind"] == "attention"]
