@@ -89,7 +89,10 @@ bool isPerHead(const std::string& kind) {
                 // GPT-J's rotary embeddings rotate every two features
                 "aten::stack", "aten::flatten",
                 // an RMSNorm of each head's features (Qwen3's q_norm and k_norm)
-                "aten::pow", "aten::mean", "aten::rsqrt"});
+                "aten::pow", "aten::mean", "aten::rsqrt",
+                // the scores' soft cap (Gemma-2's tanh(s / cap) * cap) and other element-wise
+                // functions of each head's values
+                "aten::tanh", "aten::sigmoid", "aten::exp", "aten::sqrt", "aten::sub"});
 }
 
 // Operations that may read a per-position tensor from outside the attention pattern: a mask
@@ -198,6 +201,29 @@ std::vector<std::vector<NodeId>> byRowLinear(const Graph& g, const std::vector<N
   std::vector<std::vector<NodeId>> result;
   for (auto& [end, group] : groups)
     if (group.size() >= 3) result.push_back(std::move(group));
+  return result;
+}
+
+// Cross-attention (an encoder-decoder's: Q from the decoder's state, K and V from the encoder's
+// output, which every decoder layer reads): the linear nodes not in a pattern yet grouped by the
+// one output projection their outputs reach through per-head operations, groups of three or more
+// reading more than one value.
+std::vector<std::vector<NodeId>> crossAttention(const Graph& g, const std::vector<char>& used) {
+  std::map<NodeId, std::vector<NodeId>> groups;
+  const auto perHead = [&](NodeId c) { return isPerHead(g.node(c).kind); };
+  for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {
+    if (used[n] || !isLinear(g, n) || activationOf(g, n) < 0) continue;
+    std::set<NodeId> region{n};
+    NodeId end = core::kNoNode;
+    if (growRegion(g, used, perHead, region, {n}, &end) && end != core::kNoNode)
+      groups[end].push_back(n);
+  }
+  std::vector<std::vector<NodeId>> result;
+  for (auto& [end, group] : groups) {
+    std::set<ValueId> inputs;
+    for (NodeId n : group) inputs.insert(activationOf(g, n));
+    if (group.size() >= 3 && inputs.size() > 1) result.push_back(std::move(group));
+  }
   return result;
 }
 
@@ -419,6 +445,10 @@ std::vector<ShardPattern> findShardPatterns(const Graph& g) {
     ShardPattern p = matchAttention(g, start, used);
     if (!p.nodes.empty()) take(std::move(p));
   }
+  for (const std::vector<NodeId>& group : crossAttention(g, used)) {
+    ShardPattern p = matchAttention(g, group, used);
+    if (!p.nodes.empty()) take(std::move(p));
+  }
   for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {
     if (used[n] || !isLinear(g, n)) continue;
     ShardPattern p = matchVocabularyHead(g, n);
@@ -569,8 +599,20 @@ void addShardableSpans(const Graph& g, const core::GraphProfile& profile,
   for (size_t i = 0; i < patterns.size(); ++i) {
     const ShardPattern& pattern = patterns[i];
     if (pattern.vocabulary == ShardPattern::Vocabulary::None) {
-      addSpan(pattern, pattern.nodes, split.degrees[i], 0,
-              valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0)), split.partial[i],
+      // A pair: the output's all-reduce forward, the input gradient's backward (as large). A
+      // cross-attention's K and V read a second input: its gradient's all-reduce, half a pair.
+      core::LinearCost bytes = valueBytes(g, profile, g.node(pattern.rowLinear).outputs.at(0));
+      std::set<ValueId> inputs;
+      for (NodeId n : pattern.nodes)
+        if (n != pattern.rowLinear && isLinear(g, n)) inputs.insert(activationOf(g, n));
+      if (inputs.size() > 1) {
+        for (auto v = std::next(inputs.begin()); v != inputs.end(); ++v) {
+          const core::LinearCost second = valueBytes(g, profile, *v);
+          bytes.fixed += second.fixed / 2;
+          bytes.perSample += second.perSample / 2;
+        }
+      }
+      addSpan(pattern, pattern.nodes, split.degrees[i], 0, bytes, split.partial[i],
               split.wholeNodes[i], split.wholeShare[i]);
       continue;
     }

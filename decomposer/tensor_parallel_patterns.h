@@ -14,24 +14,27 @@
 //     per-head operations only (views, reshapes, permutes, transposes, matmul, bmm, softmax,
 //     dropout, element-wise arithmetic, masked_fill, where, scaled_dot_product_attention, alias,
 //     and what rotary embeddings and grouped K/V heads add: slice, neg, cat with its list,
-//     unsqueeze, expand, dtype casts, GPT-J's rotation of every two features: stack, flatten, and
-//     an RMSNorm of each head's features, Qwen3's: pow, mean, rsqrt). Where an MLP's first linear
-//     reads that value too (GPT-J's, Phi's and Falcon's attention and MLP side by side), Q, K and V
-//     are those reaching one output projection. Every tensor consumer of a value in the pattern
-//     is in the pattern, none is a graph output; a tensor read from outside is allowed only as a
-//     mask or a position factor (add, mul, masked_fill, where, the attention's mask argument).
-//     A fused projection counts as Q, K and V: one linear node whose output is split three ways
-//     (aten::split, split_with_sizes or chunk, unpacked by prim::ListUnpack on TorchScript; or
-//     read by three or more slices), through views, transposes, unsqueezes and the add of its
-//     bias: GPT-2's and GPT-BigCode's c_attn (Q, K and V side by side in the features, the
-//     latter's K and V one head each), Phi-3's qkv_proj (sliced) and GPT-NeoX's and Megatron's
-//     (viewed into heads first, each head's Q, K and V side by side; Falcon-40B's viewed into
-//     K/V groups, each its Q heads, K and V, taken apart by a slice and aten::index, K and V
-//     broadcast to the group's Q heads: split by groups). Parts of unequal sizes are
-//     the split's plan's (Note [Fused parts] in tensor_parallel_split.h). Whether a layout splits
-//     is the split's plan's to say (tensor_parallel_split.h): it follows which indices each member
-//     holds through every view, so a layout mixing the parts with the heads is found and stays
-//     replicated.
+//     unsqueeze, expand, dtype casts, GPT-J's rotation of every two features: stack, flatten,
+//     an RMSNorm of each head's features, Qwen3's: pow, mean, rsqrt, and element-wise functions:
+//     Gemma-2's soft cap of the scores, tanh). Where an MLP's first linear reads that value too
+//     (GPT-J's, Phi's and Falcon's attention and MLP side by side), Q, K and V are those reaching
+//     one output projection. Cross-attention (an encoder-decoder's, BART's: Q from the decoder's
+//     state, K and V from the encoder's output, which every decoder layer reads) is three or more
+//     linear nodes left over reading two values whose outputs reach one output projection so. Every
+//     tensor consumer of a value in the pattern is in the pattern, none is a graph output; a tensor
+//     read from outside is allowed only as a mask or a position factor (add, mul, masked_fill,
+//     where, the attention's mask argument). A fused projection counts as Q, K and V: one linear
+//     node whose output is split three ways (aten::split, split_with_sizes or chunk, unpacked by
+//     prim::ListUnpack on TorchScript; or read by three or more slices), through views, transposes,
+//     unsqueezes and the add of its bias: GPT-2's and GPT-BigCode's c_attn (Q, K and V side by side
+//     in the features, the latter's K and V one head each), Phi-3's qkv_proj (sliced) and
+//     GPT-NeoX's and Megatron's (viewed into heads first, each head's Q, K and V side by side;
+//     Falcon-40B's viewed into K/V groups, each its Q heads, K and V, taken apart by a slice and
+//     aten::index, K and V broadcast to the group's Q heads: split by groups). Parts of unequal
+//     sizes are the split's plan's (Note [Fused parts] in tensor_parallel_split.h). Whether a
+//     layout splits is the split's plan's to say (tensor_parallel_split.h): it follows which
+//     indices each member holds through every view, so a layout mixing the parts with the heads is
+//     found and stays replicated.
 //   MLP: a linear node (column-parallel) whose output reaches one second linear node
 //     (row-parallel) through element-wise nodes (activations such as GPT-2's tanh GELU written
 //     out, bias adds, dtype casts, dropout), views keeping the last dimension (GPT-2's Conv1D

@@ -12,7 +12,10 @@ two features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSN
 head's Q and K features, its weight each member's share of the gradient summed over the group)
 `phi3` (one projection of Q, K and V cut apart by slices, 4 heads over 2 K/V heads, and a
 fused gated MLP, chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept whole),
-`gpt_bigcode` (multi-query attention from one projection of unequal parts, split_with_sizes:
+`gemma2` (the scores' soft cap, tanh(s / 50) * 50, in
+the attention), `bart` (an encoder-decoder: the decoder's cross-attention reads Q from its state,
+K and V from the encoder's output, whose gradient is all-reduced over the group as the decoder
+state's is), `gpt_bigcode` (multi-query attention from one projection of unequal parts, split_with_sizes:
 the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and -180B's layout: one
 projection viewed into K/V groups, each of its Q heads, K and V, K and V taken off by index and
 broadcast to the group's Q heads; split by groups) or `falcon` (linear layers reading `w.T`;
@@ -49,6 +52,18 @@ def make():
                                          attn_pdrop=p)
         return transformers.GPT2LMHeadModel(config), "transformer.h.0.attn.c_attn.weight", 1
     small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=vocab)
+    if name == "gemma2":
+        config = transformers.Gemma2Config(intermediate_size=128, num_key_value_heads=2,
+                                           head_dim=16, max_position_embeddings=32, **small)
+        return transformers.Gemma2ForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
+    if name == "bart":
+        config = transformers.BartConfig(
+            vocab_size=vocab, d_model=64, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+            decoder_ffn_dim=128, max_position_embeddings=32, dropout=0.0, attention_dropout=0.0,
+            activation_dropout=0.0)
+        return (transformers.BartForConditionalGeneration(config),
+                "model.decoder.layers.0.encoder_attn.k_proj.weight", 0)
     if name == "gpt_neox":
         config = transformers.GPTNeoXConfig(intermediate_size=128, max_position_embeddings=32,
                                             hidden_dropout=0.0, attention_dropout=0.0, **small)

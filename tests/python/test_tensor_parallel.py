@@ -278,7 +278,8 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 @pytest.mark.parametrize("name,ranks", [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2),
                                         ("gpt_neox", 2), ("gptj", 2), ("phi", 2), ("qwen3", 2),
                                         ("falcon", 2), ("gemma", 2), ("llama_gqa", 4), ("phi3", 2),
-                                        ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2)])
+                                        ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2),
+                                        ("gemma2", 2), ("bart", 2)])
 def test_a_transformers_model_trains_tensor_parallel(name, ranks):
     pytest.importorskip("transformers")
     from autostage.export import available
@@ -465,6 +466,34 @@ def test_grouped_sdpa_splits_where_each_member_reads_whole_k_v_heads(heads, kv_h
     assert [p["degrees"] for p in patterns if p["kind"] == "attention"] == [degrees], patterns
 
 
+def test_an_encoder_decoders_cross_attention_splits():
+    """BART's decoder layers attend to the encoder's output (Q from the decoder's state, K and V
+    from the encoder's): each layer's self-attention, cross-attention and MLP split, as the
+    encoder's attention and MLP do."""
+    transformers = pytest.importorskip("transformers")
+    from autostage.export import available, export_call
+    if not available():
+        pytest.skip("torch.export training IR needs PyTorch 2.5+")
+    torch.manual_seed(0)
+    model = transformers.BartForConditionalGeneration(transformers.BartConfig(
+        vocab_size=512, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_position_embeddings=32))
+    ids = torch.randint(0, 512, (2, 16))
+    ir, _ = export_call(model.train(), (), dict(input_ids=ids, labels=ids, use_cache=False),
+                        "bart")
+    found = {(p["kind"], p["scope"].rsplit(".", 1)[0]): p["degrees"]
+             for p in autostage.shard_patterns(ir)}
+    want = {}
+    for layer in range(2):
+        want[("attention", f"model.encoder.layers.{layer}.self_attn")] = [2, 4]
+        want[("mlp", f"model.encoder.layers.{layer}")] = [2, 4, 8]
+        want[("attention", f"model.decoder.layers.{layer}.self_attn")] = [2, 4]
+        want[("attention", f"model.decoder.layers.{layer}.encoder_attn")] = [2, 4]
+        want[("mlp", f"model.decoder.layers.{layer}")] = [2, 4, 8]
+    assert found == want, found
+
+
 @contextlib.contextmanager
 def forced_gqa(on):
     """transformers' sdpa attention calls scaled_dot_product_attention with enable_gqa=True
@@ -529,6 +558,9 @@ def test_transformers_models_expose_their_patterns():
         # Multi-query attention: 4 heads over one K/V head, kept whole (Note [Whole K/V heads]).
         "gemma": transformers.GemmaForCausalLM(transformers.GemmaConfig(
             vocab_size=vocab, num_key_value_heads=1, head_dim=16, **config)),
+        # The scores' soft cap (tanh) inside the attention.
+        "gemma2": transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+            vocab_size=vocab, num_key_value_heads=2, head_dim=16, **config)),
         # An RMSNorm of all of Q's and K's features, before the heads: found, split at no degree.
         "olmo2": transformers.Olmo2ForCausalLM(transformers.Olmo2Config(
             vocab_size=vocab, **config)),
