@@ -435,6 +435,14 @@ class Planner {
         if (follows) p.paramOrigin[v] = joined->origin;
         continue;
       }
+      std::set<NodeId> chain;
+      if (d >= 0 && s[d] == extent && gradientLeaves(v, chain).empty()) {
+        // Computed alike on every member and needing no gradient (MPT's and BLOOM's ALiBi
+        // bias, one slope per head): each member reads its heads' part (Note [Whole K/V heads]'s
+        // tp_slice).
+        p.slices[{n, i}] = Split{d, joined->size, joined->origin};
+        continue;
+      }
       throw Failure{core::nodeLabel(g_, n) + " reads " + g_.value(v).name +
                     ", which is not split, across the split dimension"};
     }
@@ -458,23 +466,57 @@ class Planner {
       p.partial.insert(v);
       return;
     }
-    std::vector<ValueId> stack{v};
+    std::set<NodeId> chain;
+    const std::vector<ValueId> leaves = gradientLeaves(v, chain);
+    if (leaves.empty()) return;
+    // Note [Parameters computed into an operand]: a parameter reaching the operand through
+    // nodes outside the pattern (Gemma-3's norm scale 1 + w, in float32) is partial as one read
+    // directly is: those nodes run alike on every member, so a member's gradient of the
+    // parameter is its heads' share, and the group sums them. Only where the parameter and all
+    // that is computed from it are read by those nodes and the pattern alone (else the other
+    // reads' gradients would be summed too).
+    const std::string read = core::nodeLabel(g_, n) + " reads " + value.name + ", computed from " +
+                             g_.value(leaves.front()).name + ", across the split dimension: ";
+    if (chain.size() > kMaxParameterChain)
+      throw Failure{read + "its gradient would come back split by heads"};
+    std::set<ValueId> computed(leaves.begin(), leaves.end());
+    for (NodeId c : chain)  // ascending: node order is topological
+      for (ValueId in : g_.node(c).inputs)
+        if (computed.count(in)) {
+          for (ValueId out : g_.node(c).outputs) computed.insert(out);
+          break;
+        }
+    for (ValueId u : computed)
+      for (NodeId c : g_.consumers(u))
+        if (!pattern_.count(c) && !chain.count(c))
+          throw Failure{read + g_.value(u).name + " is also read by " + core::nodeLabel(g_, c)};
+    for (ValueId leaf : leaves) {
+      if (g_.value(leaf).cls != core::ValueClass::Param)
+        throw Failure{read + "its gradient would come back split by heads"};
+      p.partial.insert(leaf);
+    }
+  }
+
+  // The inputs of the graph that need a gradient (parameters) value `v` is computed from, and in
+  // `chain` the nodes computing it; once one is found, the walk stops past kMaxParameterChain
+  // nodes (the operand is then refused: a hidden state's whole past is not walked).
+  std::vector<ValueId> gradientLeaves(ValueId v, std::set<NodeId>& chain) const {
+    std::vector<ValueId> leaves, stack{v};
     std::set<ValueId> seen{v};
-    while (!stack.empty()) {
+    while (!stack.empty() && (leaves.empty() || chain.size() <= kMaxParameterChain)) {
       const ValueId u = stack.back();
       stack.pop_back();
       const NodeId producer = g_.producer(u);
       if (producer == core::kNoNode) {
-        if (g_.value(u).type.requiresGrad())
-          throw Failure{core::nodeLabel(g_, n) + " reads " + value.name + ", computed from " +
-                        g_.value(u).name +
-                        ", across the split dimension: its gradient would "
-                        "come back split by heads"};
+        if (g_.value(u).type.requiresGrad()) leaves.push_back(u);
         continue;
       }
+      chain.insert(producer);
       for (ValueId in : g_.node(producer).inputs)
         if (seen.insert(in).second) stack.push_back(in);
     }
+    std::sort(leaves.begin(), leaves.end());
+    return leaves;
   }
 
   const Split& splitOf(const PatternPlan& p, NodeId n, ValueId v) {
@@ -1051,6 +1093,8 @@ class Planner {
   int degree_;
   std::set<NodeId> pattern_;
   bool wholeParts_ = false;    // plan's `wholeParts`
+  // Note [Parameters computed into an operand]: the most nodes between them.
+  static constexpr size_t kMaxParameterChain = 64;
   bool unequalParts_ = false;  // a fused projection met parts of unequal sizes
   // A list of a fused projection's parts (TorchScript's split): per element, its split or whole.
   std::map<ValueId, std::vector<std::optional<Split>>> elements_;

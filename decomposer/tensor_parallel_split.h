@@ -77,11 +77,13 @@ struct PatternPlan {
   // Whole parameters the pattern reads broadcast over the split dimension (a learnable scale of
   // each head's features): a member's gradient of one is its heads' share, so the group sums
   // them rather than taking one member's (Note [Tensor-parallel gradients] in
-  // staging/gradient_sync.h).
+  // staging/gradient_sync.h); so too the parameters such an operand is computed from by nodes
+  // outside the pattern (Note [Parameters computed into an operand] in tensor_parallel_split.cpp).
   std::set<core::ValueId> partial;
   // Note [Whole K/V heads]: column linears kept whole (their activation through tp_copy, their
   // parameters in `partial`), the values computed from them alone, and the operands sliced to
-  // the member's part of the split they meet: (node, input index) -> the split taken
+  // the member's part of the split they meet (those, and constants read with the split
+  // dimension's full extent: ALiBi's slopes): (node, input index) -> the split taken
   // (autostage::tp_slice).
   std::set<core::NodeId> wholeColumns;
   std::set<core::ValueId> whole;

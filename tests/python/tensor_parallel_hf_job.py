@@ -12,8 +12,10 @@ two features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSN
 head's Q and K features, its weight each member's share of the gradient summed over the group)
 `phi3` (one projection of Q, K and V cut apart by slices, 4 heads over 2 K/V heads, and a
 fused gated MLP, chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept whole),
-`gemma2` (the scores' soft cap, tanh(s / 50) * 50, in
-the attention), `bart` (an encoder-decoder: the decoder's cross-attention reads Q from its state,
+`gemma3` (its Q and K norms scale each head's features by
+1 + w, computed in float32 outside the attention: w's gradient is summed over the group), `mpt`
+(ALiBi: a constant bias of one slope per head added to the scores, each member adding its
+heads'), `bart` (an encoder-decoder: the decoder's cross-attention reads Q from its state,
 K and V from the encoder's output, whose gradient is all-reduced over the group as the decoder
 state's is), `gpt_bigcode` (multi-query attention from one projection of unequal parts, split_with_sizes:
 the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and -180B's layout: one
@@ -52,10 +54,14 @@ def make():
                                          attn_pdrop=p)
         return transformers.GPT2LMHeadModel(config), "transformer.h.0.attn.c_attn.weight", 1
     small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=vocab)
-    if name == "gemma2":
-        config = transformers.Gemma2Config(intermediate_size=128, num_key_value_heads=2,
-                                           head_dim=16, max_position_embeddings=32, **small)
-        return transformers.Gemma2ForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
+    if name == "gemma3":
+        config = transformers.Gemma3TextConfig(intermediate_size=128, num_key_value_heads=2,
+                                               head_dim=16, max_position_embeddings=32, **small)
+        return transformers.Gemma3ForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
+    if name == "mpt":
+        config = transformers.MptConfig(vocab_size=vocab, d_model=64, n_layers=2, n_heads=4,
+                                        max_seq_len=32)
+        return transformers.MptForCausalLM(config), "transformer.blocks.0.attn.Wqkv.weight", 0
     if name == "bart":
         config = transformers.BartConfig(
             vocab_size=vocab, d_model=64, encoder_layers=2, decoder_layers=2,

@@ -1,7 +1,6 @@
 """Tensor-parallel plans (issue 30): the planner chooses a degree per stage for synthetic specs and
 graphs (`autostage plan`, `whatif`, `show`, the partition log), refuses what it cannot place, and
 training jobs run them (Note [Tensor-parallel stages] in staging/tensor_parallel.h)."""
-import contextlib
 import json
 import os
 import re
@@ -279,7 +278,7 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
                                         ("gpt_neox", 2), ("gptj", 2), ("phi", 2), ("qwen3", 2),
                                         ("falcon", 2), ("gemma", 2), ("llama_gqa", 4), ("phi3", 2),
                                         ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2),
-                                        ("gemma2", 2), ("bart", 2)])
+                                        ("gemma3", 2), ("mpt", 2), ("bart", 2)])
 def test_a_transformers_model_trains_tensor_parallel(name, ranks):
     pytest.importorskip("transformers")
     from autostage.export import available
@@ -402,11 +401,12 @@ def test_fused_projections_laid_out_per_head_split_and_others_are_not_guessed():
 
 class _Scaled(torch.nn.Module):
     """Attention whose Q is multiplied by a learnable scale of each head's features: the
-    parameter itself (`direct`), or computed from one (its exp)."""
+    parameter itself (`direct`), computed from one (`computed`: its exp), or computed from one
+    the block reads outside the attention too (`shared`)."""
 
-    def __init__(self, direct, hidden=32, heads=4):
+    def __init__(self, mode, hidden=32, heads=4):
         super().__init__()
-        self.direct, self.heads = direct, heads
+        self.mode, self.heads = mode, heads
         self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden) for _ in range(4))
         self.scale = torch.nn.Parameter(torch.zeros(hidden // heads))
 
@@ -415,23 +415,26 @@ class _Scaled(torch.nn.Module):
         return x.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)
 
     def forward(self, x):
-        q = self.split(self.q(x)) * (self.scale if self.direct else self.scale.exp())
+        q = self.split(self.q(x)) * (self.scale if self.mode == "direct" else self.scale.exp())
         k, v = self.split(self.k(x)), self.split(self.v(x))
         att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
-        return x + self.o(att.transpose(1, 2).reshape(x.shape))
+        out = x + self.o(att.transpose(1, 2).reshape(x.shape))
+        return out + self.scale.sum() if self.mode == "shared" else out
 
 
 def test_a_scale_read_across_the_heads_is_summed_or_left_replicated():
-    # The parameter read by the pattern alone: split (its gradient summed over the group; the
-    # `parallel` phase trains one against plain PyTorch). Computed from the parameter by a node
-    # outside the pattern, which would take one member's share as the whole: left replicated.
+    # The parameter read by the pattern alone, or computed from one by nodes outside it (Note
+    # [Parameters computed into an operand]): split, its gradient summed over the group (the
+    # `parallel` phase trains one against plain PyTorch, transformers' Gemma-3 the other). Read
+    # outside the pattern too, where a sum over the group would count that read's gradient t
+    # times: left replicated.
     from autostage.export import available
     example = (torch.randn(2, 8, 32),)
-    for direct, degrees in ((True, [2, 4]), (False, [])):
+    for mode, degrees in (("direct", [2, 4]), ("computed", [2, 4]), ("shared", [])):
         ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(
-            _Scaled(direct), example)
+            _Scaled(mode), example)
         found = [(p["kind"], p["degrees"]) for p in autostage.shard_patterns(ir)]
-        assert found == [("attention", degrees)], (direct, found)
+        assert found == [("attention", degrees)], (mode, found)
 
 
 @NEEDS_GQA
@@ -494,22 +497,6 @@ def test_an_encoder_decoders_cross_attention_splits():
     assert found == want, found
 
 
-@contextlib.contextmanager
-def forced_gqa(on):
-    """transformers' sdpa attention calls scaled_dot_product_attention with enable_gqa=True
-    (K and V not repeated) while TRANSFORMERS_SDPA_FORCE_GQA=1."""
-    before = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
-    if on:
-        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
-    try:
-        yield
-    finally:
-        if on and before is None:
-            del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]
-        elif on:
-            os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = before
-
-
 def test_transformers_models_expose_their_patterns():
     transformers = pytest.importorskip("transformers")
     from autostage.export import available, export_call
@@ -561,6 +548,14 @@ def test_transformers_models_expose_their_patterns():
         # The scores' soft cap (tanh) inside the attention.
         "gemma2": transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
             vocab_size=vocab, num_key_value_heads=2, head_dim=16, **config)),
+        # Q's and K's norms of each head's features scaled by 1 + w, computed outside the
+        # attention (Note [Parameters computed into an operand]).
+        "gemma3": transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+            vocab_size=vocab, num_key_value_heads=2, head_dim=16, **config)),
+        # ALiBi: a constant bias of one slope per head added to the scores, sliced to each
+        # member's heads.
+        "mpt": transformers.MptForCausalLM(transformers.MptConfig(
+            vocab_size=vocab, d_model=64, n_layers=2, n_heads=4, max_seq_len=64)),
         # An RMSNorm of all of Q's and K's features, before the heads: found, split at no degree.
         "olmo2": transformers.Olmo2ForCausalLM(transformers.Olmo2Config(
             vocab_size=vocab, **config)),
@@ -570,7 +565,9 @@ def test_transformers_models_expose_their_patterns():
         kwargs = dict(input_ids=ids, labels=ids)
         if name != "bert":
             kwargs["use_cache"] = False
-        with forced_gqa(name == "llama_gqa"):
+        with pytest.MonkeyPatch.context() as env:
+            if name == "llama_gqa":  # transformers' sdpa attention then passes enable_gqa=True
+                env.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "1")
             ir, _ = export_call(model.train(), (), kwargs, name)
         if name == "llama_gqa":  # sdpa reads K of 2 heads, not repeated to Q's 4
             key = re.search(r"aten::scaled_dot_product_attention\S*\(%\S+, (%[^,]+),", str(ir))
