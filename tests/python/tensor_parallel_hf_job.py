@@ -1,29 +1,27 @@
-"""Run under mpirun on 2 or 4 ranks (see test_tensor_parallel.py; PyTorch 2.x with transformers):
-a transformers model captured with torch.export, trained with tensor_parallel=<ranks> against
-the plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict
-after them (rtol 1e-4), and that its attention and MLP weights are held in slices. Model: `gpt2`
-(a fused QKV Conv1D, addmm, split three ways), `llama` (rotary embeddings, 4 heads over 2 K/V
-heads, a gated MLP), `llama_gqa` (Llama through sdpa with enable_gqa, K and V not repeated, as
-transformers calls it where no mask is needed on CUDA; on 4 ranks its K and V are kept whole:
-Note [Whole K/V heads], each member reading the one K/V head its Q heads use), `gemma`
-(multi-query attention: 4 heads over one K/V head, kept whole), `gpt_neox` (a fused QKV laid
-out per head: viewed into heads, then chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every
-two features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSNorm of each
-head's Q and K features, its weight each member's share of the gradient summed over the group)
-`phi3` (one projection of Q, K and V cut apart by slices, 4 heads over 2 K/V heads, and a
-fused gated MLP, chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept whole),
-`gemma3` (its Q and K norms scale each head's features by
-1 + w, computed in float32 outside the attention: w's gradient is summed over the group), `mpt`
-(ALiBi: a constant bias of one slope per head added to the scores, each member adding its
-heads'), `bart` (an encoder-decoder: the decoder's cross-attention reads Q from its state,
-K and V from the encoder's output, whose gradient is all-reduced over the group as the decoder
-state's is), `gpt_bigcode` (multi-query attention from one projection of unequal parts, split_with_sizes:
-the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and -180B's layout: one
-projection viewed into K/V groups, each of its Q heads, K and V, K and V taken off by index and
-broadcast to the group's Q heads; split by groups) or `falcon` (linear layers reading `w.T`;
-its multi-query attention, one K/V head after a view into heads, stays replicated). Dropout is
-off; vocabularies
-are small (no vocabulary split).
+"""Run under mpirun on 2 or 4 ranks (see test_tensor_parallel.py; PyTorch 2.x with transformers): a
+transformers model captured with torch.export, trained with tensor_parallel=<ranks> against the
+plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict after them
+(rtol 1e-4), and that its attention and MLP weights are held in slices. Model: `gpt2` (a fused QKV
+Conv1D, addmm, split three ways), `llama` (rotary embeddings, 4 heads over 2 K/V heads, a gated
+MLP), `llama_gqa` (Llama through sdpa with enable_gqa, K and V not repeated, as transformers calls
+it where no mask is needed on CUDA; on 4 ranks its K and V are kept whole: Note [Whole K/V heads],
+each member reading the one K/V head its Q heads use), `gemma` (multi-query attention: 4 heads over
+one K/V head, kept whole), `gpt_neox` (a fused QKV laid out per head: viewed into heads, then
+chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every two
+features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSNorm of each head's Q and
+K features, its weight each member's share of the gradient summed over the group), `phi3` (one
+projection of Q, K and V cut apart by slices, 4 heads over 2 K/V heads, and a fused gated MLP,
+chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept whole), `gemma3` (its Q and K
+norms scale each head's features by 1 + w, computed in float32 outside the attention: w's gradient
+is summed over the group), `mpt` (ALiBi: a constant bias of one slope per head added to the scores,
+each member adding its heads'), `bart` (an encoder-decoder: the decoder's cross-attention reads Q
+from its state, K and V from the encoder's output, whose gradient is all-reduced over the group as
+the decoder state's is), `gpt_bigcode` (multi-query attention from one projection of unequal parts,
+split_with_sizes: the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and -180B's
+layout: one projection viewed into K/V groups, each of its Q heads, K and V, K and V taken off by
+index and broadcast to the group's Q heads; split by groups) or `falcon` (linear layers reading
+`w.T`; its multi-query attention, one K/V head after a view into heads, stays replicated). Dropout
+is off; vocabularies are small (no vocabulary split).
 `gpt2-dropout`: GPT-2 with its dropouts on (0.1) through torch.export, the masks drawn from the
 group's stream (Note [Tensor-parallel dropout]; tests/driver/tensor_parallel_test.cpp checks
 them exactly), which plain PyTorch does not draw: each step's loss within 5% of plain PyTorch's,
