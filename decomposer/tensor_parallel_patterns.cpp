@@ -185,11 +185,11 @@ ShardPattern matchAttention(const Graph& g, const std::vector<NodeId>& qkv,
   return finish(true, region, end);
 }
 
-// The linear nodes of `linears` (reading one value) grouped by the one row-parallel linear
-// their outputs reach through per-head operations, groups of three or more: Q, K and V where an
-// MLP's first linear reads the same value (a parallel layer, as GPT-J's, Phi's and Falcon's).
-std::vector<std::vector<NodeId>> byRowLinear(const Graph& g, const std::vector<NodeId>& linears,
-                                             const std::vector<char>& used) {
+// The linear nodes of `linears` grouped by the one row-parallel linear their outputs reach through
+// per-head operations (those reaching none, or more than one, left out).
+std::map<NodeId, std::vector<NodeId>> byRowLinear(const Graph& g,
+                                                  const std::vector<NodeId>& linears,
+                                                  const std::vector<char>& used) {
   std::map<NodeId, std::vector<NodeId>> groups;
   const auto perHead = [&](NodeId c) { return isPerHead(g.node(c).kind); };
   for (NodeId c : linears) {
@@ -198,28 +198,29 @@ std::vector<std::vector<NodeId>> byRowLinear(const Graph& g, const std::vector<N
     if (growRegion(g, used, perHead, region, {c}, &end) && end != core::kNoNode)
       groups[end].push_back(c);
   }
+  return groups;
+}
+
+// Q, K and V where an MLP's first linear reads the same value (a parallel layer, as GPT-J's,
+// Phi's and Falcon's): the groups of byRowLinear of three or more.
+std::vector<std::vector<NodeId>> parallelAttention(const Graph& g,
+                                                   const std::vector<NodeId>& linears,
+                                                   const std::vector<char>& used) {
   std::vector<std::vector<NodeId>> result;
-  for (auto& [end, group] : groups)
+  for (auto& [end, group] : byRowLinear(g, linears, used))
     if (group.size() >= 3) result.push_back(std::move(group));
   return result;
 }
 
 // Cross-attention (an encoder-decoder's: Q from the decoder's state, K and V from the encoder's
-// output, which every decoder layer reads): the linear nodes not in a pattern yet grouped by the
-// one output projection their outputs reach through per-head operations, groups of three or more
-// reading more than one value.
+// output, which every decoder layer reads): the groups of byRowLinear of the linear nodes not in
+// a pattern yet, three or more reading more than one value.
 std::vector<std::vector<NodeId>> crossAttention(const Graph& g, const std::vector<char>& used) {
-  std::map<NodeId, std::vector<NodeId>> groups;
-  const auto perHead = [&](NodeId c) { return isPerHead(g.node(c).kind); };
-  for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n) {
-    if (used[n] || !isLinear(g, n) || activationOf(g, n) < 0) continue;
-    std::set<NodeId> region{n};
-    NodeId end = core::kNoNode;
-    if (growRegion(g, used, perHead, region, {n}, &end) && end != core::kNoNode)
-      groups[end].push_back(n);
-  }
+  std::vector<NodeId> linears;
+  for (NodeId n = 0; n < static_cast<NodeId>(g.nodeCount()); ++n)
+    if (!used[n] && isLinear(g, n) && activationOf(g, n) >= 0) linears.push_back(n);
   std::vector<std::vector<NodeId>> result;
-  for (auto& [end, group] : groups) {
+  for (auto& [end, group] : byRowLinear(g, linears, used)) {
     std::set<ValueId> inputs;
     for (NodeId n : group) inputs.insert(activationOf(g, n));
     if (group.size() >= 3 && inputs.size() > 1) result.push_back(std::move(group));
@@ -433,7 +434,7 @@ std::vector<ShardPattern> findShardPatterns(const Graph& g) {
       continue;
     }
     if (qkv.size() == 3) continue;
-    for (const std::vector<NodeId>& group : byRowLinear(g, qkv, used)) {
+    for (const std::vector<NodeId>& group : parallelAttention(g, qkv, used)) {
       ShardPattern q = matchAttention(g, group, used);
       if (!q.nodes.empty()) take(std::move(q));
     }
