@@ -86,6 +86,8 @@ bool isPerHead(const std::string& kind) {
                 "aten::squeeze", "aten::expand", "aten::to", "aten::_to_copy", "aten::type_as",
                 // Falcon's K and V taken off each group by index, broadcast to its Q heads
                 "aten::index", "aten::broadcast_to",
+                // Q, K and V taken off a dimension of their own (ModernBERT's unbind)
+                "aten::unbind", "aten::select",
                 // GPT-J's rotary embeddings rotate every two features
                 "aten::stack", "aten::flatten",
                 // an RMSNorm of each head's features (Qwen3's q_norm and k_norm)
@@ -362,10 +364,11 @@ bool addsBias(const Graph& g, NodeId n, ValueId v) {
 
 // A fused QKV projection: linear node n whose output reaches, through views, transposes,
 // unsqueezes and the add of its bias, a split into three or more tensors (aten::split /
-// split_with_sizes / chunk with a tensor per output, or a list unpacked by prim::ListUnpack;
-// or three or more slices): along the features, Q, K and V side by side (GPT-2's and
-// GPT-BigCode's c_attn, Phi-3's qkv_proj), or after a view into heads, each head's Q, K and V
-// side by side (GPT-NeoX's and Megatron's layout). Returns n, the views and the split (and its
+// split_with_sizes / chunk / unbind with a tensor per output, or a list unpacked by
+// prim::ListUnpack; or three or more slices): along the features, Q, K and V side by side
+// (GPT-2's and GPT-BigCode's c_attn, Phi-3's qkv_proj; ModernBERT's Wqkv viewed into
+// (3, heads, features) and unbound), or after a view into heads, each head's Q, K and V side by
+// side (GPT-NeoX's and Megatron's layout). Returns n, the views and the split (and its
 // unpack), the nodes the attention region starts from; empty when it does not match. Which
 // layouts split, and how the weight's rows are then cut, the split's plan decides
 // (tensor_parallel_split.h).
@@ -393,7 +396,7 @@ std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
       continue;
     }
     if (!oneOf(g.node(c).kind, {"aten::split", "aten::split_with_sizes", "aten::chunk",
-                                "aten::unsafe_split"}))
+                                "aten::unsafe_split", "aten::unbind"}))
       return {};
     start.push_back(c);
     const std::vector<ValueId>& outputs = g.node(c).outputs;

@@ -545,7 +545,22 @@ class Planner {
 
   // A view, reshape or flatten: where the split lands in the output, and its size there
   // rewritten in the sizes of input `sizesInput` (-1: a flatten, whose output sizes follow).
+  // A view of a fused projection's output that gives its features a leading dimension of their
+  // own cuts them into that many equal parts (Note [Fused parts]: ModernBERT's Wqkv viewed into
+  // (3, heads, features)).
   void view(PatternPlan& p, NodeId n, const Split& in, int sizesInput) {
+    if (viewSplit(p, n, in, sizesInput)) return;
+    const ValueId x = g_.node(n).inputs.at(0);
+    const int64_t sections = leadingSections(n, in);
+    if (sections > 1 && !p.parts.count(in.origin) && in.size == shapeOf(g_, x)[in.dim]) {
+      cutParts(p, n, in, std::vector<int64_t>(sections, in.size / sections), x);
+      if (viewSplit(p, n, Split{in.dim, in.size / sections, in.origin}, sizesInput)) return;
+    }
+    throw Failure{core::nodeLabel(g_, n) + " mixes the split dimension with another"};
+  }
+
+  // view's mapping of split `in` onto node n's output; false where no output dimension holds it.
+  bool viewSplit(PatternPlan& p, NodeId n, const Split& in, int sizesInput) {
     const core::Node& node = g_.node(n);
     const std::vector<int64_t>& is = shapeOf(g_, node.inputs.at(0));
     const std::vector<int64_t>& os = shapeOf(g_, node.outputs.at(0));
@@ -560,9 +575,24 @@ class Planner {
       if (out.size % degree_ != 0) continue;
       if (sizesInput >= 0) rewriteSizes(p, n, sizesInput, static_cast<int>(k), node.outputs.at(0));
       setOutputs(p, n, out);
-      return;
+      return true;
     }
-    throw Failure{core::nodeLabel(g_, n) + " mixes the split dimension with another"};
+    return false;
+  }
+
+  // The size of the output dimension of view n where the block of split `in` begins, when it
+  // begins one (it and the dimensions after it hold exactly the block), divides the block and is
+  // not the whole of it; 0 otherwise.
+  int64_t leadingSections(NodeId n, const Split& in) {
+    const core::Node& node = g_.node(n);
+    const std::vector<int64_t>& is = shapeOf(g_, node.inputs.at(0));
+    const std::vector<int64_t>& os = shapeOf(g_, node.outputs.at(0));
+    const int64_t block = in.size * product(is, in.dim + 1, is.size());
+    const int64_t outer = product(is, 0, is.size()) / block;
+    for (size_t k = 0; k < os.size(); ++k)
+      if (product(os, 0, k) == outer && product(os, k, os.size()) == block)
+        return os[k] > 1 && os[k] < in.size && in.size % os[k] == 0 ? os[k] : 0;
+    return 0;
   }
 
   // The sizes (int-list input `i` of `n`) of an output of recorded shape `os` split at `k`:
@@ -828,6 +858,15 @@ class Planner {
     if (isKind(node, {"aten::split", "aten::split_with_sizes", "aten::chunk", "aten::unsafe_split",
                       "aten::unsafe_chunk"})) {  // list outputs
       splitParts(p, n, splitOf(p, n, in0));
+      return;
+    }
+    if (isKind(node, {"aten::unbind", "aten::select"})) {  // a dimension taken off (unbind: a
+      Split s = splitOf(p, n, in0);                        // tensor each, or one list)
+      const size_t inRank = shapeOf(g_, in0).size();
+      const int d = normDim(intInput(n, 1), inRank);
+      notAlong(n, s, d, inRank);
+      if (d < s.dim) --s.dim;
+      setOutputs(p, n, s);
       return;
     }
     const size_t outRank = shapeOf(g_, node.outputs.at(0)).size();

@@ -125,8 +125,10 @@ struct PatternPlan {
 // staging/gradient_sync.h; so such a parameter is sliced along its rows, dimension 0, and ZeRO-1
 // leaves it whole). Unequal or whole parts must be cut from the linear's output features
 // themselves (its last dimension, in one block: no view into heads before the cut, which could
-// interleave them); equal cut parts may follow such a view (GPT-NeoX's layout). The value cut
-// must be read by the cut alone.
+// interleave them); equal cut parts may follow such a view (GPT-NeoX's layout). A view may make
+// the cut itself: one giving the features a leading dimension of their own (ModernBERT's Wqkv
+// viewed into (3, heads, features), then unbound into Q, K and V) cuts them into that many equal
+// parts, split by the heads that follow. The value cut must be read by the cut alone.
 
 // The plans of the patterns a stage holding `nodes` (sorted) shards at `degree`; one line per
 // pattern it holds that stays replicated, with the reason, goes to `skipped`.

@@ -268,6 +268,23 @@ def forward(self, x, y):
   return m;
 }
 
+// ModernBERT's layout: one projection of Q, K and V (4 heads of 4 each) viewed into (3, heads,
+// features) and unbound: the view cuts the rows into three parts (Note [Fused parts]).
+torch::jit::Module makeViewCutBlock() {
+  torch::jit::Module m("ViewCutBlock");
+  m.register_module("qkv", makeLinear(16, 48));
+  m.register_module("o", makeLinear(16, 16));
+  m.register_module("up", makeLinear(16, 32));
+  m.register_module("down", makeLinear(32, 16));
+  m.define(kHeadsThenMlp);
+  m.define(R"(
+def forward(self, x, y):
+    q, k, v = self.qkv.forward(x).view(-1, 4, 3, 4, 4).unbind(2)
+    return self.heads_then_mlp(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), x, y)
+)");
+  return m;
+}
+
 // `stages`: each stage's ranks and its degree; the block's nodes are cut evenly by count.
 void runCase(const std::vector<std::vector<int>>& ranks, int degree, int world,
              bool recompute = false, torch::jit::Module (*make)() = makeBlock) {
@@ -439,7 +456,8 @@ TEST_CASE("tensor-parallel stages train as the plain module: tp=2, with replicas
   runCase({{0, 1, 2, 3}}, 4, 4, false, makeMultiQueryBlock);  // one head each
 }
 
-TEST_CASE("fused projections of unequal parts train as the plain module", "[staging]") {
+TEST_CASE("fused projections of unequal parts, or cut by a view, train as the plain module",
+          "[staging]") {
   at::set_num_threads(1);
   runCase({{0, 1}}, 2, 2, false, makeFusedGroupedBlock);        // every part cut
   runCase({{0, 1, 2, 3}}, 4, 4, false, makeFusedGroupedBlock);  // K and V whole
@@ -447,6 +465,8 @@ TEST_CASE("fused projections of unequal parts train as the plain module", "[stag
   runCase({{0, 1}}, 2, 2, false, makeFusedMultiQueryBlock);     // K and V whole
   runCase({{0, 1, 2, 3}}, 2, 4, false, makeFusedMultiQueryBlock);
   runCase({{0, 1, 2, 3}}, 4, 4, false, makeFusedMultiQueryBlock);
+  runCase({{0, 1}}, 2, 2, false, makeViewCutBlock);  // parts cut by a view
+  runCase({{0, 1, 2, 3}}, 4, 4, false, makeViewCutBlock);
 }
 
 TEST_CASE("a fused projection's parts: cut where their heads divide, else whole", "[staging]") {
@@ -462,7 +482,9 @@ TEST_CASE("a fused projection's parts: cut where their heads divide, else whole"
            {makeFusedGroupedBlock, 2, {{16, false}, {8, false}, {8, false}}, 16, 0.5},
            {makeFusedGroupedBlock, 4, {{16, false}, {8, true}, {8, true}}, 20, 0.5},
            {makeFusedMultiQueryBlock, 2, {{16, false}, {4, true}, {4, true}}, 16, 8.0 / 24},
-           {makeFusedMultiQueryBlock, 4, {{16, false}, {4, true}, {4, true}}, 12, 8.0 / 24}}) {
+           {makeFusedMultiQueryBlock, 4, {{16, false}, {4, true}, {4, true}}, 12, 8.0 / 24},
+           {makeViewCutBlock, 2, {{16, false}, {16, false}, {16, false}}, 24, 0},
+           {makeViewCutBlock, 4, {{16, false}, {16, false}, {16, false}}, 12, 0}}) {
     INFO("degree " << c.degree << ", fused rows " << c.rows);
     torchscript::ImportedModel model =
         torchscript::importModule(c.make(), {torch::randn({4, 4, 16}), torch::randn({4, 4, 16})});
@@ -503,7 +525,7 @@ TEST_CASE("a fused projection's parts: cut where their heads divide, else whole"
     CHECK(gateUp == (c.make == makeFusedGroupedBlock));
     // shardTensor and unshardTensor: the member's rows, and the whole again from them.
     const at::Tensor whole =
-        torch::arange(32 * 3).view({-1, 3}).narrow(0, 0, c.qkv[0].size + 2 * c.qkv[1].size);
+        torch::arange(48 * 3).view({-1, 3}).narrow(0, 0, c.qkv[0].size + 2 * c.qkv[1].size);
     ParamShard layout;
     layout.parts = c.qkv;
     std::vector<at::Tensor> slices;

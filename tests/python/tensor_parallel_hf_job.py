@@ -1,27 +1,31 @@
-"""Run under mpirun on 2 or 4 ranks (see test_tensor_parallel.py; PyTorch 2.x with transformers): a
-transformers model captured with torch.export, trained with tensor_parallel=<ranks> against the
-plain model on the same data: the loss of each of 2 SGD steps and the gathered state_dict after them
-(rtol 1e-4), and that its attention and MLP weights are held in slices. Model: `gpt2` (a fused QKV
-Conv1D, addmm, split three ways), `llama` (rotary embeddings, 4 heads over 2 K/V heads, a gated
-MLP), `llama_gqa` (Llama through sdpa with enable_gqa, K and V not repeated, as transformers calls
-it where no mask is needed on CUDA; on 4 ranks its K and V are kept whole: Note [Whole K/V heads],
-each member reading the one K/V head its Q heads use), `gemma` (multi-query attention: 4 heads over
-one K/V head, kept whole), `gpt_neox` (a fused QKV laid out per head: viewed into heads, then
-chunked), `gptj` (attention and MLP side by side on one norm, rotary embeddings rotating every two
-features), `phi` (side by side, partial rotary embeddings), `qwen3` (an RMSNorm of each head's Q and
-K features, its weight each member's share of the gradient summed over the group), `phi3` (one
-projection of Q, K and V cut apart by slices, 4 heads over 2 K/V heads, and a fused gated MLP,
-chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept whole), `gemma3` (its Q and K
-norms scale each head's features by 1 + w, computed in float32 outside the attention: w's gradient
-is summed over the group), `mpt` (ALiBi: a constant bias of one slope per head added to the scores,
-each member adding its heads'), `bart` (an encoder-decoder: the decoder's cross-attention reads Q
-from its state, K and V from the encoder's output, whose gradient is all-reduced over the group as
-the decoder state's is), `gpt_bigcode` (multi-query attention from one projection of unequal parts,
-split_with_sizes: the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and -180B's
-layout: one projection viewed into K/V groups, each of its Q heads, K and V, K and V taken off by
-index and broadcast to the group's Q heads; split by groups) or `falcon` (linear layers reading
-`w.T`; its multi-query attention, one K/V head after a view into heads, stays replicated). Dropout
-is off; vocabularies are small (no vocabulary split).
+"""Run under mpirun on 2 or 4 ranks (see test_tensor_parallel.py; PyTorch 2.x with transformers)
+with one or more model names, checked in turn in one launch (each launch's import of torch and
+transformers takes about 5 s on this machine's 2 cores): each a transformers model captured with
+torch.export, trained with tensor_parallel=<ranks> against the plain model on the same data: the
+loss of each of 2 SGD steps and the gathered state_dict after them (rtol 1e-4), and that its
+attention and MLP weights are held in slices. Prints `rank R: tensor_parallel NAME checked; N
+failures` for each. Models: `gpt2` (a fused QKV Conv1D, addmm, split three ways), `llama` (rotary
+embeddings, 4 heads over 2 K/V heads, a gated MLP), `llama_gqa` (Llama through sdpa with enable_gqa,
+K and V not repeated, as transformers calls it where no mask is needed on CUDA; on 4 ranks its K and
+V are kept whole: Note [Whole K/V heads], each member reading the one K/V head its Q heads use),
+`gemma` (multi-query attention: 4 heads over one K/V head, kept whole), `gpt_neox` (a fused QKV laid
+out per head: viewed into heads, then chunked), `gptj` (attention and MLP side by side on one norm,
+rotary embeddings rotating every two features), `phi` (side by side, partial rotary embeddings),
+`qwen3` (an RMSNorm of each head's Q and K features, its weight each member's share of the gradient
+summed over the group), `phi3` (one projection of Q, K and V cut apart by slices, 4 heads over 2 K/V
+heads, and a fused gated MLP, chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept
+whole), `gemma3` (its Q and K norms scale each head's features by 1 + w, computed in float32 outside
+the attention: w's gradient is summed over the group), `mpt` (ALiBi: a constant bias of one slope
+per head added to the scores, each member adding its heads'), `bart` (an encoder-decoder: the
+decoder's cross-attention reads Q from its state, K and V from the encoder's output, whose gradient
+is all-reduced over the group as the decoder state's is), `modernbert` (an encoder whose fused Wqkv
+is viewed into (3, heads, features) and unbound into Q, K and V: the view cuts its rows into three
+parts, Note [Fused parts]), `gpt_bigcode` (multi-query attention from one projection of unequal
+parts, split_with_sizes: the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and
+-180B's layout: one projection viewed into K/V groups, each of its Q heads, K and V, K and V taken
+off by index and broadcast to the group's Q heads; split by groups) or `falcon` (linear layers
+reading `w.T`; its multi-query attention, one K/V head after a view into heads, stays replicated).
+Dropout is off; vocabularies are small (no vocabulary split).
 `gpt2-dropout`: GPT-2 with its dropouts on (0.1) through torch.export, the masks drawn from the
 group's stream (Note [Tensor-parallel dropout]; tests/driver/tensor_parallel_test.cpp checks
 them exactly), which plain PyTorch does not draw: each step's loss within 5% of plain PyTorch's,
@@ -35,15 +39,11 @@ import transformers
 import autostage
 from mpi_launch import finish
 
-name = sys.argv[1]
-if name == "llama_gqa":  # read by transformers at each attention call
-    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
 rank, world = autostage.get_rank(), autostage.get_world_size()
-failures = []
 vocab = 512
 
 
-def make():
+def make(name):
     torch.manual_seed(7)
     if name.startswith("gpt2"):
         p = 0.1 if name == "gpt2-dropout" else 0.0
@@ -68,6 +68,11 @@ def make():
             activation_dropout=0.0)
         return (transformers.BartForConditionalGeneration(config),
                 "model.decoder.layers.0.encoder_attn.k_proj.weight", 0)
+    if name == "modernbert":  # an encoder: masked-language-model loss, no causal mask
+        config = transformers.ModernBertConfig(
+            intermediate_size=128, max_position_embeddings=32, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2, cls_token_id=1, sep_token_id=2, attn_implementation="sdpa", **small)
+        return transformers.ModernBertForMaskedLM(config), "model.layers.0.attn.Wqkv.weight", 0
     if name == "gpt_neox":
         config = transformers.GPTNeoXConfig(intermediate_size=128, max_position_embeddings=32,
                                             hidden_dropout=0.0, attention_dropout=0.0, **small)
@@ -117,49 +122,66 @@ def make():
     return transformers.LlamaForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
 
 
-model, sliced, dim = make()
-reference, _, _ = make()
-reference.load_state_dict(model.state_dict())
-model.train()
-reference.train()
-ids = torch.randint(0, vocab, (2 * world, 8), generator=torch.Generator().manual_seed(3))
-local = ids[2 * rank:2 * (rank + 1)]
-optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
-wrapped = autostage.Module(model, optimizer, tensor_parallel=world)
-dropout = name == "gpt2-dropout"
-rtol, atol = (5e-2, 0.0) if dropout else (1e-4, 1e-5)
-if dropout:
-    reference.eval()
-    with torch.no_grad():
-        without_dropout = reference(input_ids=ids, labels=ids, use_cache=False).loss
+def check(name):
+    """Trains model `name` tensor-parallel and plainly; returns its failures."""
+    failures = []
+    model, sliced, dim = make(name)
+    reference, _, _ = make(name)
+    reference.load_state_dict(model.state_dict())
+    model.train()
     reference.train()
-for step in range(2):
-    loss = wrapped(input_ids=local, labels=local, use_cache=False)["loss"]
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    want = reference(input_ids=ids, labels=ids, use_cache=False).loss
-    want.backward()
-    ref_optimizer.step()
-    ref_optimizer.zero_grad()
-    if not torch.allclose(loss.detach(), want.detach(), rtol=rtol, atol=atol):
-        failures.append(f"step {step}: loss {loss.item()} but plain PyTorch {want.item()}")
-    if dropout and step == 0 and torch.allclose(loss.detach(), without_dropout, rtol=1e-4):
-        failures.append(f"the loss {loss.item()} is the loss without dropout")
-state = wrapped.state_dict()
-for key, value in ([] if dropout else reference.state_dict().items()):
-    got = state.get(key)
-    if got is None or got.shape != value.shape or not torch.allclose(got, value, rtol=1e-4,
-                                                                      atol=1e-5):
-        failures.append(f"{key} after 2 steps differs from plain PyTorch")
-held = dict(model.named_parameters())[sliced].shape
-whole = dict(reference.named_parameters())[sliced].shape
-# Q's rows in slices; GPT-BigCode's K/V head (16 rows each for K and V) whole on every member;
-# Phi-3's 2 K/V heads in slices on 2 ranks, whole on 4 (16 + 16 rows each of K and V).
-kept = {"gpt_bigcode": 32, "phi3": 64 if world == 4 else 0}.get(name, 0)
-if held[dim] != (whole[dim] - kept) // world + kept:
-    failures.append(f"{sliced} is held as {tuple(held)}, not in {world} slices of {tuple(whole)}"
-                    + (f" with {kept} rows whole" if kept else ""))
-print(f"rank {rank}: tensor_parallel {name} checked; {len(failures)} failures", flush=True)
+    ids = torch.randint(0, vocab, (2 * world, 8), generator=torch.Generator().manual_seed(3))
+    local = ids[2 * rank:2 * (rank + 1)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.5)
+    wrapped = autostage.Module(model, optimizer, tensor_parallel=world)
+    dropout = name == "gpt2-dropout"
+    rtol, atol = (5e-2, 0.0) if dropout else (1e-4, 1e-5)
+    if dropout:
+        reference.eval()
+        with torch.no_grad():
+            without_dropout = reference(input_ids=ids, labels=ids, use_cache=False).loss
+        reference.train()
+    for step in range(2):
+        loss = wrapped(input_ids=local, labels=local, use_cache=False)["loss"]
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        want = reference(input_ids=ids, labels=ids, use_cache=False).loss
+        want.backward()
+        ref_optimizer.step()
+        ref_optimizer.zero_grad()
+        if not torch.allclose(loss.detach(), want.detach(), rtol=rtol, atol=atol):
+            failures.append(f"step {step}: loss {loss.item()} but plain PyTorch {want.item()}")
+        if dropout and step == 0 and torch.allclose(loss.detach(), without_dropout, rtol=1e-4):
+            failures.append(f"the loss {loss.item()} is the loss without dropout")
+    state = wrapped.state_dict()
+    for key, value in ([] if dropout else reference.state_dict().items()):
+        got = state.get(key)
+        if got is None or got.shape != value.shape or not torch.allclose(got, value, rtol=1e-4,
+                                                                          atol=1e-5):
+            failures.append(f"{key} after 2 steps differs from plain PyTorch")
+    held = dict(model.named_parameters())[sliced].shape
+    whole = dict(reference.named_parameters())[sliced].shape
+    # Q's rows in slices; GPT-BigCode's K/V head (16 rows each for K and V) whole on every member;
+    # Phi-3's 2 K/V heads in slices on 2 ranks, whole on 4 (16 + 16 rows each of K and V).
+    kept = {"gpt_bigcode": 32, "phi3": 64 if world == 4 else 0}.get(name, 0)
+    if held[dim] != (whole[dim] - kept) // world + kept:
+        failures.append(f"{sliced} is held as {tuple(held)}, not in {world} slices of "
+                        f"{tuple(whole)}" + (f" with {kept} rows whole" if kept else ""))
+    print(f"rank {rank}: tensor_parallel {name} checked; {len(failures)} failures", flush=True)
+    return [f"{name}: {failure}" for failure in failures]
+
+
+failures = []
+for name in sys.argv[1:]:
+    # Read by transformers at each attention call: sdpa's enable_gqa for this model alone.
+    gqa = name == "llama_gqa"
+    if gqa:
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+    try:
+        failures += check(name)
+    finally:
+        if gqa:
+            del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]
 finish(rank, failures)

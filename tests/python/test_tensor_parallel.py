@@ -6,13 +6,14 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
 
 import autostage
 from autostage import _autostage
-from mpi_launch import CLI, run_driver
+from mpi_launch import CLI, HERE, mpi_env, mpirun, run_driver
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 # The CLI's planning of synthetic specs: torch-free (conftest.py's leg_independent).
@@ -273,25 +274,48 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
     assert "rank 0: tensor_parallel resume checked; 0 failures" in log, log
 
 
+_HF_CASES = [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2), ("gpt_neox", 2), ("gptj", 2),
+             ("phi", 2), ("qwen3", 2), ("falcon", 2), ("gemma", 2), ("llama_gqa", 4), ("phi3", 2),
+             ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2), ("gemma3", 2), ("mpt", 2),
+             ("bart", 2), ("modernbert", 2)]
+_hf_runs = {}  # (ranks, falcon) -> (the names checked, exit status, log) of one launch
+
+
+def _hf_run(request, name, ranks):
+    """The launch of tensor_parallel_hf_job.py checking `name` on `ranks` ranks: one launch per
+    rank count checks every case of this test the session selected, in turn, saving each case
+    the start of torch and transformers on every rank (about 5 s). Falcon, whose log says its
+    attention stays replicated, is launched alone: every other case's log must not say so."""
+    group = (ranks, name == "falcon")
+    if group not in _hf_runs:
+        names = [item.callspec.params["name"] for item in request.session.items
+                 if item.originalname == request.node.originalname
+                 and (item.callspec.params["ranks"], item.callspec.params["name"] == "falcon")
+                 == group]
+        run = mpirun([sys.executable, os.path.join(HERE, "tensor_parallel_hf_job.py"), *names],
+                     env=mpi_env(), ranks=ranks)
+        _hf_runs[group] = (names, run.returncode, run.stdout + run.stderr)
+    return _hf_runs[group]
+
+
 @needs_mpirun
-@pytest.mark.parametrize("name,ranks", [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2),
-                                        ("gpt_neox", 2), ("gptj", 2), ("phi", 2), ("qwen3", 2),
-                                        ("falcon", 2), ("gemma", 2), ("llama_gqa", 4), ("phi3", 2),
-                                        ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2),
-                                        ("gemma3", 2), ("mpt", 2), ("bart", 2)])
-def test_a_transformers_model_trains_tensor_parallel(name, ranks):
+@pytest.mark.parametrize("name,ranks", _HF_CASES)
+def test_a_transformers_model_trains_tensor_parallel(request, name, ranks):
     pytest.importorskip("transformers")
     from autostage.export import available
     if not available():
         pytest.skip("torch.export training IR needs PyTorch 2.5+")
-    log = run_driver("tensor_parallel_hf_job.py", name, ranks=ranks)
+    names, status, log = _hf_run(request, name, ranks)
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {name} checked; 0 failures" in log, log
+    assert f"FAIL {name}:" not in log, log
     if name == "falcon":  # its multi-query attention is found, and says why it stays whole
         assert "attention ending at" in log and "stays replicated" in log, log
     else:
         assert "stays replicated" not in log, log  # every attention and MLP is split
     assert "own random generator" not in log, log  # every dropout draws the group's masks
+    if name == names[-1]:  # the launch ended well (a case's failure fails that case's test)
+        assert status == 0, log
 
 
 class _Block(torch.nn.Module):
@@ -360,14 +384,16 @@ def test_a_fused_qkv_projection_is_split_by_heads():
 
 
 class _Layouts(torch.nn.Module):
-    """A fused QKV projection viewed into heads before it is chunked: `per_head` as GPT-NeoX
-    and Megatron lay it out (each head's Q, K and V side by side), else GPT-2's layout (all of
-    Q, then K, then V) viewed as [3, heads] and chunked there; then an MLP reading its weights
-    as `y @ w.T` (Falcon's linear layers)."""
+    """A fused QKV projection viewed before it is cut into Q, K and V: `per_head` as GPT-NeoX and
+    Megatron lay it out (viewed into heads, each head's Q, K and V side by side, chunked);
+    `parts_chunked` and `parts_unbound`, GPT-2's layout (all of Q, then K, then V) viewed as
+    [3, heads, features] and chunked there, or unbound as ModernBERT does; `heads_last`, the same
+    weights viewed as [3, features, heads] (each head's features interleaved with the others');
+    then an MLP reading its weights as `y @ w.T` (Falcon's linear layers)."""
 
-    def __init__(self, per_head, hidden=32, heads=4):
+    def __init__(self, layout, hidden=32, heads=4):
         super().__init__()
-        self.per_head, self.heads = per_head, heads
+        self.layout, self.heads = layout, heads
         self.qkv, self.o = torch.nn.Linear(hidden, 3 * hidden), torch.nn.Linear(hidden, hidden)
         self.w_up = torch.nn.Parameter(torch.randn(64, hidden))
         self.w_down = torch.nn.Parameter(torch.randn(hidden, 64))
@@ -375,28 +401,35 @@ class _Layouts(torch.nn.Module):
     def forward(self, x):
         b, s, h = x.shape
         d = h // self.heads
-        if self.per_head:
-            q, k, v = self.qkv(x).view(b, s, self.heads, 3 * d).transpose(1, 2).chunk(3, dim=-1)
-        else:
+        qkv = self.qkv(x)
+        if self.layout == "per_head":
+            q, k, v = qkv.view(b, s, self.heads, 3 * d).transpose(1, 2).chunk(3, dim=-1)
+        elif self.layout == "parts_chunked":
             q, k, v = (t.squeeze(2).transpose(1, 2) for t in
-                       self.qkv(x).view(b, s, 3, self.heads, d).chunk(3, dim=2))
+                       qkv.view(b, s, 3, self.heads, d).chunk(3, dim=2))
+        elif self.layout == "parts_unbound":
+            q, k, v = (t.transpose(1, 2) for t in qkv.view(b, s, 3, -1, d).unbind(dim=-3))
+        else:
+            q, k, v = (t.permute(0, 3, 1, 2) for t in qkv.view(b, s, 3, d, self.heads).unbind(2))
         att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
         x = x + self.o(att.transpose(1, 2).reshape(b, s, h))
         return x + torch.relu(x @ self.w_up.T) @ self.w_down.T
 
 
-def test_fused_projections_laid_out_per_head_split_and_others_are_not_guessed():
+@pytest.mark.parametrize("layout,attention", [("per_head", [2, 4]), ("parts_chunked", [2, 4]),
+                                              ("parts_unbound", [2, 4]), ("heads_last", [])])
+def test_fused_projections_viewed_before_the_cut_split_where_heads_are_whole(layout, attention):
+    # Per head, each member takes whole heads (contiguous rows of the weight). Viewed as
+    # [3, heads, features], the view cuts the rows into Q, K and V (Note [Fused parts]) and each
+    # member takes its heads' rows of each: 4 heads split 2 and 4 ways. Viewed as [3, features,
+    # heads], a member would hold some features of every head, which the attention's product
+    # sums over: found (a fused projection) but split at no degree, never guessed.
     from autostage.export import available
     example = (torch.randn(2, 8, 32),)
-    for per_head in (True, False):
-        ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(
-            _Layouts(per_head), example)
-        found = [(p["kind"], p["degrees"]) for p in autostage.shard_patterns(ir)]
-        # Per head, each member takes whole heads (contiguous rows of the weight): 4 heads split
-        # 2 and 4 ways. GPT-2's layout viewed as [3, heads] mixes Q, K and V with the heads in
-        # the view: found (a fused projection) but split at no degree, never guessed.
-        attention = [2, 4] if per_head else []
-        assert found == [("attention", attention), ("mlp", [2, 4, 8])], (per_head, found)
+    ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(
+        _Layouts(layout), example)
+    found = [(p["kind"], p["degrees"]) for p in autostage.shard_patterns(ir)]
+    assert found == [("attention", attention), ("mlp", [2, 4, 8])], found
 
 
 class _Scaled(torch.nn.Module):
