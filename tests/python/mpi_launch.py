@@ -65,6 +65,59 @@ def run_driver(script, *args, ranks=4, timeout=600, **env):
     return log
 
 
+def run_phases(script, phases, logdir, ranks=4, timeout=600, **env):
+    """Runs tests/python/`script` once per phase of `phases` in one launch on `ranks` ranks
+    (mpi_phases.py: as `script PHASE` would run alone, without starting Python, torch and MPI
+    again for each); returns {phase: (status, log)}: the phase's exit status (0 on every rank,
+    else the first rank's that is not; None where some rank did not end it: the launch's own
+    output is then appended to its log) and its ranks' output."""
+    os.makedirs(logdir, exist_ok=True)
+    run = mpirun([sys.executable, os.path.join(HERE, "mpi_phases.py"), str(logdir),
+                  os.path.join(HERE, script), *phases],
+                 env=mpi_env(**env), timeout=timeout * max(1, len(phases) // 4), ranks=ranks)
+    results = {}
+    for phase in phases:
+        statuses, logs = [], []
+        for rank in range(ranks):
+            base = os.path.join(logdir, f"{phase}.{rank}")
+            if os.path.exists(base + ".log"):
+                with open(base + ".log") as f:
+                    logs.append(f.read())
+            statuses.append(int(open(base + ".status").read())
+                            if os.path.exists(base + ".status") else None)
+        if None in statuses:
+            status = None
+            logs.append(f"(the launch, exit status {run.returncode}:)\n{run.stdout}{run.stderr}")
+        else:
+            status = next((s for s in statuses if s != 0), 0)
+        results[phase] = (status, "".join(logs))
+    return results
+
+
+def phase_run(request, script, ranks, key, tmp_path_factory, **env):
+    """The result (status, log) of the phase `request`'s test names by its parameter `key`, from
+    one run_phases launch per script and rank count running the phases of every test of the same
+    test function and rank count the session selected (the first asks for it; tests keep their own
+    verdicts). Cached on the session."""
+    cache = request.session.__dict__.setdefault("_autostage_phase_runs", {})
+    group = (script, request.node.originalname, ranks)
+    if group not in cache:
+        phases = [item.callspec.params[key] for item in request.session.items
+                  if item.originalname == request.node.originalname
+                  and item.callspec.params.get("ranks") == ranks and not _marked_skip(item)]
+        logdir = tmp_path_factory.mktemp(f"{os.path.splitext(script)[0]}-{ranks}")
+        cache[group] = run_phases(script, list(dict.fromkeys(phases)), str(logdir), ranks=ranks,
+                                  **env)
+    return cache[group][request.node.callspec.params[key]]
+
+
+def _marked_skip(item):
+    """Whether a skip or skipif mark (with a boolean condition) skips test `item`."""
+    return any(mark.name == "skip" or (mark.name == "skipif" and any(
+        c is True for c in (*mark.args, mark.kwargs.get("condition"))))
+        for mark in item.iter_markers())
+
+
 def finish(rank, failures):
     """Rank side of a driver: prints each failure as `rank R: FAIL ...`, waits for every rank
     (so no rank's exit tears the job down before the others have printed), and exits 1 on any

@@ -2,18 +2,16 @@
 graphs (`autostage plan`, `whatif`, `show`, the partition log), refuses what it cannot place, and
 training jobs run them (Note [Tensor-parallel stages] in staging/tensor_parallel.h)."""
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 
 import autostage
 from autostage import _autostage
-from mpi_launch import CLI, HERE, mpi_env, mpirun, run_driver
+from mpi_launch import CLI, phase_run, run_driver
 
 needs_mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 # The CLI's planning of synthetic specs: torch-free (conftest.py's leg_independent).
@@ -231,8 +229,10 @@ def test_optimizer_state_of_fused_parts_is_joined_and_cut():
                           ("noise", 2), ("parallel", 2),
                           ("vocabulary", 2), ("head", 2),
                           ("tied", 2), ("tied_stages", 4), ("auto", 2)])
-def test_a_tensor_parallel_job_trains_as_plain_pytorch(phase, ranks):
-    log = run_driver("tensor_parallel_job.py", phase, ranks=ranks)
+def test_a_tensor_parallel_job_trains_as_plain_pytorch(request, tmp_path_factory, phase, ranks):
+    # One launch per rank count runs every selected phase in turn (mpi_phases.py).
+    status, log = phase_run(request, "tensor_parallel_job.py", ranks, "phase", tmp_path_factory)
+    assert status == 0, log
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {phase} checked; 0 failures" in log, log
     degree = 4 if phase == "block4" or (phase, ranks) in (("grouped", 4), ("grouped_sdpa", 4),
@@ -278,44 +278,25 @@ _HF_CASES = [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2), ("gpt_neox", 2), ("
              ("phi", 2), ("qwen3", 2), ("falcon", 2), ("gemma", 2), ("llama_gqa", 4), ("phi3", 2),
              ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2), ("gemma3", 2), ("mpt", 2),
              ("bart", 2), ("modernbert", 2)]
-_hf_runs = {}  # (ranks, falcon) -> (the names checked, exit status, log) of one launch
-
-
-def _hf_run(request, name, ranks):
-    """The launch of tensor_parallel_hf_job.py checking `name` on `ranks` ranks: one launch per
-    rank count checks every case of this test the session selected, in turn, saving each case
-    the start of torch and transformers on every rank (about 5 s). Falcon, whose log says its
-    attention stays replicated, is launched alone: every other case's log must not say so."""
-    group = (ranks, name == "falcon")
-    if group not in _hf_runs:
-        names = [item.callspec.params["name"] for item in request.session.items
-                 if item.originalname == request.node.originalname
-                 and (item.callspec.params["ranks"], item.callspec.params["name"] == "falcon")
-                 == group]
-        run = mpirun([sys.executable, os.path.join(HERE, "tensor_parallel_hf_job.py"), *names],
-                     env=mpi_env(), ranks=ranks)
-        _hf_runs[group] = (names, run.returncode, run.stdout + run.stderr)
-    return _hf_runs[group]
 
 
 @needs_mpirun
 @pytest.mark.parametrize("name,ranks", _HF_CASES)
-def test_a_transformers_model_trains_tensor_parallel(request, name, ranks):
+def test_a_transformers_model_trains_tensor_parallel(request, tmp_path_factory, name, ranks):
     pytest.importorskip("transformers")
     from autostage.export import available
     if not available():
         pytest.skip("torch.export training IR needs PyTorch 2.5+")
-    names, status, log = _hf_run(request, name, ranks)
+    # One launch per rank count checks every selected model in turn (mpi_phases.py).
+    status, log = phase_run(request, "tensor_parallel_hf_job.py", ranks, "name", tmp_path_factory)
+    assert status == 0, log
     for rank in range(ranks):
         assert f"rank {rank}: tensor_parallel {name} checked; 0 failures" in log, log
-    assert f"FAIL {name}:" not in log, log
     if name == "falcon":  # its multi-query attention is found, and says why it stays whole
         assert "attention ending at" in log and "stays replicated" in log, log
     else:
         assert "stays replicated" not in log, log  # every attention and MLP is split
     assert "own random generator" not in log, log  # every dropout draws the group's masks
-    if name == names[-1]:  # the launch ended well (a case's failure fails that case's test)
-        assert status == 0, log
 
 
 class _Block(torch.nn.Module):
