@@ -90,8 +90,9 @@ bool isPerHead(const std::string& kind) {
                 "aten::unbind", "aten::select",
                 // GPT-J's rotary embeddings rotate every two features
                 "aten::stack", "aten::flatten",
-                // an RMSNorm of each head's features (Qwen3's q_norm and k_norm)
-                "aten::pow", "aten::mean", "aten::rsqrt",
+                // an RMSNorm or LayerNorm of each head's features (Qwen3's q_norm and k_norm,
+                // Persimmon's q_layernorm and k_layernorm)
+                "aten::pow", "aten::mean", "aten::rsqrt", "aten::layer_norm",
                 // the scores' soft cap (Gemma-2's tanh(s / cap) * cap) and other element-wise
                 // functions of each head's values
                 "aten::tanh", "aten::sigmoid", "aten::exp", "aten::sqrt", "aten::sub"});
@@ -105,11 +106,12 @@ bool isMask(const std::string& kind) {
 }
 
 bool isElementwise(const std::string& kind) {
-  return oneOf(kind, {"aten::add", "aten::sub", "aten::mul", "aten::div", "aten::neg",
-                      "aten::pow", "aten::sqrt", "aten::rsqrt", "aten::exp", "aten::erf",
-                      "aten::gelu", "aten::relu", "aten::silu", "aten::tanh", "aten::sigmoid",
-                      "aten::dropout", "aten::to", "aten::_to_copy", "aten::clone",
-                      "aten::contiguous"});
+  return oneOf(kind,
+               {"aten::add",       "aten::sub",     "aten::mul",    "aten::div",      "aten::neg",
+                "aten::pow",       "aten::sqrt",    "aten::rsqrt",  "aten::exp",      "aten::erf",
+                "aten::gelu",      "aten::relu",    "aten::square", "aten::silu",     "aten::tanh",
+                "aten::sigmoid",   "aten::dropout", "aten::to",     "aten::_to_copy", "aten::clone",
+                "aten::contiguous"});
 }
 
 // A view or reshape that keeps the last dimension (GPT-2's Conv1D flattens the rows around its
@@ -379,9 +381,11 @@ std::vector<NodeId> fusedQkvStart(const Graph& g, NodeId n) {
     const std::vector<NodeId> consumers = tensorConsumers(g, g.node(at).outputs.at(0));
     if (anyGraphOutput(g, at)) return {};
     if (consumers.size() >= 3 && std::all_of(consumers.begin(), consumers.end(), [&](NodeId c) {
-          return oneOf(g.node(c).kind, {"aten::slice", "aten::index"}) && !anyGraphOutput(g, c);
+          return oneOf(g.node(c).kind, {"aten::slice", "aten::index", "aten::select"}) &&
+                 !anyGraphOutput(g, c);
         })) {  // Phi-3's `qkv[..., :q]`, `qkv[..., q:q + kv]`, `qkv[..., q + kv:]`; Falcon's
-               // `qkv[:, :, :, :-2]`, `[:, :, :, [-2]]`, `[:, :, :, [-1]]` (viewed into groups)
+               // `qkv[:, :, :, :-2]`, `[:, :, :, [-2]]`, `[:, :, :, [-1]]` (viewed into groups);
+               // Persimmon's `qkv[..., 0, :]`, `[..., 1, :]`, `[..., 2, :]` (viewed into heads)
       start.insert(start.end(), consumers.begin(), consumers.end());
       return start;
     }

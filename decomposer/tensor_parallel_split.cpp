@@ -897,6 +897,19 @@ class Planner {
       setOutputs(p, n, s);
       return;
     }
+    if (isKind(node, {"aten::layer_norm"})) {  // of each head's features (Persimmon's q_layernorm)
+      const Split& s = splitOf(p, n, in0);
+      auto normalized = listEntries(g_, node.inputs.at(1));
+      if (!normalized)
+        throw Failure{core::nodeLabel(g_, n) + " normalizes over sizes computed at run time"};
+      if (s.dim >= static_cast<int>(shapeOf(g_, in0).size() - normalized->size()))
+        throw Failure{core::nodeLabel(g_, n) + " normalizes along the split dimension"};
+      for (size_t i : {2, 3})  // weight and bias: of the features alone, read by every head
+        if (node.inputs.size() > i && g_.value(node.inputs[i]).type.isTensor())
+          broadcastOperand(p, n, node.inputs[i]);
+      setOutputs(p, n, s);
+      return;
+    }
     if (isKind(node, {"aten::stack"})) {  // a new dimension: before the split one, it moves
       Split s = splitOf(p, n, in0);
       if (normDim(intInput(n, 1), outRank) <= s.dim) ++s.dim;
@@ -986,8 +999,8 @@ class Planner {
     }
     if (isKind(node, {"aten::type_as", "aten::to", "aten::_to_copy", "aten::contiguous",
                       "aten::clone", "aten::alias", "aten::dropout", "aten::neg", "aten::gelu",
-                      "aten::relu", "aten::silu", "aten::tanh", "aten::sigmoid", "aten::erf",
-                      "aten::exp", "aten::sqrt", "aten::rsqrt"})) {
+                      "aten::relu", "aten::square", "aten::silu", "aten::tanh", "aten::sigmoid",
+                      "aten::erf", "aten::exp", "aten::sqrt", "aten::rsqrt"})) {
       setOutputs(p, n, aligned(splitOf(p, n, in0), shapeOf(g_, in0).size(), outRank));
       return;
     }

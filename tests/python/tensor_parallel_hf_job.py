@@ -1,31 +1,34 @@
 """Run under mpirun on 2 or 4 ranks (see test_tensor_parallel.py; PyTorch 2.x with transformers)
-with one or more model names, checked in turn in one launch (each launch's import of torch and
-transformers takes about 5 s on this machine's 2 cores): each a transformers model captured with
-torch.export, trained with tensor_parallel=<ranks> against the plain model on the same data: the
-loss of each of 2 SGD steps and the gathered state_dict after them (rtol 1e-4), and that its
-attention and MLP weights are held in slices. Prints `rank R: tensor_parallel NAME checked; N
-failures` for each. Models: `gpt2` (a fused QKV Conv1D, addmm, split three ways), `llama` (rotary
-embeddings, 4 heads over 2 K/V heads, a gated MLP), `llama_gqa` (Llama through sdpa with enable_gqa,
-K and V not repeated, as transformers calls it where no mask is needed on CUDA; on 4 ranks its K and
-V are kept whole: Note [Whole K/V heads], each member reading the one K/V head its Q heads use),
-`gemma` (multi-query attention: 4 heads over one K/V head, kept whole), `gpt_neox` (a fused QKV laid
-out per head: viewed into heads, then chunked), `gptj` (attention and MLP side by side on one norm,
-rotary embeddings rotating every two features), `phi` (side by side, partial rotary embeddings),
-`qwen3` (an RMSNorm of each head's Q and K features, its weight each member's share of the gradient
-summed over the group), `phi3` (one projection of Q, K and V cut apart by slices, 4 heads over 2 K/V
-heads, and a fused gated MLP, chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept
-whole), `gemma3` (its Q and K norms scale each head's features by 1 + w, computed in float32 outside
-the attention: w's gradient is summed over the group), `mpt` (ALiBi: a constant bias of one slope
-per head added to the scores, each member adding its heads'), `bart` (an encoder-decoder: the
-decoder's cross-attention reads Q from its state, K and V from the encoder's output, whose gradient
-is all-reduced over the group as the decoder state's is), `modernbert` (an encoder whose fused Wqkv
-is viewed into (3, heads, features) and unbound into Q, K and V: the view cuts its rows into three
-parts, Note [Fused parts]), `gpt_bigcode` (multi-query attention from one projection of unequal
-parts, split_with_sizes: the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and
--180B's layout: one projection viewed into K/V groups, each of its Q heads, K and V, K and V taken
-off by index and broadcast to the group's Q heads; split by groups) or `falcon` (linear layers
-reading `w.T`; its multi-query attention, one K/V head after a view into heads, stays replicated).
-Dropout is off; vocabularies are small (no vocabulary split).
+with a model name (test_tensor_parallel.py runs every name of a rank count in one launch, through
+mpi_phases.py): a transformers model captured with torch.export, trained with
+tensor_parallel=<ranks> against the plain model on the same data: the loss of each of 2 SGD steps
+and the gathered state_dict after them (rtol 1e-4), and that its attention and MLP weights are held
+in slices. Models: `gpt2` (a fused QKV Conv1D, addmm, split three ways), `llama` (rotary embeddings,
+4 heads over 2 K/V heads, a gated MLP), `llama_gqa` (Llama through sdpa with enable_gqa, K and V not
+repeated, as transformers calls it where no mask is needed on CUDA; on 4 ranks its K and V are kept
+whole: Note [Whole K/V heads], each member reading the one K/V head its Q heads use), `gemma`
+(multi-query attention: 4 heads over one K/V head, kept whole), `gpt_neox` (a fused QKV laid out per
+head: viewed into heads, then chunked), `gptj` (attention and MLP side by side on one norm, rotary
+embeddings rotating every two features), `phi` (side by side, partial rotary embeddings), `qwen3`
+(an RMSNorm of each head's Q and K features, its weight each member's share of the gradient summed
+over the group), `phi3` (one projection of Q, K and V cut apart by slices, 4 heads over 2 K/V heads,
+and a fused gated MLP, chunked: Note [Fused parts]; on 4 ranks its K and V parts are kept whole),
+`gemma3` (its Q and K norms scale each head's features by 1 + w, computed in float32 outside the
+attention: w's gradient is summed over the group), `mpt` (ALiBi: a constant bias of one slope per
+head added to the scores, each member adding its heads'), `bart` (an encoder-decoder: the decoder's
+cross-attention reads Q from its state, K and V from the encoder's output, whose gradient is
+all-reduced over the group as the decoder state's is), `modernbert` (an encoder whose fused Wqkv is
+viewed into (3, heads, features) and unbound into Q, K and V: the view cuts its rows into three
+parts, Note [Fused parts]), `persimmon` (a fused projection laid out per head, each head's Q, K and
+V taken off by index, Q and K normalised by a LayerNorm of each head's features whose weight and
+bias are summed over the group, a squared-ReLU MLP), `nemotron` (a squared-ReLU MLP), `codegen` (a
+fused projection laid out in 4 blocks of Q, V and K, each of a quarter of the heads, viewed into
+those blocks), `gpt_bigcode` (multi-query attention from one projection of unequal parts,
+split_with_sizes: the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and -180B's
+layout: one projection viewed into K/V groups, each of its Q heads, K and V, K and V taken off by
+index and broadcast to the group's Q heads; split by groups) or `falcon` (linear layers reading
+`w.T`; its multi-query attention, one K/V head after a view into heads, stays replicated). Dropout
+is off; vocabularies are small (no vocabulary split).
 `gpt2-dropout`: GPT-2 with its dropouts on (0.1) through torch.export, the masks drawn from the
 group's stream (Note [Tensor-parallel dropout]; tests/driver/tensor_parallel_test.cpp checks
 them exactly), which plain PyTorch does not draw: each step's loss within 5% of plain PyTorch's,
@@ -73,6 +76,20 @@ def make(name):
             intermediate_size=128, max_position_embeddings=32, pad_token_id=0, bos_token_id=1,
             eos_token_id=2, cls_token_id=1, sep_token_id=2, attn_implementation="sdpa", **small)
         return transformers.ModernBertForMaskedLM(config), "model.layers.0.attn.Wqkv.weight", 0
+    if name == "persimmon":
+        config = transformers.PersimmonConfig(intermediate_size=128, max_position_embeddings=32,
+                                              **small)
+        return (transformers.PersimmonForCausalLM(config),
+                "model.layers.0.self_attn.query_key_value.weight", 0)
+    if name == "nemotron":
+        config = transformers.NemotronConfig(intermediate_size=128, num_key_value_heads=2,
+                                             max_position_embeddings=32, **small)
+        return transformers.NemotronForCausalLM(config), "model.layers.0.mlp.up_proj.weight", 0
+    if name == "codegen":
+        config = transformers.CodeGenConfig(n_layer=2, n_embd=64, n_head=4, n_positions=32,
+                                            rotary_dim=8, resid_pdrop=0.0, embd_pdrop=0.0,
+                                            attn_pdrop=0.0, vocab_size=vocab)
+        return transformers.CodeGenForCausalLM(config), "transformer.h.0.attn.qkv_proj.weight", 0
     if name == "gpt_neox":
         config = transformers.GPTNeoXConfig(intermediate_size=128, max_position_embeddings=32,
                                             hidden_dropout=0.0, attention_dropout=0.0, **small)
@@ -173,15 +190,13 @@ def check(name):
     return [f"{name}: {failure}" for failure in failures]
 
 
-failures = []
-for name in sys.argv[1:]:
-    # Read by transformers at each attention call: sdpa's enable_gqa for this model alone.
-    gqa = name == "llama_gqa"
-    if gqa:
-        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
-    try:
-        failures += check(name)
-    finally:
-        if gqa:
-            del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]
+name = sys.argv[1]
+# Read by transformers at each attention call; unset after (mpi_phases.py runs more models in
+# this process).
+if name == "llama_gqa":
+    os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+try:
+    failures = check(name)
+finally:
+    os.environ.pop("TRANSFORMERS_SDPA_FORCE_GQA", None)
 finish(rank, failures)

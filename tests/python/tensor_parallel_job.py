@@ -94,17 +94,20 @@ class ParallelBlock(torch.nn.Module):
     `y @ w.T` (Falcon's linear layers), rotary-style factors on the first half of each head's
     features rotating every two of them (GPT-J's: strided slices, stack, flatten). `fused`: Q, K
     and V from one projection laid out per head (viewed into heads, then each head's features
-    chunked in three: GPT-NeoX's and Megatron's layout); else three projections reading the norm
-    beside the MLP's (GPT-J's, Phi's), K normalised per head (an RMSNorm of each head's
-    features, as Qwen3's k_norm). A learnable scale of each head's features multiplies Q, and the
-    norm's weight K, broadcast over the heads: each member's gradient of them is its heads'
-    share, summed over the group."""
+    chunked in three: GPT-NeoX's and Megatron's layout), Q normalised per head by a LayerNorm
+    of each head's features (Persimmon's q_layernorm) and a squared-ReLU MLP (Persimmon's,
+    Nemotron's); else three projections reading the norm beside the MLP's (GPT-J's, Phi's), K
+    normalised per head (an RMSNorm of each head's features, as Qwen3's k_norm). A learnable
+    scale of each head's features multiplies Q, and the norms' weights (and the LayerNorm's
+    bias) Q or K, broadcast over the heads: each member's gradient of them is its heads' share,
+    summed over the group."""
 
     def __init__(self, fused, hidden=16, heads=4):
         super().__init__()
         self.fused, self.heads = fused, heads
         if fused:
             self.qkv = torch.nn.Linear(hidden, 3 * hidden)
+            self.q_norm = torch.nn.LayerNorm(hidden // heads)
         else:
             self.q, self.k, self.v = (torch.nn.Linear(hidden, hidden) for _ in range(3))
         self.o = torch.nn.Linear(hidden, hidden)
@@ -128,6 +131,7 @@ class ParallelBlock(torch.nn.Module):
         if self.fused:
             heads = self.qkv(y).view(b, s, self.heads, 3 * (h // self.heads)).transpose(1, 2)
             q, k, v = heads.chunk(3, dim=-1)
+            q = self.q_norm(q)
         else:
             q, k, v = (t(y).view(b, s, self.heads, h // self.heads).transpose(1, 2)
                        for t in (self.q, self.k, self.v))
@@ -135,7 +139,9 @@ class ParallelBlock(torch.nn.Module):
             k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * self.k_norm
         q, k = self.rotate(q) * self.q_scale, self.rotate(k)
         att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
-        mlp = torch.nn.functional.gelu(y @ self.w_up.T) @ self.w_down.T
+        up = y @ self.w_up.T
+        mlp = (torch.square(torch.relu(up)) if self.fused else torch.nn.functional.gelu(up))
+        mlp = mlp @ self.w_down.T
         return x + self.o(att.transpose(1, 2).reshape(b, s, h)) + mlp
 
 
@@ -546,7 +552,8 @@ whole = dict(reference.named_parameters())[first].shape
 held = dict(model.named_parameters())[first].shape
 if phase not in ("auto", "resume") and held[0] * degree != whole[0]:
     failures.append(f"{first} is held whole ({tuple(held)}), not in slices of {degree}")
-if phase.startswith("fused"):  # Q's rows in slices, K's and V's whole where their heads do not divide
+# Q's rows in slices, K's and V's whole where their heads do not divide.
+if phase.startswith("fused"):
     for name, kv_heads in (("0.qkv.weight", 1), ("1.qkv.weight", 2)):
         rows = dict(model.named_parameters())[name].shape[0]
         kept = 2 * 4 * kv_heads if kv_heads % degree else 0

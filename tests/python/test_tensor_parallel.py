@@ -277,7 +277,7 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 _HF_CASES = [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2), ("gpt_neox", 2), ("gptj", 2),
              ("phi", 2), ("qwen3", 2), ("falcon", 2), ("gemma", 2), ("llama_gqa", 4), ("phi3", 2),
              ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2), ("gemma3", 2), ("mpt", 2),
-             ("bart", 2), ("modernbert", 2)]
+             ("bart", 2), ("modernbert", 2), ("persimmon", 2), ("nemotron", 2), ("codegen", 2)]
 
 
 @needs_mpirun
@@ -409,6 +409,46 @@ def test_fused_projections_viewed_before_the_cut_split_where_heads_are_whole(lay
     example = (torch.randn(2, 8, 32),)
     ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(
         _Layouts(layout), example)
+    found = [(p["kind"], p["degrees"]) for p in autostage.shard_patterns(ir)]
+    assert found == [("attention", attention), ("mlp", [2, 4, 8])], found
+
+
+class _NormedQ(torch.nn.Module):
+    """Attention whose Q is normalised by a LayerNorm of each head's features (`per_head`:
+    Persimmon's q_layernorm), or of all of Q's features before the view into heads (OLMo2's
+    q_norm, as a LayerNorm), then a squared-ReLU MLP (Persimmon's, Nemotron's)."""
+
+    def __init__(self, per_head, hidden=32, heads=4):
+        super().__init__()
+        self.per_head, self.heads = per_head, heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden) for _ in range(4))
+        self.q_norm = torch.nn.LayerNorm(hidden // heads if per_head else hidden)
+        self.up, self.down = torch.nn.Linear(hidden, 64), torch.nn.Linear(64, hidden)
+
+    def split(self, x):
+        b, s, h = x.shape
+        return x.reshape(b, s, self.heads, h // self.heads).transpose(1, 2)
+
+    def forward(self, x):
+        if self.per_head:
+            q = self.q_norm(self.split(self.q(x)))
+        else:
+            q = self.split(self.q_norm(self.q(x)))
+        k, v = self.split(self.k(x)), self.split(self.v(x))
+        att = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+        x = x + self.o(att.transpose(1, 2).reshape(x.shape))
+        return x + self.down(torch.square(torch.relu(self.up(x))))
+
+
+@pytest.mark.parametrize("per_head,attention", [(True, [2, 4]), (False, [])])
+def test_a_layer_norm_of_each_heads_features_splits_and_one_of_all_of_q_does_not(per_head,
+                                                                                attention):
+    # Per head, the norm's weight and bias are read by every head: each member's gradient of
+    # them is its heads' share, summed over the group (the `parallel` phase trains such a
+    # norm). Over all of Q's features, the norm needs the whole row: found, split at no degree.
+    from autostage.export import available
+    ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(
+        _NormedQ(per_head), (torch.randn(2, 8, 32),))
     found = [(p["kind"], p["degrees"]) for p in autostage.shard_patterns(ir)]
     assert found == [("attention", attention), ("mlp", [2, 4, 8])], found
 
