@@ -22,14 +22,16 @@ class Module(torch.nn.Module):
     """Pipeline-parallel wrapper around an unmodified model.
 
     ``autostage.Module(model, optimizer=None, **options)``: options are config keys (see
-    ``autostage.show_config()``), e.g. ``partition_num=2``. The first call traces the model with
+    ``autostage.show_config()``), e.g. ``partition_num=2``; they set the process-wide options (Note
+    [Per-module plan options] in driver/plan_sources.cpp), so a later module of the same process
+    plans and runs with them too unless it sets them again. The first call traces the model with
     that call's inputs, profiles it, plans stages on rank 0 (or loads ``load_deployment``),
     broadcasts the plan and deploys it. Every rank passes its local batch and gets back the output
     rows of that batch; ``loss.backward()`` runs the pipeline backward and averages gradients over
     each stage's replicas, like DistributedDataParallel. After deployment the optimizer holds only
     this rank's parameters, so ``optimizer.step()`` is unchanged; ``optimizer.state_dict(
-    from_global=True)`` / ``load_state_dict(sd, from_global=True)`` give and take the whole
-    model's optimizer state in PyTorch's layout (autostage/optimizer.py).
+    from_global=True)`` / ``load_state_dict(sd, from_global=True)`` give and take the whole model's
+    optimizer state in PyTorch's layout (autostage/optimizer.py).
 
     Note [Train and eval deployments]
     Dropout and BatchNorm trace differently in train and eval mode, so each mode gets its own
