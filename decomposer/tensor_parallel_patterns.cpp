@@ -75,27 +75,28 @@ std::vector<NodeId> tensorConsumers(const Graph& g, ValueId v) {
 }
 
 bool isPerHead(const std::string& kind) {
-  return oneOf(kind,
-               {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
-                "aten::transpose", "aten::contiguous", "aten::clone", "aten::alias", "aten::matmul",
-                "aten::bmm", "aten::baddbmm", "aten::softmax", "aten::_softmax", "aten::dropout",
-                "aten::div", "aten::mul", "aten::add", "aten::masked_fill", "aten::where",
-                "aten::scaled_dot_product_attention",
-                // rotary embeddings (rotate_half) and grouped K/V heads (repeat_kv)
-                "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct", "aten::unsqueeze",
-                "aten::squeeze", "aten::expand", "aten::to", "aten::_to_copy", "aten::type_as",
-                // Falcon's K and V taken off each group by index, broadcast to its Q heads
-                "aten::index", "aten::broadcast_to",
-                // Q, K and V taken off a dimension of their own (ModernBERT's unbind)
-                "aten::unbind", "aten::select",
-                // GPT-J's rotary embeddings rotate every two features
-                "aten::stack", "aten::flatten",
-                // an RMSNorm or LayerNorm of each head's features (Qwen3's q_norm and k_norm,
-                // Persimmon's q_layernorm and k_layernorm)
-                "aten::pow", "aten::mean", "aten::rsqrt", "aten::layer_norm",
-                // the scores' soft cap (Gemma-2's tanh(s / cap) * cap) and other element-wise
-                // functions of each head's values
-                "aten::tanh", "aten::sigmoid", "aten::exp", "aten::sqrt", "aten::sub"});
+  return oneOf(
+      kind, {"aten::view", "aten::reshape", "aten::_unsafe_view", "aten::permute",
+             "aten::transpose", "aten::contiguous", "aten::clone", "aten::alias", "aten::matmul",
+             "aten::bmm", "aten::baddbmm", "aten::softmax", "aten::_softmax", "aten::dropout",
+             "aten::div", "aten::mul", "aten::add", "aten::masked_fill", "aten::where",
+             "aten::scaled_dot_product_attention",
+             // rotary embeddings (rotate_half) and grouped K/V heads (repeat_kv)
+             "aten::slice", "aten::neg", "aten::cat", "prim::ListConstruct", "aten::unsqueeze",
+             "aten::squeeze", "aten::expand", "aten::to", "aten::_to_copy", "aten::type_as",
+             // Falcon's K and V taken off each group by index, broadcast to its Q heads
+             "aten::index", "aten::broadcast_to",
+             // Q, K and V taken off a dimension of their own (ModernBERT's unbind)
+             "aten::unbind", "aten::select",
+             // GPT-J's rotary embeddings rotate every two features
+             "aten::stack", "aten::flatten",
+             // an RMSNorm or LayerNorm of each head's features (Qwen3's q_norm and k_norm,
+             // Persimmon's q_layernorm and k_layernorm)
+             "aten::pow", "aten::mean", "aten::rsqrt", "aten::layer_norm",
+             // the scores' soft cap (Gemma-2's tanh(s / cap) * cap), their floor (XGLM's
+             // max(s, finfo.min)) and other element-wise functions of each head's values
+             "aten::tanh", "aten::sigmoid", "aten::exp", "aten::sqrt", "aten::sub", "aten::maximum",
+             "aten::minimum", "aten::max", "aten::min"});
 }
 
 // Operations that may read a per-position tensor from outside the attention pattern: a mask

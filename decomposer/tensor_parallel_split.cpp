@@ -597,8 +597,9 @@ class Planner {
 
   // The sizes (int-list input `i` of `n`) of an output of recorded shape `os` split at `k`:
   // entry k becomes os[k] / degree; -1 and other constants stay. A size computed at run time may
-  // read a sharded tensor's size (GPT-2's `x.size(-1) // heads`), so in a batch-major output each
-  // one but the batch's becomes its recorded constant; elsewhere the pattern stays replicated.
+  // read a sharded tensor's size (GPT-2's `x.size(-1) // heads`), so in an output whose rows
+  // follow the batch each one but the first becomes its recorded constant and the first -1
+  // (Note [Heads merged with the batch]); elsewhere the pattern stays replicated.
   void rewriteSizes(PatternPlan& p, NodeId n, int i, int k, ValueId out) {
     const std::vector<int64_t>& os = shapeOf(g_, out);
     const ValueId list = g_.node(n).inputs.at(i);
@@ -610,8 +611,30 @@ class Planner {
       throw Failure{core::nodeLabel(g_, n) + " takes sizes built in another stage"};
     const core::Value& value = g_.value(out);
     const bool batchMajor = value.cls == core::ValueClass::Batch && !value.type.notBatchMajor();
-    if (batchMajor && k == 0) throw Failure{core::nodeLabel(g_, n) + " splits the batch dimension"};
     Rewrite& rewrite = p.rewrites[{n, i}];
+    // Note [Heads merged with the batch]: a first size computed at run time in a value whose
+    // rows follow the batch is the batch, or the batch times the heads (fairseq's and XGLM's
+    // `view(bsz * num_heads, -1, head_dim)`, the split then landing in it), or computed from a
+    // split tensor's size (XGLM's `bmm(...).size(0) // num_heads`): a member cannot compute it.
+    // The other sizes are the recorded ones (the split one's divided), so it becomes -1,
+    // inferred from the member's tensor (for expand: kept as the input has it, so only where
+    // the input has it already).
+    const std::vector<int64_t>& is = shapeOf(g_, g_.node(n).inputs.at(0));
+    const bool inferable = !isKind(g_.node(n), {"aten::expand", "aten::broadcast_to"}) ||
+                           (is.size() == os.size() && is[0] == os[0]);
+    if (value.cls == core::ValueClass::Batch && !(*entries)[0] && inferable) {
+      for (size_t j = 1; j < os.size(); ++j) {
+        const std::optional<int64_t> e = (*entries)[j];
+        if (e && *e != -1 && *e != os[j])
+          throw Failure{core::nodeLabel(g_, n) +
+                        " has a size that does not match its recorded shape"};
+        const int64_t want = static_cast<int>(j) == k ? os[j] / degree_ : os[j];
+        if (e != want) rewrite[static_cast<int>(j)] = want;
+      }
+      rewrite[0] = -1;
+      return;
+    }
+    if (batchMajor && k == 0) throw Failure{core::nodeLabel(g_, n) + " splits the batch dimension"};
     for (size_t j = 0; j < os.size(); ++j) {
       const std::optional<int64_t> e = (*entries)[j];
       if (e && *e == -1) continue;
@@ -1005,7 +1028,8 @@ class Planner {
       return;
     }
     if (isKind(node, {"aten::add", "aten::sub", "aten::mul", "aten::div", "aten::pow",
-                  "aten::masked_fill", "aten::where"})) {
+                      "aten::maximum", "aten::minimum", "aten::masked_fill", "aten::where"}) ||
+        (isKind(node, {"aten::max", "aten::min"}) && tensors.size() == 2)) {  // max.other
       setOutputs(p, n, joinOperands(p, n, tensors, outRank));
       return;
     }

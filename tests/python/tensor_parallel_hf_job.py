@@ -21,9 +21,11 @@ all-reduced over the group as the decoder state's is), `modernbert` (an encoder 
 viewed into (3, heads, features) and unbound into Q, K and V: the view cuts its rows into three
 parts, Note [Fused parts]), `persimmon` (a fused projection laid out per head, each head's Q, K and
 V taken off by index, Q and K normalised by a LayerNorm of each head's features whose weight and
-bias are summed over the group, a squared-ReLU MLP), `nemotron` (a squared-ReLU MLP), `codegen` (a
-fused projection laid out in 4 blocks of Q, V and K, each of a quarter of the heads, viewed into
-those blocks), `gpt_bigcode` (multi-query attention from one projection of unequal parts,
+bias are summed over the group, a squared-ReLU MLP), `nemotron` (a squared-ReLU MLP), `xglm`
+(fairseq's layout: batch and heads merged into one dimension by `view(bsz * heads, -1, head_dim)`,
+the scores floored by `max(s, finfo.min)`: Note [Heads merged with the batch]), `codegen` (a fused
+projection laid out in 4 blocks of Q, V and K, each of a quarter of the heads, viewed into those
+blocks), `gpt_bigcode` (multi-query attention from one projection of unequal parts,
 split_with_sizes: the K/V head's rows whole on every member), `falcon_new` (Falcon-40B's and -180B's
 layout: one projection viewed into K/V groups, each of its Q heads, K and V, K and V taken off by
 index and broadcast to the group's Q heads; split by groups) or `falcon` (linear layers reading
@@ -90,6 +92,11 @@ def make(name):
                                             rotary_dim=8, resid_pdrop=0.0, embd_pdrop=0.0,
                                             attn_pdrop=0.0, vocab_size=vocab)
         return transformers.CodeGenForCausalLM(config), "transformer.h.0.attn.qkv_proj.weight", 0
+    if name == "xglm":
+        config = transformers.XGLMConfig(vocab_size=vocab, d_model=64, num_layers=2,
+                                         attention_heads=4, ffn_dim=128, max_position_embeddings=32,
+                                         dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+        return transformers.XGLMForCausalLM(config), "model.layers.0.self_attn.q_proj.weight", 0
     if name == "gpt_neox":
         config = transformers.GPTNeoXConfig(intermediate_size=128, max_position_embeddings=32,
                                             hidden_dropout=0.0, attention_dropout=0.0, **small)

@@ -90,17 +90,18 @@ class Block(torch.nn.Module):
 
 class ParallelBlock(torch.nn.Module):
     """A layer whose attention and MLP read one norm side by side (x + attention(norm(x)) +
-    mlp(norm(x)), as GPT-J's, GPT-NeoX's, Phi's and Falcon's), its MLP reading its weights as
-    `y @ w.T` (Falcon's linear layers), rotary-style factors on the first half of each head's
-    features rotating every two of them (GPT-J's: strided slices, stack, flatten). `fused`: Q, K
-    and V from one projection laid out per head (viewed into heads, then each head's features
-    chunked in three: GPT-NeoX's and Megatron's layout), Q normalised per head by a LayerNorm
-    of each head's features (Persimmon's q_layernorm) and a squared-ReLU MLP (Persimmon's,
-    Nemotron's); else three projections reading the norm beside the MLP's (GPT-J's, Phi's), K
-    normalised per head (an RMSNorm of each head's features, as Qwen3's k_norm). A learnable
-    scale of each head's features multiplies Q, and the norms' weights (and the LayerNorm's
-    bias) Q or K, broadcast over the heads: each member's gradient of them is its heads' share,
-    summed over the group."""
+    mlp(norm(x)), as GPT-J's, GPT-NeoX's, Phi's and Falcon's), its MLP reading its weights as `y @
+    w.T` (Falcon's linear layers), rotary-style factors on the first half of each head's features
+    rotating every two of them (GPT-J's: strided slices, stack, flatten). `fused`: Q, K and V from
+    one projection laid out per head (viewed into heads, then each head's features chunked in three:
+    GPT-NeoX's and Megatron's layout), Q normalised per head by a LayerNorm of each head's features
+    (Persimmon's q_layernorm) and a squared-ReLU MLP (Persimmon's, Nemotron's); else three
+    projections reading the norm beside the MLP's (GPT-J's, Phi's), K normalised per head (an
+    RMSNorm of each head's features, as Qwen3's k_norm), its scores computed with batch and heads
+    merged in one dimension and floored (fairseq's and XGLM's `view(bsz * heads, -1, head_dim)`,
+    `max(s, min)`: Note [Heads merged with the batch]). A learnable scale of each head's features
+    multiplies Q, and the norms' weights (and the LayerNorm's bias) Q or K, broadcast over the
+    heads: each member's gradient of them is its heads' share, summed over the group."""
 
     def __init__(self, fused, hidden=16, heads=4):
         super().__init__()
@@ -138,7 +139,14 @@ class ParallelBlock(torch.nn.Module):
         if not self.fused:
             k = k * torch.rsqrt(k.pow(2).mean(-1, keepdim=True) + 1e-6) * self.k_norm
         q, k = self.rotate(q) * self.q_scale, self.rotate(k)
-        att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
+        if self.fused:
+            att = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
+        else:  # fairseq's layout: batch and heads merged, the scores floored
+            merged = [t.reshape(b * self.heads, s, h // self.heads) for t in (q, k, v)]
+            scores = torch.bmm(merged[0], merged[1].transpose(1, 2)).view(b, self.heads, s, s)
+            scores = torch.max(scores / 2.0, torch.full((), -1e4))
+            att = torch.bmm(torch.softmax(scores.view(b * self.heads, s, s), dim=-1), merged[2])
+            att = att.view(b, self.heads, s, h // self.heads)
         up = y @ self.w_up.T
         mlp = (torch.square(torch.relu(up)) if self.fused else torch.nn.functional.gelu(up))
         mlp = mlp @ self.w_down.T

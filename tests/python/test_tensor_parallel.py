@@ -277,7 +277,8 @@ def test_a_tensor_parallel_checkpoint_resumes_on_one_rank_without_it(tmp_path):
 _HF_CASES = [("gpt2", 2), ("llama", 2), ("gpt2-dropout", 2), ("gpt_neox", 2), ("gptj", 2),
              ("phi", 2), ("qwen3", 2), ("falcon", 2), ("gemma", 2), ("llama_gqa", 4), ("phi3", 2),
              ("phi3", 4), ("gpt_bigcode", 2), ("falcon_new", 2), ("gemma3", 2), ("mpt", 2),
-             ("bart", 2), ("modernbert", 2), ("persimmon", 2), ("nemotron", 2), ("codegen", 2)]
+             ("bart", 2), ("modernbert", 2), ("persimmon", 2), ("nemotron", 2), ("codegen", 2),
+             ("xglm", 2)]
 
 
 @needs_mpirun
