@@ -612,17 +612,31 @@ class Planner {
     const core::Value& value = g_.value(out);
     const bool batchMajor = value.cls == core::ValueClass::Batch && !value.type.notBatchMajor();
     Rewrite& rewrite = p.rewrites[{n, i}];
-    // Note [Heads merged with the batch]: a first size computed at run time in a value whose
-    // rows follow the batch is the batch, or the batch times the heads (fairseq's and XGLM's
-    // `view(bsz * num_heads, -1, head_dim)`, the split then landing in it), or computed from a
-    // split tensor's size (XGLM's `bmm(...).size(0) // num_heads`): a member cannot compute it.
-    // The other sizes are the recorded ones (the split one's divided), so it becomes -1,
-    // inferred from the member's tensor (for expand: kept as the input has it, so only where
-    // the input has it already).
-    const std::vector<int64_t>& is = shapeOf(g_, g_.node(n).inputs.at(0));
+    // Note [Heads merged with the batch]: the first size of a batch-major output, computed at
+    // run time, may be computed from a split tensor's size (XGLM's `bmm(...).size(0) //
+    // num_heads`), and the first dimension of a view may merge the batch with the heads
+    // (fairseq's and XGLM's `view(bsz * num_heads, -1, head_dim)`: the split lands in it), which
+    // a member cannot compute from the batch. Where the other dimensions hold no batch rows (a
+    // batch-major output; or the first dimension merging the first input dimensions of a
+    // batch-major input), they take their recorded sizes (the split one's divided) and the first
+    // becomes -1, inferred from the member's tensor (expand keeps it as the input has it: only
+    // where the input has it already). Only there: elsewhere a first size computed from the
+    // batch stays, so a layout this misreads (the TorchScript front end marks no value
+    // not_batch_major) fails loudly at another batch size rather than inferring a wrong one.
+    const ValueId in = g_.node(n).inputs.at(0);
+    const std::vector<int64_t>& is = shapeOf(g_, in);
+    const bool inputBatchMajor =
+        g_.value(in).cls == core::ValueClass::Batch && !g_.value(in).type.notBatchMajor();
+    bool merged = false;  // output dimension 0 is input dimensions [0, m) for some m
+    for (size_t m = 1; m <= is.size() && !merged; ++m) merged = product(is, 0, m) == os.at(0);
     const bool inferable = !isKind(g_.node(n), {"aten::expand", "aten::broadcast_to"}) ||
                            (is.size() == os.size() && is[0] == os[0]);
-    if (value.cls == core::ValueClass::Batch && !(*entries)[0] && inferable) {
+    const NodeId listProducer = g_.producer(list);
+    const bool firstReadsSplit = listProducer != core::kNoNode &&
+                                 g_.node(listProducer).kind == "prim::ListConstruct" &&
+                                 readsSplitSize(p, g_.node(listProducer).inputs.at(0), 8);
+    if (value.cls == core::ValueClass::Batch && !(*entries)[0] && inferable &&
+        ((batchMajor && firstReadsSplit) || (k == 0 && inputBatchMajor && merged))) {
       for (size_t j = 1; j < os.size(); ++j) {
         const std::optional<int64_t> e = (*entries)[j];
         if (e && *e != -1 && *e != os[j])
@@ -649,6 +663,17 @@ class Planner {
         throw Failure{core::nodeLabel(g_, n) + " takes a size computed at run time"};
       }
     }
+  }
+
+  // Whether int value `v` is computed, through at most `depth` nodes, from the size of a tensor
+  // the plan splits.
+  bool readsSplitSize(const PatternPlan& p, ValueId v, int depth) {
+    const NodeId producer = g_.producer(v);
+    if (producer == core::kNoNode || depth == 0) return false;
+    for (ValueId in : g_.node(producer).inputs)
+      if (p.split.count(in) || (!g_.value(in).type.isTensor() && readsSplitSize(p, in, depth - 1)))
+        return true;
+    return false;
   }
 
   void splitParts(PatternPlan& p, NodeId n, const Split& in) {

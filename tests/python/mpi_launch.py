@@ -83,8 +83,11 @@ def run_phases(script, phases, logdir, ranks=4, timeout=600, **env):
             if os.path.exists(base + ".log"):
                 with open(base + ".log") as f:
                     logs.append(f.read())
-            statuses.append(int(open(base + ".status").read())
-                            if os.path.exists(base + ".status") else None)
+            status = None
+            if os.path.exists(base + ".status"):
+                with open(base + ".status") as f:
+                    status = int(f.read())
+            statuses.append(status)
         if None in statuses:
             status = None
             logs.append(f"(the launch, exit status {run.returncode}:)\n{run.stdout}{run.stderr}")

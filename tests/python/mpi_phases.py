@@ -4,8 +4,8 @@ alone, saving each phase the start of Python, torch and MPI on every rank (about
 and 2.8 s on 4 with LibTorch 1.13, 2.5 s and 4.4 s with 2.11, on this machine's 2 cores).
 
 Each phase runs in fresh globals (runpy) and the process-wide options as they were before the
-first phase, its rank's output (Python's and LibTorch's, file
-descriptors 1 and 2) going to LOGDIR/PHASE.RANK.log and its exit status (the driver's
+first phase, its rank's output (Python's and LibTorch's, file descriptors 1 and 2) going to
+LOGDIR/PHASE.RANK.log and its exit status (the driver's
 mpi_launch.finish ends it with SystemExit) to LOGDIR/PHASE.RANK.status. An exception a phase
 raises ends the launch there, as it would end the phase's own launch; the phases after it leave
 no status, which the test side reports."""

@@ -454,6 +454,53 @@ def test_a_layer_norm_of_each_heads_features_splits_and_one_of_all_of_q_does_not
     assert found == [("attention", attention), ("mlp", [2, 4, 8])], found
 
 
+class _Merged(torch.nn.Module):
+    """Attention with batch and heads merged in one dimension, as fairseq's and XGLM's: batch
+    first (`view(bsz * heads, -1, head_dim)`, XGLM's) or time first (the batch-first input
+    transposed to [time, batch, features], as fairseq's models do, then `view(time, bsz * heads,
+    head_dim)`), the scores floored by `max`."""
+
+    def __init__(self, seq_first, hidden=32, heads=4):
+        super().__init__()
+        self.seq_first, self.heads = seq_first, heads
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(hidden, hidden) for _ in range(4))
+
+    def forward(self, x):
+        if self.seq_first:
+            b, t, h = x.shape
+            d = h // self.heads
+            q, k, v = (f(x).transpose(0, 1).reshape(t, b * self.heads, d).transpose(0, 1)
+                       for f in (self.q, self.k, self.v))
+        else:
+            b, t, h = x.shape
+            d = h // self.heads
+            q, k, v = (f(x).view(b, t, self.heads, d).transpose(1, 2).reshape(b * self.heads, t, d)
+                       for f in (self.q, self.k, self.v))
+        w = torch.max(torch.bmm(q, k.transpose(1, 2)), torch.full((), -1e4))
+        att = torch.bmm(torch.softmax(w, dim=-1), v)
+        if self.seq_first:
+            return x + self.o(att.transpose(0, 1).reshape(t, b, h).transpose(0, 1))
+        return x + self.o(att.view(b, self.heads, t, d).transpose(1, 2).reshape(b, t, h))
+
+
+@pytest.mark.parametrize("seq_first,attention", [(False, [2, 4]), (True, [])])
+def test_batch_and_heads_merged_in_one_dimension(seq_first, attention):
+    # Note [Heads merged with the batch]: batch first, the merged dimension's size becomes -1 on a
+    # member (the `parallel` phase and XGLM train so). Time first, the merged dimension is not
+    # the first: its size would be the captured batch's, so the attention stays replicated. The
+    # TorchScript front end cannot tell (it marks no value not_batch_major): there the split
+    # keeps the captured batch in that size and the first (the time) computed, which fails at
+    # another batch size rather than running wrong.
+    from autostage.export import available
+    example = (torch.randn(2, 6, 32),)
+    ir = (autostage.export_to_ir if available() else autostage.trace_to_ir)(
+        _Merged(seq_first), example)
+    found = [(p["kind"], p["degrees"]) for p in autostage.shard_patterns(ir)]
+    if not available():
+        attention = [2, 4]
+    assert found == [("attention", attention)], found
+
+
 class _Scaled(torch.nn.Module):
     """Attention whose Q is multiplied by a learnable scale of each head's features: the
     parameter itself (`direct`), computed from one (`computed`: its exp), or computed from one
