@@ -1,14 +1,15 @@
 """Rank side of mpi_launch.run_phases: `mpi_phases.py LOGDIR SCRIPT PHASE...` runs test driver
 SCRIPT (tests/python/*_job.py) once per PHASE in this one launch, as `SCRIPT PHASE` would run
-alone, saving each phase the start of Python, torch and MPI on every rank (about 1.3 s on 2 ranks
-and 2.8 s on 4 with LibTorch 1.13, 2.5 s and 4.4 s with 2.11, on this machine's 2 cores).
+alone, saving each phase the start of Python, torch and MPI on every rank (measured on this
+machine's 2 cores: 1.3 s on 2 ranks and 2.8 s on 4 with LibTorch 1.13; 4.4 s on 4 with 2.11, and
+5.4 s on 2 with transformers too).
 
 Each phase runs in fresh globals (runpy) and the process-wide options as they were before the
 first phase, its rank's output (Python's and LibTorch's, file descriptors 1 and 2) going to
-LOGDIR/PHASE.RANK.log and its exit status (the driver's
-mpi_launch.finish ends it with SystemExit) to LOGDIR/PHASE.RANK.status. An exception a phase
-raises ends the launch there, as it would end the phase's own launch; the phases after it leave
-no status, which the test side reports."""
+LOGDIR/PHASE.RANK.log and its exit status (the driver's mpi_launch.finish ends it with
+SystemExit) to LOGDIR/PHASE.RANK.status. An exception a phase raises ends the launch there, as it
+would end the phase's own launch; the phases after it leave no status, which the test side
+reports."""
 import ctypes
 import os
 import runpy
